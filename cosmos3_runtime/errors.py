@@ -1,0 +1,17 @@
+"""Error types the runtime raises for problems a user can fix.
+
+Every message names what is wrong (a file, a key, a size) and what to do about it, so the ComfyUI
+layer can show it as is.
+"""
+
+
+class Cosmos3Error(Exception):
+    """Base class of the runtime's user-facing errors."""
+
+
+class CheckpointError(Cosmos3Error, ValueError):
+    """A checkpoint folder, config file or weight file is missing, malformed or incompatible."""
+
+
+class InputError(Cosmos3Error, ValueError):
+    """A generation request asks for something the model or the runtime cannot do."""

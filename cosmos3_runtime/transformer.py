@@ -1,0 +1,490 @@
+"""The Cosmos3 Omni transformer: a Mixture-of-Transformers with a text (UND) and a media (GEN) tower.
+
+Every decoder layer holds two full weight sets. The UND weights run the text prefix causally; the
+GEN weights run the media tokens (video, then sound, then action), whose queries attend without a
+mask to [text K/V ; media K/V]. Text never attends to media, so a prompt's per-layer text K/V do
+not depend on the latents or the timestep: `encode_text` computes them once per prompt and every
+denoising step reuses them (`TextKV`). That removes the whole text tower from the per-step cost.
+
+Parameter names equal the diffusers checkpoint keys, so weights load without renaming. Weights the
+generation path never reads (lm_head, the UND final norm, and the last layer's UND query, output
+projection and MLP) are not built at all.
+
+Notation: L text tokens, N media tokens, H hidden size, A query heads, K key/value heads, D head dim,
+C latent channels, p latent patch size.
+"""
+
+import logging
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import CheckpointError
+from .rope import apply_rope, inverse_frequencies, media_positions, mrope_cos_sin, text_positions
+
+log = logging.getLogger(__name__)
+
+# Keys of transformer/config.json that are understood but carry nothing this runtime needs.
+_IGNORED_CONFIG_KEYS = {
+    "_class_name",
+    "_diffusers_version",
+    "_name_or_path",
+    "dtype",
+    "torch_dtype",
+    "attention_dropout",
+    "backbone_type",
+    "temporal_compression_factor",
+    "rope_scaling",
+    "quantization_config",
+}
+EDGE_BACKBONE = "cosmos3_edge_nemotron_dense"
+VAE_TEMPORAL_FACTOR = 4
+TIME_FREQ_CHANNELS = 256
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    hidden_size: int = 4096
+    num_hidden_layers: int = 36
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    intermediate_size: int = 12288
+    vocab_size: int = 151936
+    rms_norm_eps: float = 1e-6
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    qk_norm_for_text: bool = True
+    use_und_k_norm_for_gen: bool = False
+    rope_theta: float = 5e6
+    rope_axes_dim: tuple[int, int, int] = (24, 20, 20)
+    latent_channel: int = 48
+    latent_patch_size: int = 2
+    patch_latent_dim: int = 192
+    timestep_scale: float = 0.001
+    base_fps: int = 24
+    enable_fps_modulation: bool = True
+    unified_3d_mrope_reset_spatial_ids: bool = True
+    unified_3d_mrope_temporal_modality_margin: int = 15000
+    sound_gen: bool = False
+    sound_dim: int | None = None
+    sound_latent_fps: float = 25.0
+    action_gen: bool = False
+    action_dim: int | None = None
+    num_embodiment_domains: int = 32
+    # Not an architecture key: kept so variant detection can read it from the same object.
+    backbone_type: str | None = field(default=None, compare=False)
+
+    @property
+    def is_dense(self) -> bool:
+        """Edge backbone: squared-ReLU MLPs and Nemotron RMSNorm everywhere."""
+        return self.hidden_act == "relu2"
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "transformer/config.json") -> "TransformerConfig":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in raw.items() if k in known}
+        unknown = sorted(set(raw) - known - _IGNORED_CONFIG_KEYS)
+        if unknown:
+            log.warning("%s: ignoring unknown keys %s", source, ", ".join(unknown))
+        axes = raw.get("rope_axes_dim") or (raw.get("rope_scaling") or {}).get("mrope_section") or [24, 20, 20]
+        values["rope_axes_dim"] = tuple(int(a) for a in axes)
+        config = cls(**values)
+        config.validate(source)
+        return config
+
+    def validate(self, source: str) -> None:
+        def fail(message: str):
+            raise CheckpointError(f"{source}: {message}")
+
+        if self.hidden_act not in ("silu", "relu2"):
+            fail(f"hidden_act {self.hidden_act!r} is not supported; Cosmos3 uses 'silu' (gated) or 'relu2' (Edge)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            fail("num_attention_heads must be a multiple of num_key_value_heads")
+        if sum(self.rope_axes_dim) != self.head_dim // 2:
+            fail(f"rope_axes_dim {list(self.rope_axes_dim)} must sum to head_dim/2 = {self.head_dim // 2}")
+        if self.patch_latent_dim != self.latent_patch_size**2 * self.latent_channel:
+            fail("patch_latent_dim must equal latent_patch_size**2 * latent_channel")
+        if self.sound_gen and not self.sound_dim:
+            fail("sound_gen is true but sound_dim is missing")
+        if self.action_gen and not self.action_dim:
+            fail("action_gen is true but action_dim is missing")
+
+    @property
+    def has_und_k_norm_for_gen(self) -> bool:
+        # As diffusers builds it: only Edge-style configs without text q/k norms get the extra norm.
+        return self.use_und_k_norm_for_gen and not self.qk_norm_for_text
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm that rounds the normalised value to the gain's dtype before multiplying (Qwen style)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.eps)
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            x = x.to(self.weight.dtype)
+        return x * self.weight
+
+
+class NemotronRMSNorm(nn.Module):
+    """RMSNorm that applies the gain in fp32 and rounds afterwards (Edge backbone)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x32).to(x.dtype)
+
+
+def make_norm(config: TransformerConfig, dim: int) -> nn.Module:
+    return (NemotronRMSNorm if config.is_dense else RMSNorm)(dim, config.rms_norm_eps)
+
+
+class MLP(nn.Module):
+    """SwiGLU (`silu`) or dense squared-ReLU (`relu2`) feed-forward, no biases."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.gated = not config.is_dense
+        if self.gated:
+            self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(torch.relu(self.up_proj(x)).square())
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=causal, enable_gqa=True
+    )
+    return out.transpose(0, 1).flatten(1)
+
+
+class MoTAttention(nn.Module):
+    """Attention with separate text (UND) and media (GEN) projections and q/k norms."""
+
+    def __init__(self, config: TransformerConfig, text_output: bool):
+        super().__init__()
+        H, A, K, D = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        bias = config.attention_bias
+        self.heads, self.kv_heads, self.head_dim = A, K, D
+        identity = nn.Identity
+        # Text pathway. The last layer only has to produce K/V for the media queries.
+        if text_output:
+            self.to_q = nn.Linear(H, A * D, bias=bias)
+            self.to_out = nn.Linear(A * D, H, bias=bias)
+            self.norm_q = make_norm(config, D) if config.qk_norm_for_text else identity()
+        self.to_k = nn.Linear(H, K * D, bias=bias)
+        self.to_v = nn.Linear(H, K * D, bias=bias)
+        self.norm_k = make_norm(config, D) if config.qk_norm_for_text else identity()
+        self.k_norm_und_for_gen = make_norm(config, D) if config.has_und_k_norm_for_gen else identity()
+        # Media pathway.
+        self.add_q_proj = nn.Linear(H, A * D, bias=bias)
+        self.add_k_proj = nn.Linear(H, K * D, bias=bias)
+        self.add_v_proj = nn.Linear(H, K * D, bias=bias)
+        self.to_add_out = nn.Linear(A * D, H, bias=bias)
+        self.norm_added_q = make_norm(config, D)
+        self.norm_added_k = make_norm(config, D)
+
+    def text(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, text_output: bool):
+        """Text self-attention. Returns (output or None, keys as media sees them, values)."""
+        k = self.norm_k(self.to_k(x).view(-1, self.kv_heads, self.head_dim))
+        v = self.to_v(x).view(-1, self.kv_heads, self.head_dim)
+        # Edge: media queries see the text keys through their own norm (norm_k is then identity).
+        k_for_media = apply_rope(self.k_norm_und_for_gen(k), cos, sin)
+        if not text_output:
+            return None, k_for_media, v
+        q = apply_rope(self.norm_q(self.to_q(x).view(-1, self.heads, self.head_dim)), cos, sin)
+        k = apply_rope(k, cos, sin)
+        return self.to_out(attention(q, k, v, causal=True)), k_for_media, v
+
+    def media(self, x, cos, sin, text_k, text_v) -> torch.Tensor:
+        """Media attention over [text ; media] keys and values, no mask."""
+        q = self.norm_added_q(self.add_q_proj(x).view(-1, self.heads, self.head_dim))
+        k = self.norm_added_k(self.add_k_proj(x).view(-1, self.kv_heads, self.head_dim))
+        v = self.add_v_proj(x).view(-1, self.kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attention(q, torch.cat([text_k, k]), torch.cat([text_v, v]), causal=False)
+        return self.to_add_out(out)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TransformerConfig, text_output: bool = True):
+        super().__init__()
+        self.text_output = text_output
+        self.self_attn = MoTAttention(config, text_output)
+        self.input_layernorm = make_norm(config, config.hidden_size)
+        self.input_layernorm_moe_gen = make_norm(config, config.hidden_size)
+        if text_output:
+            self.post_attention_layernorm = make_norm(config, config.hidden_size)
+            self.mlp = MLP(config)
+        self.post_attention_layernorm_moe_gen = make_norm(config, config.hidden_size)
+        self.mlp_moe_gen = MLP(config)
+
+    def text(self, x, cos, sin):
+        """Text tokens [L, H] -> (next hidden or None, K for media, V)."""
+        out, k, v = self.self_attn.text(self.input_layernorm(x), cos, sin, self.text_output)
+        if not self.text_output:
+            return None, k, v
+        x = x + out
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+
+    def media(self, x, cos, sin, text_k, text_v):
+        """Media tokens [N, H] -> [N, H]."""
+        x = x + self.self_attn.media(self.input_layernorm_moe_gen(x), cos, sin, text_k, text_v)
+        return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
+
+
+class TimestepEmbedder(nn.Module):
+    """Cos-first sinusoid of the scaled timestep, then Linear-SiLU-Linear. Kept in fp32."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(TIME_FREQ_CHANNELS, hidden)
+        self.linear_2 = nn.Linear(hidden, hidden)
+
+    def forward(self, scaled_t: torch.Tensor) -> torch.Tensor:
+        half = TIME_FREQ_CHANNELS // 2
+        exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=scaled_t.device)
+        freqs = torch.exp(exponent / half)
+        angles = scaled_t[:, None].float() * freqs[None, :]
+        emb = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1).to(self.linear_1.weight.dtype)
+        return self.linear_2(F.silu(self.linear_1(emb)))
+
+
+class DomainAwareLinear(nn.Module):
+    """A linear map with one weight matrix and bias per embodiment domain, stored as embedding tables."""
+
+    def __init__(self, in_features: int, out_features: int, num_domains: int):
+        super().__init__()
+        self.in_features, self.out_features, self.num_domains = in_features, out_features, num_domains
+        self.fc = nn.Embedding(num_domains, in_features * out_features)
+        self.bias = nn.Embedding(num_domains, out_features)
+
+    def forward(self, x: torch.Tensor, domain: int) -> torch.Tensor:
+        if not 0 <= domain < self.num_domains:
+            raise ValueError(f"action domain id {domain} is outside [0, {self.num_domains})")
+        weight = self.fc.weight[domain].view(self.in_features, self.out_features)
+        return x @ weight + self.bias.weight[domain]
+
+
+@dataclass
+class TextKV:
+    """Per-layer text keys (as the media queries see them, RoPE applied) and values of one prompt."""
+
+    length: int
+    keys: list[torch.Tensor]  # each [L, K, D]
+    values: list[torch.Tensor]  # each [L, K, D]
+
+
+@dataclass
+class SoundTokens:
+    latents: torch.Tensor  # [sound_dim, T_s]
+    noisy_frames: list[int] | None = None  # default: all
+
+
+@dataclass
+class ActionTokens:
+    latents: torch.Tensor  # [T_a, action_dim]
+    domain: int
+    noisy_frames: list[int] | None = None  # default: all
+
+
+@dataclass
+class Velocity:
+    vision: torch.Tensor  # [1, C, T, h, w], zero on conditioned frames
+    sound: torch.Tensor | None = None  # [sound_dim, T_s]
+    action: torch.Tensor | None = None  # [T_a, action_dim]
+
+
+class Cosmos3Transformer(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        H = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, H)
+        last = config.num_hidden_layers - 1
+        self.layers = nn.ModuleList(DecoderLayer(config, text_output=i < last) for i in range(config.num_hidden_layers))
+        self.norm_moe_gen = make_norm(config, H)
+        self.proj_in = nn.Linear(config.patch_latent_dim, H)
+        self.proj_out = nn.Linear(H, config.patch_latent_dim)
+        self.time_embedder = TimestepEmbedder(H)
+        if config.sound_gen:
+            self.audio_proj_in = nn.Linear(config.sound_dim, H)
+            self.audio_proj_out = nn.Linear(H, config.sound_dim)
+            self.audio_modality_embed = nn.Parameter(torch.zeros(H))
+        if config.action_gen:
+            n = config.num_embodiment_domains
+            self.action_proj_in = DomainAwareLinear(config.action_dim, H, n)
+            self.action_proj_out = DomainAwareLinear(H, config.action_dim, n)
+            self.action_modality_embed = nn.Parameter(torch.zeros(H))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
+        inv_freq = inverse_frequencies(c.head_dim, c.rope_theta, device=positions.device)
+        return mrope_cos_sin(positions, inv_freq, c.rope_axes_dim, self.dtype)
+
+    @torch.no_grad()
+    def encode_text(self, input_ids: torch.Tensor) -> TextKV:
+        """Run the text tower once for a prompt; input_ids [L]."""
+        input_ids = input_ids.to(self.device).reshape(-1)
+        cos, sin = self.rope(text_positions(input_ids.numel(), device=self.device))
+        x = self.embed_tokens(input_ids)
+        keys, values = [], []
+        for layer in self.layers:
+            x, k, v = layer.text(x, cos, sin)
+            keys.append(k)
+            values.append(v)
+        return TextKV(input_ids.numel(), keys, values)
+
+    def time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
+        """[1, H] embedding of a scheduler timestep (int64 for UniPC, float32 for FlowMatch)."""
+        scaled = timestep.reshape(1).to(self.device) * self.config.timestep_scale
+        return self.time_embedder(scaled).to(self.dtype)
+
+    def patchify(self, latents: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """[C, T, h, w] -> tokens [T*hp*wp, p*p*C] (frame, row, column order) and the grid (T, hp, wp)."""
+        p = self.config.latent_patch_size
+        C, T, h, w = latents.shape
+        hp, wp = -(-h // p), -(-w // p)
+        if (hp * p, wp * p) != (h, w):  # odd latent sizes: zero-pad bottom/right
+            latents = F.pad(latents, (0, wp * p - w, 0, hp * p - h))
+        x = latents.reshape(C, T, hp, p, wp, p).permute(1, 2, 4, 3, 5, 0)
+        return x.reshape(T * hp * wp, p * p * C), (T, hp, wp)
+
+    def unpatchify(self, tokens: torch.Tensor, frames: int, grid: tuple[int, int, int], h: int, w: int):
+        """Tokens [frames*hp*wp, p*p*C] -> [C, frames, h, w] (padding cropped)."""
+        p, C = self.config.latent_patch_size, self.config.latent_channel
+        _, hp, wp = grid
+        x = tokens.reshape(frames, hp, wp, p, p, C).permute(5, 0, 1, 3, 2, 4)
+        return x.reshape(C, frames, hp * p, wp * p)[:, :, :h, :w]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        text: TextKV,
+        noisy_frames: list[int] | None = None,
+        fps: float = 24.0,
+        sound: SoundTokens | None = None,
+        action: ActionTokens | None = None,
+    ) -> Velocity:
+        """Predict the flow velocity of the media tokens.
+
+        latents [1, C, T, h, w]; timestep a scalar tensor; text the prompt's cached K/V;
+        noisy_frames the latent frames being denoised (default all; the rest are clean conditioning
+        and get no timestep embedding and zero velocity); fps the video frame rate.
+        """
+        c = self.config
+        dtype, device = self.dtype, self.device
+        x = latents.to(device=device, dtype=dtype)[0]
+        _, T, h, w = x.shape
+        noisy = list(range(T)) if noisy_frames is None else sorted(set(noisy_frames))
+        temb = self.time_embedding(timestep)
+
+        offset = text.length + c.unified_3d_mrope_temporal_modality_margin
+        modulate = c.enable_fps_modulation
+        base_fps = float(c.base_fps)
+        reset = c.unified_3d_mrope_reset_spatial_ids
+
+        patches, grid = self.patchify(x)
+        vision = self.proj_in(patches).view(T, grid[1] * grid[2], -1)
+        vision[noisy] += temb
+        segments = [vision.flatten(0, 1)]
+        positions = [
+            media_positions(*grid, offset, fps if modulate else None, base_fps, VAE_TEMPORAL_FACTOR, None, 0, reset, device)
+        ]
+        if sound is not None:
+            tokens = self.audio_proj_in(sound.latents.to(device, dtype).t()) + self.audio_modality_embed
+            tokens[_frames(sound.noisy_frames, tokens.shape[0])] += temb
+            segments.append(tokens)
+            sound_fps = c.sound_latent_fps if modulate else None
+            positions.append(media_positions(tokens.shape[0], 1, 1, offset, sound_fps, base_fps, 1, None, 0, reset, device))
+        if action is not None:
+            tokens = self.action_proj_in(action.latents.to(device, dtype), action.domain) + self.action_modality_embed
+            tokens[_frames(action.noisy_frames, tokens.shape[0])] += temb
+            segments.append(tokens)
+            action_fps = fps if modulate else None
+            positions.append(
+                media_positions(
+                    tokens.shape[0], 1, 1, offset, action_fps, base_fps, 1, VAE_TEMPORAL_FACTOR, 1, reset, device
+                )
+            )
+
+        hidden = torch.cat(segments)
+        cos, sin = self.rope(torch.cat(positions, dim=1))
+        for layer, k, v in zip(self.layers, text.keys, text.values):
+            hidden = layer.media(hidden, cos, sin, k, v)
+        hidden = self.norm_moe_gen(hidden)
+
+        n_vision = vision.shape[0] * vision.shape[1]
+        vision_out = self.proj_out(hidden[:n_vision].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1))
+        velocity = torch.zeros_like(x)
+        if noisy:
+            velocity[:, noisy] = self.unpatchify(vision_out, len(noisy), grid, h, w)
+        result = Velocity(velocity.unsqueeze(0))
+        start = n_vision
+        if sound is not None:
+            n = sound.latents.shape[1]
+            frames = _frames(sound.noisy_frames, n)
+            result.sound = torch.zeros_like(sound.latents, dtype=dtype, device=device)
+            result.sound[:, frames] = self.audio_proj_out(hidden[start : start + n][frames]).t()
+            start += n
+        if action is not None:
+            n = action.latents.shape[0]
+            frames = _frames(action.noisy_frames, n)
+            result.action = torch.zeros_like(action.latents, dtype=dtype, device=device)
+            result.action[frames] = self.action_proj_out(hidden[start : start + n][frames], action.domain)
+        return result
+
+
+def _frames(selected: list[int] | None, count: int) -> list[int]:
+    return list(range(count)) if selected is None else sorted(set(selected))
+
+
+def checkpoint_key_mapper(config: TransformerConfig):
+    """Map a checkpoint key to a parameter name, or None for tensors generation never reads."""
+    last = f"layers.{config.num_hidden_layers - 1}."
+    last_text_tail = tuple(
+        last + part
+        for part in ("self_attn.to_q.", "self_attn.to_out.", "self_attn.norm_q.", "post_attention_layernorm.", "mlp.")
+    )
+    aliases = {"vae2llm.": "proj_in.", "llm2vae.": "proj_out."}  # names used by some FP8 exports
+
+    def map_key(key: str) -> str | None:
+        if "_quantizer." in key or key in ("lm_head.weight", "norm.weight") or key.startswith(last_text_tail):
+            return None
+        for old, new in aliases.items():
+            if key.startswith(old):
+                return new + key[len(old) :]
+        return key
+
+    return map_key

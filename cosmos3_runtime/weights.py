@@ -1,0 +1,121 @@
+"""Loading safetensors weights into a module built on the meta device.
+
+The module is constructed without memory (`torch.device("meta")`), then each tensor is read from its
+shard straight onto the target device and cast to its final dtype, and assigned in place of the
+meta parameter. No random initialisation is ever materialised and at most one tensor exists twice
+(during its cast). Only safetensors are read: nothing is unpickled and no checkpoint code runs.
+"""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from .errors import CheckpointError
+
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+INDEX_NAME = WEIGHTS_NAME + ".index.json"
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a component folder: the shards its index names, or the single file."""
+    index = folder / INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index} is damaged ({exc}); download it again") from exc
+        files = [folder / name for name in dict.fromkeys(weight_map.values())]
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"missing weight shard {f} (listed in {index.name}); download it again")
+        return files
+    single = folder / WEIGHTS_NAME
+    if single.is_file():
+        return [single]
+    pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
+    if pickled:
+        raise CheckpointError(
+            f"{folder} only has pickle weights ({', '.join(pickled)}); this runtime loads safetensors only"
+        )
+    raise CheckpointError(f"{folder} has neither {WEIGHTS_NAME} nor {INDEX_NAME}")
+
+
+def load_weights(
+    module: nn.Module,
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    rename: Callable[[str], str | None] = lambda key: key,
+    keep_fp32: tuple[str, ...] = (),
+) -> None:
+    """Fill the meta parameters of `module` from the safetensors files in `folder`.
+
+    `rename` maps a file key to a parameter name, or to None for a tensor that is deliberately not
+    used. Parameters whose name starts with a `keep_fp32` prefix stay float32. Missing, unexpected
+    and mis-shaped tensors are errors that name the tensors and the file.
+    """
+    expected = {name: p for name, p in module.named_parameters()}
+    expected.update(module.named_buffers())
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for path in weight_files(folder):
+        state = {}
+        for key, tensor_of in _tensors(path, device):
+            name = rename(key)
+            if name is None:
+                continue
+            if name not in expected:
+                unexpected.append(key)
+                continue
+            tensor = tensor_of()
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise CheckpointError(
+                    f"{path}: tensor {key} has shape {list(tensor.shape)}, the config implies "
+                    f"{list(expected[name].shape)}; the weights do not belong to this config.json"
+                )
+            target = torch.float32 if name.startswith(keep_fp32) else dtype
+            state[name] = tensor.to(dtype=target) if tensor.is_floating_point() else tensor
+            loaded.add(name)
+        module.load_state_dict(state, strict=False, assign=True)
+        del state
+    if unexpected:
+        raise CheckpointError(
+            f"{folder}: weights {_names(unexpected)} do not exist in a model built from its config.json; "
+            "the config and the weights come from different checkpoints"
+        )
+    missing = sorted(set(expected) - loaded)
+    if missing:
+        raise CheckpointError(f"{folder}: weights {_names(missing)} are missing; the download is incomplete")
+    module.requires_grad_(False)
+    module.eval()
+
+
+def _tensors(path: Path, device: torch.device):
+    """(key, loader) pairs of one safetensors file, with damage reported against the file."""
+    try:
+        handle = safe_open(str(path), framework="pt", device=str(device))
+        keys = list(handle.keys())
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({exc}); it is corrupt or truncated") from exc
+
+    def loader(key):
+        def read():
+            try:
+                return handle.get_tensor(key)
+            except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+                raise CheckpointError(f"{path}: cannot read tensor {key} ({exc}); the file is corrupt") from exc
+
+        return read
+
+    with handle:
+        for key in keys:
+            yield key, loader(key)
+
+
+def _names(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(sorted(keys)[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")

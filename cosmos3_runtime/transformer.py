@@ -271,14 +271,19 @@ class TimestepEmbedder(nn.Module):
         return self.linear_2(F.silu(self.linear_1(emb)))
 
 
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """An embedding table without random init (weights are always loaded; init on meta is slow)."""
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+
+
 class DomainAwareLinear(nn.Module):
     """A linear map with one weight matrix and bias per embodiment domain, stored as embedding tables."""
 
     def __init__(self, in_features: int, out_features: int, num_domains: int):
         super().__init__()
         self.in_features, self.out_features, self.num_domains = in_features, out_features, num_domains
-        self.fc = nn.Embedding(num_domains, in_features * out_features)
-        self.bias = nn.Embedding(num_domains, out_features)
+        self.fc = embedding(num_domains, in_features * out_features)
+        self.bias = embedding(num_domains, out_features)
 
     def forward(self, x: torch.Tensor, domain: int) -> torch.Tensor:
         if not 0 <= domain < self.num_domains:
@@ -321,7 +326,7 @@ class Cosmos3Transformer(nn.Module):
         super().__init__()
         self.config = config
         H = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, H)
+        self.embed_tokens = embedding(config.vocab_size, H)
         last = config.num_hidden_layers - 1
         self.layers = nn.ModuleList(DecoderLayer(config, text_output=i < last) for i in range(config.num_hidden_layers))
         self.norm_moe_gen = make_norm(config, H)

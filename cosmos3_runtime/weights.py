@@ -2,8 +2,8 @@
 
 The module is constructed without memory (`torch.device("meta")`), then each tensor is read from its
 shard straight onto the target device and cast to its final dtype, and assigned in place of the
-meta parameter. No random initialisation is ever materialised and at most one tensor exists twice
-(during its cast). Only safetensors are read: nothing is unpickled and no checkpoint code runs.
+meta parameter. No random initialisation is ever materialised, and each tensor is allocated once in
+its final dtype (the file itself is only memory-mapped while it is read). Only safetensors are read: nothing is unpickled and no checkpoint code runs.
 """
 
 import json
@@ -77,8 +77,10 @@ def load_weights(
                     f"{path}: tensor {key} has shape {list(tensor.shape)}, the config implies "
                     f"{list(expected[name].shape)}; the weights do not belong to this config.json"
                 )
-            target = torch.float32 if name.startswith(keep_fp32) else dtype
-            state[name] = tensor.to(dtype=target) if tensor.is_floating_point() else tensor
+            target = torch.float32 if name.startswith(keep_fp32) else dtype if tensor.is_floating_point() else None
+            # On CPU safetensors hands out views of the memory-mapped file; own the memory, or a file
+            # replaced while the model is loaded would crash the process (SIGBUS) on the next read.
+            state[name] = tensor.to(dtype=target, copy=tensor.device.type == "cpu")
             loaded.add(name)
         module.load_state_dict(state, strict=False, assign=True)
         del state

@@ -2,11 +2,13 @@
 
 import logging
 import os
+from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, Variant, resolve
+from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .transformer import Cosmos3Transformer, checkpoint_key_mapper
+from .vae import VAEConfig, WanVAE
 from .weights import load_weights
 
 log = logging.getLogger(__name__)
@@ -57,12 +59,23 @@ def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.
     return model
 
 
+def load_vae(folder: Path, device: torch.device, dtype: torch.dtype) -> WanVAE:
+    """A VAE from its folder (config.json + diffusion_pytorch_model.safetensors)."""
+    config_path = folder / "config.json"
+    config = VAEConfig.from_dict(read_json(config_path), source=str(config_path))
+    with torch.device("meta"):
+        vae = WanVAE(config)
+    load_weights(vae, folder, dtype, device)
+    return vae
+
+
 class Cosmos3Pipeline:
     """A loaded checkpoint: its variant and its components."""
 
-    def __init__(self, checkpoint: Checkpoint, transformer: Cosmos3Transformer, device: torch.device, dtype):
+    def __init__(self, checkpoint: Checkpoint, transformer: Cosmos3Transformer, vae: WanVAE | None, device, dtype):
         self.checkpoint = checkpoint
         self.transformer = transformer
+        self.vae = vae
         self.device = device
         self.dtype = dtype
 
@@ -78,11 +91,20 @@ def load(
     path: str | os.PathLike,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    vae_dtype: str | torch.dtype | None = None,
+    load_vae_weights: bool = True,
     local_files_only: bool | None = None,
 ) -> Cosmos3Pipeline:
-    """Load a Cosmos3 checkpoint from a folder or a Hugging Face repo id (`namespace/repo[/subfolder]`)."""
+    """Load a Cosmos3 checkpoint from a folder or a Hugging Face repo id (`namespace/repo[/subfolder]`).
+
+    `dtype` is the transformer's precision, `vae_dtype` the VAE's (default: the same).
+    `load_vae_weights=False` skips the VAE (for latent-only work).
+    """
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
-    checkpoint = Checkpoint(resolve(path, components=("transformer",), local_files_only=local_files_only))
+    vae_dtype = dtype if vae_dtype is None else resolve_dtype(vae_dtype, device)
+    components = ("transformer", "vae") if load_vae_weights else ("transformer",)
+    checkpoint = Checkpoint(resolve(path, components=components, local_files_only=local_files_only))
     transformer = load_transformer(checkpoint, device, dtype)
-    return Cosmos3Pipeline(checkpoint, transformer, device, dtype)
+    vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
+    return Cosmos3Pipeline(checkpoint, transformer, vae, device, dtype)

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from .transformer import EDGE_BACKBONE, TransformerConfig
+from .vae import VAEConfig, WanVAE
 
 KINDS = ("gated", "edge")
 
@@ -160,6 +161,48 @@ def write_transformer(folder: Path, config: dict, seed: int, shards: int, dtype:
     (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
+def vae_config(seed: int = 0, base_dim: int = 8, decoder_base_dim: int = 12) -> dict:
+    """config.json of a Wan 2.2-structured VAE with toy channel counts and random latent statistics."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    mean = (0.3 * torch.randn(48, generator=generator)).tolist()
+    std = (0.4 + 0.8 * torch.rand(48, generator=generator)).tolist()
+    return {
+        "_class_name": "AutoencoderKLWan",
+        "_diffusers_version": "0.42.1",
+        "base_dim": base_dim,
+        "decoder_base_dim": decoder_base_dim,
+        "z_dim": 48,
+        "dim_mult": [1, 2, 4, 4],
+        "num_res_blocks": 2,
+        "attn_scales": [],
+        "temperal_downsample": [False, True, True],
+        "dropout": 0.0,
+        "latents_mean": mean,
+        "latents_std": std,
+        "is_residual": True,
+        "in_channels": 12,
+        "out_channels": 12,
+        "patch_size": 2,
+        "scale_factor_spatial": 16,
+        "scale_factor_temporal": 4,
+    }
+
+
+def write_vae(folder: Path, config: dict, seed: int, dtype: torch.dtype) -> None:
+    """Random VAE weights: PyTorch's default init for convolutions, gains around 1."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    torch.manual_seed(seed)  # default module init draws from the global generator
+    vae = WanVAE(VAEConfig.from_dict(config))
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, value in vae.state_dict().items():
+        if name.endswith("gamma"):
+            value = 1.0 + 0.1 * torch.randn(value.shape, generator=generator)
+        tensors[name] = value.to(dtype).contiguous()
+    save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
+
+
 def write_tokenizer(folder: Path, vocab_size: int) -> None:
     """A byte-level BPE tokenizer with Qwen's special tokens, trained on a few sentences."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -226,6 +269,7 @@ def make_tiny_checkpoint(
     (root / "model_index.json").write_text(json.dumps(model_index, indent=2))
     config = transformer_config(kind, size, action=action, sound=sound, vocab_size=vocab_size)
     write_transformer(root / "transformer", config, seed, shards, dtype)
+    write_vae(root / "vae", vae_config(seed), seed, dtype)
     (root / "scheduler").mkdir(exist_ok=True)
     scheduler = DISTILLED_SCHEDULER if distilled else UNIPC_SCHEDULER
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2))

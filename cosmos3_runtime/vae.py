@@ -1,0 +1,478 @@
+"""The Wan 2.2 video VAE (diffusers' `AutoencoderKLWan` with `is_residual=True`), as Cosmos3 uses it.
+
+Pixels [B, 3, F, H, W] in [-1, 1] <-> latents [B, z, 1 + (F-1)/4, H/16, W/16] (z = 48 in the release).
+Time is causal: frame t only depends on frames <= t. Video is processed in chunks (encode: pixel
+frames [0], [1:5], [5:9], ...; decode: one latent frame at a time) and every causal convolution keeps
+the last two frames it has seen in a `Stream`, a cache object that lives for one encode or decode
+call. Memory therefore stays bounded however long the clip is, the result is exactly the one of the
+chunked reference, and an interrupted call leaves nothing behind in the modules.
+
+Spatial tiling (`tile=TileSpec(...)`) decodes or encodes overlapping tiles one at a time and blends
+them with linear ramps over the overlap, so peak activation memory follows the tile size, not the
+frame size.
+
+Module and parameter names equal the diffusers checkpoint keys (`vae/diffusion_pytorch_model.safetensors`).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import CheckpointError, InputError
+
+CACHE_FRAMES = 2  # temporal context of a 3-tap causal convolution
+
+
+@dataclass(frozen=True)
+class VAEConfig:
+    base_dim: int = 160
+    decoder_base_dim: int | None = 256
+    z_dim: int = 48
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    temperal_downsample: tuple[bool, ...] = (False, True, True)
+    is_residual: bool = True
+    in_channels: int = 12
+    out_channels: int = 12
+    patch_size: int = 2
+    scale_factor_spatial: int = 16
+    scale_factor_temporal: int = 4
+    latents_mean: tuple[float, ...] = ()
+    latents_std: tuple[float, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "vae/config.json") -> "VAEConfig":
+        def fail(message: str):
+            raise CheckpointError(f"{source}: {message}; Cosmos3 needs the Wan 2.2 VAE (AutoencoderKLWan, is_residual)")
+
+        if not raw.get("is_residual", False):
+            fail("is_residual is not true, so this is not the Wan 2.2 layout (a Wan 2.1 VAE?)")
+        if raw.get("attn_scales"):
+            fail("attn_scales must be empty")
+        patch = raw.get("patch_size") or 1
+        names = {f for f in cls.__dataclass_fields__}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in names}
+        values["patch_size"] = patch
+        config = cls(**values)
+        dims = len(config.dim_mult)
+        if len(config.temperal_downsample) != dims - 1:
+            fail(f"temperal_downsample needs {dims - 1} entries for dim_mult {list(config.dim_mult)}")
+        if len(config.latents_mean) != config.z_dim or len(config.latents_std) != config.z_dim:
+            fail(f"latents_mean and latents_std need z_dim = {config.z_dim} entries each")
+        if config.in_channels != 3 * patch * patch or config.out_channels != 3 * patch * patch:
+            fail(f"in/out_channels must be 3 * patch_size**2 = {3 * patch * patch}")
+        spatial = patch * 2 ** (dims - 1)
+        temporal = 2 ** sum(config.temperal_downsample)
+        if (config.scale_factor_spatial, config.scale_factor_temporal) != (spatial, temporal):
+            fail(f"scale factors {config.scale_factor_spatial}/{config.scale_factor_temporal} do not match the "
+                 f"network ({spatial}/{temporal})")  # fmt: skip
+        return config
+
+    @property
+    def decoder_dim(self) -> int:
+        return self.decoder_base_dim or self.base_dim
+
+
+class Stream:
+    """Per-call temporal state: each causal layer's last input frames, keyed by the layer."""
+
+    def __init__(self):
+        self.state: dict[nn.Module, torch.Tensor | bool] = {}
+
+
+class CausalConv3d(nn.Conv3d):
+    """3-D convolution that pads time on the past side only and streams across chunks.
+
+    `padding` is the constructor's (t, h, w) padding; time gets 2*t frames in front, which the
+    frames remembered from the previous chunk replace.
+    """
+
+    def __init__(self, cin, cout, kernel, stride=1, padding=0):
+        super().__init__(cin, cout, kernel, stride=stride)
+        pt, ph, pw = (padding,) * 3 if isinstance(padding, int) else padding
+        self.time_pad, self.space_pad = 2 * pt, (pw, pw, ph, ph)
+
+    def forward(self, x: torch.Tensor, stream: Stream | None = None) -> torch.Tensor:
+        if self.time_pad and stream is not None:
+            past = stream.state.get(self)
+            if past is not None:
+                x = torch.cat([past, x], dim=2)
+            stream.state[self] = x[:, :, -CACHE_FRAMES:].clone()
+            front = self.time_pad - (0 if past is None else past.shape[2])
+        else:
+            front = self.time_pad
+        return super().forward(F.pad(x, (*self.space_pad, front, 0)))
+
+
+class RMSNorm(nn.Module):
+    """L2-normalise over channels, times sqrt(C) and a per-channel gain."""
+
+    def __init__(self, dim: int, spatial_dims: int = 3):
+        super().__init__()
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.ones(dim, *(1,) * spatial_dims))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        low_precision = x.dtype in (torch.float16, torch.bfloat16)
+        normed = F.normalize(x.float() if low_precision else x, dim=1).to(x.dtype)
+        return normed * self.scale * self.gamma
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.norm1 = RMSNorm(cin)
+        self.conv1 = CausalConv3d(cin, cout, 3, padding=1)
+        self.norm2 = RMSNorm(cout)
+        self.conv2 = CausalConv3d(cout, cout, 3, padding=1)
+        self.conv_shortcut = CausalConv3d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x, stream):
+        h = self.conv1(F.silu(self.norm1(x)), stream)
+        h = self.conv2(F.silu(self.norm2(h)), stream)
+        return h + self.conv_shortcut(x)
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the positions of each frame."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = RMSNorm(dim, spatial_dims=2)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        frames = x.transpose(1, 2).reshape(b * t, c, h, w)
+        qkv = self.to_qkv(self.norm(frames)).reshape(b * t, 1, 3 * c, h * w).transpose(2, 3)
+        q, k, v = qkv.chunk(3, dim=-1)  # each [b*t, 1, h*w, c]
+        out = F.scaled_dot_product_attention(q, k, v).squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)
+        return x + self.proj(out).view(b, t, c, h, w).transpose(1, 2)
+
+
+class MidBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.resnets = nn.ModuleList([ResBlock(dim, dim), ResBlock(dim, dim)])
+        self.attentions = nn.ModuleList([AttentionBlock(dim)])
+
+    def forward(self, x, stream):
+        x = self.resnets[0](x, stream)
+        return self.resnets[1](self.attentions[0](x), stream)
+
+
+def per_frame(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Apply a 2-D module to every frame of [B, C, T, H, W]."""
+    b, c, t, h, w = x.shape
+    y = module(x.transpose(1, 2).reshape(b * t, c, h, w))
+    return y.view(b, t, *y.shape[1:]).transpose(1, 2)
+
+
+class Downsample(nn.Module):
+    """Halve height and width (and, with `temporal`, time: frames [0], then pairs of new frames)."""
+
+    def __init__(self, dim: int, temporal: bool):
+        super().__init__()
+        self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=2))
+        if temporal:
+            self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+
+    def forward(self, x, stream):
+        x = per_frame(self.resample, x)
+        if not hasattr(self, "time_conv"):
+            return x
+        last = stream.state.get(self)
+        stream.state[self] = x[:, :, -1:].clone()
+        if last is None:  # the first chunk is the single first frame: it passes through
+            return x
+        return self.time_conv(torch.cat([last, x], dim=2))
+
+
+class Upsample(nn.Module):
+    """Double height and width (and, with `temporal`, time: each frame after the first becomes two)."""
+
+    def __init__(self, dim: int, temporal: bool):
+        super().__init__()
+        self.resample = nn.Sequential(nn.Upsample(scale_factor=2.0, mode="nearest-exact"), nn.Conv2d(dim, dim, 3, padding=1))
+        if temporal:
+            self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+
+    def forward(self, x, stream):
+        if hasattr(self, "time_conv"):
+            if stream.state.get(self):  # not the first chunk: every frame becomes an (earlier, later) pair
+                b, c, t, h, w = x.shape
+                pairs = self.time_conv(x, stream).view(b, 2, c, t, h, w)
+                x = torch.stack([pairs[:, 0], pairs[:, 1]], dim=3).reshape(b, c, 2 * t, h, w)
+            stream.state[self] = True
+        upsample, conv = self.resample
+        return per_frame(lambda f: conv(upsample(f.float()).to(f.dtype)), x)  # nearest-exact in fp32, as trained
+
+
+def space_time_to_channels(x: torch.Tensor, ft: int, fs: int) -> torch.Tensor:
+    """[B, C, T, H, W] -> [B, C*ft*fs*fs, T/ft, H/fs, W/fs], channel-major then (t, y, x) offsets."""
+    b, c, t, h, w = x.shape
+    x = x.view(b, c, t // ft, ft, h // fs, fs, w // fs, fs).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    return x.reshape(b, c * ft * fs * fs, t // ft, h // fs, w // fs)
+
+
+class AvgDown(nn.Module):
+    """Parameter-free shortcut: fold (ft, fs, fs) blocks into channels and average groups of them."""
+
+    def __init__(self, cin: int, cout: int, ft: int, fs: int):
+        super().__init__()
+        self.cout, self.ft, self.fs = cout, ft, fs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.pad(x, (0, 0, 0, 0, (-x.shape[2]) % self.ft, 0))
+        x = space_time_to_channels(x, self.ft, self.fs)
+        b, c, t, h, w = x.shape
+        return x.view(b, self.cout, c // self.cout, t, h, w).mean(dim=2)
+
+
+class DupUp(nn.Module):
+    """Parameter-free shortcut: repeat channels and unfold them into (ft, fs, fs) blocks."""
+
+    def __init__(self, cin: int, cout: int, ft: int, fs: int):
+        super().__init__()
+        self.cout, self.ft, self.fs = cout, ft, fs
+        self.repeats = cout * ft * fs * fs // cin
+
+    def forward(self, x: torch.Tensor, first_chunk: bool) -> torch.Tensor:
+        b, _, t, h, w = x.shape
+        ft, fs = self.ft, self.fs
+        x = x.repeat_interleave(self.repeats, dim=1).view(b, self.cout, ft, fs, fs, t, h, w)
+        x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, self.cout, t * ft, h * fs, w * fs)
+        return x[:, :, ft - 1 :] if first_chunk else x
+
+
+class DownBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, num_res_blocks: int, temporal: bool, spatial: bool):
+        super().__init__()
+        self.resnets = nn.ModuleList(ResBlock(cin if i == 0 else cout, cout) for i in range(num_res_blocks))
+        self.downsampler = Downsample(cout, temporal) if spatial else None
+        self.avg_shortcut = AvgDown(cin, cout, 2 if temporal else 1, 2 if spatial else 1)
+
+    def forward(self, x, stream):
+        shortcut = self.avg_shortcut(x)
+        for resnet in self.resnets:
+            x = resnet(x, stream)
+        if self.downsampler is not None:
+            x = self.downsampler(x, stream)
+        return x + shortcut
+
+
+class UpBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, num_res_blocks: int, temporal: bool, spatial: bool):
+        super().__init__()
+        self.resnets = nn.ModuleList(ResBlock(cin if i == 0 else cout, cout) for i in range(num_res_blocks + 1))
+        self.upsampler = Upsample(cout, temporal) if spatial else None
+        self.avg_shortcut = DupUp(cin, cout, 2 if temporal else 1, 2) if spatial else None
+
+    def forward(self, x, stream, first_chunk: bool):
+        shortcut = self.avg_shortcut(x, first_chunk) if self.avg_shortcut is not None else None
+        for resnet in self.resnets:
+            x = resnet(x, stream)
+        if self.upsampler is not None:
+            x = self.upsampler(x, stream)
+        return x if shortcut is None else x + shortcut
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: VAEConfig):
+        super().__init__()
+        dims = [c.base_dim * m for m in (1, *c.dim_mult)]
+        last = len(c.dim_mult) - 1
+        self.conv_in = CausalConv3d(c.in_channels, dims[0], 3, padding=1)
+        self.down_blocks = nn.ModuleList(
+            DownBlock(dims[i], dims[i + 1], c.num_res_blocks, i < last and c.temperal_downsample[i], i < last)
+            for i in range(len(c.dim_mult))
+        )
+        self.mid_block = MidBlock(dims[-1])
+        self.norm_out = RMSNorm(dims[-1])
+        self.conv_out = CausalConv3d(dims[-1], 2 * c.z_dim, 3, padding=1)
+
+    def forward(self, x, stream):
+        x = self.conv_in(x, stream)
+        for block in self.down_blocks:
+            x = block(x, stream)
+        x = self.mid_block(x, stream)
+        return self.conv_out(F.silu(self.norm_out(x)), stream)
+
+
+class Decoder(nn.Module):
+    def __init__(self, c: VAEConfig):
+        super().__init__()
+        d = c.decoder_dim
+        dims = [d * m for m in (c.dim_mult[-1], *reversed(c.dim_mult))]
+        upsample_time = tuple(reversed(c.temperal_downsample))
+        last = len(c.dim_mult) - 1
+        self.conv_in = CausalConv3d(c.z_dim, dims[0], 3, padding=1)
+        self.mid_block = MidBlock(dims[0])
+        self.up_blocks = nn.ModuleList(
+            UpBlock(dims[i], dims[i + 1], c.num_res_blocks, i < last and upsample_time[i], i < last)
+            for i in range(len(c.dim_mult))
+        )
+        self.norm_out = RMSNorm(dims[-1])
+        self.conv_out = CausalConv3d(dims[-1], c.out_channels, 3, padding=1)
+
+    def forward(self, x, stream, first_chunk: bool):
+        x = self.mid_block(self.conv_in(x, stream), stream)
+        for block in self.up_blocks:
+            x = block(x, stream, first_chunk)
+        return self.conv_out(F.silu(self.norm_out(x)), stream)
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[B, C, F, H, W] -> [B, C*p*p, F, H/p, W/p], channel index c*p*p + dx*p + dy."""
+    b, c, f, h, w = x.shape
+    x = x.view(b, c, f, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5)
+    return x.reshape(b, c * p * p, f, h // p, w // p)
+
+
+def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    b, cp, f, h, w = x.shape
+    x = x.view(b, cp // (p * p), p, p, f, h, w).permute(0, 1, 4, 5, 3, 6, 2)
+    return x.reshape(b, cp // (p * p), f, h * p, w * p)
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    """Spatial tiling in latent units: tiles of `size` latents overlapping by `overlap` latents."""
+
+    size: int = 32
+    overlap: int = 8
+
+    def __post_init__(self):
+        if not 0 <= self.overlap < self.size:
+            raise InputError(f"tile overlap {self.overlap} must be at least 0 and smaller than the tile size {self.size}")
+
+    def starts(self, length: int) -> list[int]:
+        """Tile start offsets covering [0, length); the last tile is shifted back to end at `length`."""
+        if length <= self.size:
+            return [0]
+        stride = self.size - self.overlap
+        starts = list(range(0, length - self.size, stride)) + [length - self.size]
+        return sorted(set(starts))
+
+
+def _ramp(length: int, before: int, after: int, device) -> torch.Tensor:
+    """Blend weights along one axis: rising over `before` samples, falling over `after`."""
+    w = torch.ones(length, device=device)
+    if before:
+        w[:before] = torch.arange(1, before + 1, device=device) / (before + 1)
+    if after:
+        w[length - after :] = torch.arange(after, 0, -1, device=device) / (after + 1)
+    return w
+
+
+class WanVAE(nn.Module):
+    def __init__(self, config: VAEConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.quant_conv = CausalConv3d(2 * config.z_dim, 2 * config.z_dim, 1)
+        self.post_quant_conv = CausalConv3d(config.z_dim, config.z_dim, 1)
+        self.decoder = Decoder(config)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.quant_conv.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.quant_conv.weight.device
+
+    # --- latent statistics ---------------------------------------------------------------------
+
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and 1/std in the VAE dtype, shaped to broadcast over [B, z, T, h, w]."""
+        mean = torch.tensor(self.config.latents_mean, dtype=self.dtype)
+        inv_std = 1.0 / torch.tensor(self.config.latents_std, dtype=self.dtype)
+        shape = (1, -1, 1, 1, 1)
+        return mean.to(like.device).view(shape), inv_std.to(like.device).view(shape)
+
+    def normalize(self, raw: torch.Tensor) -> torch.Tensor:
+        """VAE latents -> the transformer's latent space: (z - mean) * (1/std), in the VAE dtype."""
+        mean, inv_std = self._stats(raw)
+        return (raw.to(self.dtype) - mean) * inv_std
+
+    def denormalize(self, latents: torch.Tensor) -> torch.Tensor:
+        mean, inv_std = self._stats(latents)
+        return latents.to(self.dtype) / inv_std + mean
+
+    # --- encode / decode -----------------------------------------------------------------------
+
+    def _check_pixels(self, x: torch.Tensor) -> None:
+        s = self.config.scale_factor_spatial
+        if x.ndim != 5 or x.shape[1] != 3:
+            raise InputError(f"VAE encode expects pixels [B, 3, F, H, W], got {list(x.shape)}")
+        if x.shape[3] % s or x.shape[4] % s:
+            raise InputError(
+                f"frame size {x.shape[4]}x{x.shape[3]} (WxH) is not a multiple of {s}; resize or crop to multiples of {s}"
+            )
+
+    @torch.no_grad()
+    def encode(self, pixels: torch.Tensor, tile: TileSpec | None = None) -> torch.Tensor:
+        """Pixels [B, 3, F, H, W] in [-1, 1] -> posterior mean [B, z, 1 + (F-1)//4, H/16, W/16] (raw, not normalized).
+
+        Frames beyond the last 4k+1 are dropped, as in the reference.
+        """
+        self._check_pixels(pixels)
+        x = pixels.to(device=self.device, dtype=self.dtype)
+        if tile is None:
+            return torch.cat([self._encode_one(item) for item in x.split(1)])
+        s = self.config.scale_factor_spatial
+        return torch.cat([self._tiled(item, tile, s, self._encode_one, 1 / s) for item in x.split(1)])
+
+    def _encode_one(self, x: torch.Tensor) -> torch.Tensor:
+        x = patchify(x, self.config.patch_size)
+        stream = Stream()
+        step = self.config.scale_factor_temporal
+        chunks = [x[:, :, :1]] + [x[:, :, i : i + step] for i in range(1, x.shape[2] - step + 1, step)]
+        out = torch.cat([self.encoder(chunk, stream) for chunk in chunks], dim=2)
+        return self.quant_conv(out)[:, : self.config.z_dim]
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None) -> torch.Tensor:
+        """Raw latents [B, z, T, h, w] -> pixels [B, 3, 1 + 4(T-1), 16h, 16w] clamped to [-1, 1]."""
+        if latents.ndim != 5 or latents.shape[1] != self.config.z_dim:
+            raise InputError(f"VAE decode expects latents [B, {self.config.z_dim}, T, h, w], got {list(latents.shape)}")
+        z = latents.to(device=self.device, dtype=self.dtype)
+        s = self.config.scale_factor_spatial
+        decode = self._decode_one if tile is None else lambda item: self._tiled(item, tile, 1, self._decode_one, s)
+        return torch.cat([decode(item) for item in z.split(1)]).clamp_(-1.0, 1.0)
+
+    def _decode_one(self, z: torch.Tensor) -> torch.Tensor:
+        z = self.post_quant_conv(z)
+        stream = Stream()
+        frames = [self.decoder(z[:, :, i : i + 1], stream, first_chunk=i == 0) for i in range(z.shape[2])]
+        return unpatchify(torch.cat(frames, dim=2), self.config.patch_size)
+
+    def _tiled(self, x: torch.Tensor, tile: TileSpec, unit: int, run, scale: float) -> torch.Tensor:
+        """Run `run` on overlapping spatial tiles of x and blend the results.
+
+        Tiles are `tile.size * unit` input samples wide (unit = 16 pixels per latent when encoding,
+        1 when decoding); outputs are `scale` times the input size.
+        """
+        size, overlap = tile.size * unit, tile.overlap * unit
+        spec = TileSpec(size, overlap)
+        height, width = x.shape[-2:]
+        out = weight = None
+        for top in spec.starts(height):
+            for left in spec.starts(width):
+                piece = run(x[..., top : top + size, left : left + size])
+                th, tw = piece.shape[-2:]
+                oy, ox, ov = int(top * scale), int(left * scale), int(overlap * scale)
+                if out is None:
+                    out_h, out_w = int(height * scale), int(width * scale)
+                    out = piece.new_zeros(*piece.shape[:-2], out_h, out_w)
+                    weight = torch.zeros(out_h, out_w, device=piece.device, dtype=piece.dtype)
+                wy = _ramp(th, ov if top else 0, ov if oy + th < out.shape[-2] else 0, piece.device)
+                wx = _ramp(tw, ov if left else 0, ov if ox + tw < out.shape[-1] else 0, piece.device)
+                w = (wy[:, None] * wx[None, :]).to(piece.dtype)
+                out[..., oy : oy + th, ox : ox + tw] += piece * w
+                weight[oy : oy + th, ox : ox + tw] += w
+        return out / weight

@@ -1,17 +1,29 @@
-"""Loading a Cosmos3 checkpoint into ready-to-run components."""
+"""Loading a Cosmos3 checkpoint, and generating images and videos with it."""
 
 import logging
 import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .checkpoint import Checkpoint, Variant, read_json, resolve
-from .transformer import Cosmos3Transformer, checkpoint_key_mapper
-from .vae import VAEConfig, WanVAE
+from .conditioning import preprocess_image, preprocess_video
+from .errors import InputError
+from .prompts import PromptOptions, negative_text, positive_text
+from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
+from .settings import Request, Settings
+from .settings import resolve as resolve_settings
+from .tokenizer import PromptTokenizer
+from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper
+from .vae import TileSpec, VAEConfig, WanVAE
 from .weights import load_weights
 
 log = logging.getLogger(__name__)
+
+TEXT_CACHE_SIZE = 2  # the cond and uncond prompts of the latest request
 
 DTYPES = {
     "bf16": torch.bfloat16,
@@ -69,15 +81,27 @@ def load_vae(folder: Path, device: torch.device, dtype: torch.dtype) -> WanVAE:
     return vae
 
 
-class Cosmos3Pipeline:
-    """A loaded checkpoint: its variant and its components."""
+@dataclass
+class Generation:
+    latents: torch.Tensor  # normalized latents [1, 48, T, h, w], float32, CPU
+    frames: torch.Tensor | None  # [F, H, W, 3] float32 in 0..1, CPU (ComfyUI IMAGE); None for output="latents"
+    settings: Settings
 
-    def __init__(self, checkpoint: Checkpoint, transformer: Cosmos3Transformer, vae: WanVAE | None, device, dtype):
+
+StepCallback = Callable[[int, int, torch.Tensor], None]  # (step done, total steps, latents); raise to cancel
+
+
+class Cosmos3Pipeline:
+    """A loaded checkpoint: its variant, its components, and `generate`."""
+
+    def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype):
         self.checkpoint = checkpoint
         self.transformer = transformer
         self.vae = vae
+        self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
+        self._text_cache: OrderedDict[tuple[int, ...], TextKV] = OrderedDict()
 
     @property
     def variant(self) -> Variant:
@@ -85,6 +109,159 @@ class Cosmos3Pipeline:
 
     def __repr__(self) -> str:
         return f"Cosmos3Pipeline({str(self.checkpoint.root)!r}, {self.variant.describe()}, {self.dtype}, {self.device})"
+
+    def text_kv(self, ids: list[int]) -> TextKV:
+        """The prompt's per-layer text K/V, computed once and kept for the last two prompts (cond, uncond)."""
+        key = tuple(ids)
+        if key in self._text_cache:
+            self._text_cache.move_to_end(key)
+        else:
+            self._text_cache[key] = self.transformer.encode_text(torch.tensor(ids, dtype=torch.long))
+            while len(self._text_cache) > TEXT_CACHE_SIZE:
+                self._text_cache.popitem(last=False)
+        return self._text_cache[key]
+
+    def token_ids(self, prompt: str, settings: Settings, options: PromptOptions, max_length=None):
+        """(cond ids, uncond ids) for a prompt under resolved settings."""
+        if self.tokenizer is None:
+            raise InputError("this pipeline was loaded without its tokenizer")
+        system = options.system_prompt
+        cond = self.tokenizer.encode(positive_text(prompt, options), system, max_length)
+        uncond = self.tokenizer.encode(negative_text(settings.negative_prompt, options), system, max_length)
+        return cond, uncond
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: str,
+        negative_prompt: str | None = None,
+        width: int | None = None,
+        height: int | None = None,
+        num_frames: int | None = None,
+        fps: float | None = None,
+        steps: int | None = None,
+        guidance_scale: float | None = None,
+        flow_shift: float | None = None,
+        schedule: str = "auto",
+        guidance_interval: tuple[float, float] | str | None = "auto",
+        seed: int = 0,
+        image=None,
+        video=None,
+        condition_frame_indexes: tuple[int, ...] | None = None,
+        condition_video_keep: str = "first",
+        use_system_prompt: bool | None = None,
+        add_resolution_template: bool = True,
+        add_duration_template: bool = True,
+        json_captions: bool = True,
+        max_sequence_length: int | None = None,
+        output: str = "frames",
+        vae_tile: TileSpec | None = None,
+        callback: StepCallback | None = None,
+    ) -> Generation:
+        """Generate an image (num_frames=1) or a video from a prompt, optionally conditioned on an image or video.
+
+        Unset arguments take the checkpoint variant's defaults (see `settings.resolve`); what was changed
+        or ignored is listed in `result.settings.notes`. `schedule`: "auto" (the distilled sigmas on
+        distilled checkpoints, else "unipc"), "unipc" (shifted flow grid), "checkpoint" (the shipped
+        scheduler config) or "distilled". `guidance_interval`: "auto" ([400, 1000] for images, every
+        step for video), None/"off", or (low, high) in timesteps. `output`: "frames" or "latents".
+        `callback(step, total, latents)` runs after every step; an exception from it cancels the run
+        and leaves the pipeline ready for the next one.
+        """
+        if output not in ("frames", "latents"):
+            raise InputError(f"output must be 'frames' or 'latents', got {output!r}")
+        if condition_video_keep not in ("first", "last"):
+            raise InputError(f"condition_video_keep must be 'first' or 'last', got {condition_video_keep!r}")
+        if not isinstance(prompt, str):
+            raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+        request = Request(
+            width=width, height=height, num_frames=num_frames, fps=fps, steps=steps, guidance_scale=guidance_scale,
+            flow_shift=flow_shift, schedule=schedule, guidance_interval=guidance_interval,
+            negative_prompt=negative_prompt, use_system_prompt=use_system_prompt, has_image=image is not None,
+            has_video=video is not None, condition_frame_indexes=condition_frame_indexes,
+        )  # fmt: skip
+        s = resolve_settings(self.variant, request)
+        options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
+                                add_resolution_template, add_duration_template, json_captions)  # fmt: skip
+        cond_ids, uncond_ids = self.token_ids(prompt, s, options, max_sequence_length)
+
+        shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // 16, s.width // 16)
+        clean, mask = self._conditioning(s, shape, image, video, condition_video_keep)
+        generator = torch.Generator("cpu").manual_seed(int(seed))
+        noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+        latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
+
+        latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback)
+        frames = None
+        if output == "frames":
+            frames = self.decode(latents, tile=vae_tile)
+        return Generation(latents.cpu(), frames, s)
+
+    def _conditioning(self, s: Settings, shape, image, video, keep: str):
+        """Clean conditioning latents and the mask [T, 1, 1] of conditioned frames (None, None for T2I/T2V)."""
+        if s.mode in ("t2i", "t2v"):
+            return None, None
+        if self.vae is None:
+            raise InputError("image and video conditioning need the VAE; load the pipeline with its VAE")
+        if s.mode == "i2v":
+            pixels = preprocess_image(image, s.height, s.width).unsqueeze(2)  # [1, 3, 1, H, W]
+        else:
+            frames = preprocess_video(video, s.height, s.width)
+            needed = s.condition_frames[-1] * 4 + 1  # causal VAE: latent f only sees pixel frames <= 4f
+            frames = frames[:, :, :needed] if keep == "first" else frames[:, :, -needed:]
+            if frames.shape[2] < needed:  # repeat the last frame, as the reference fills short clips
+                tail = frames[:, :, -1:].expand(-1, -1, needed - frames.shape[2], -1, -1)
+                frames = torch.cat([frames, tail], dim=2)
+            pixels = frames
+        encoded = self.vae.normalize(self.vae.encode(pixels.to(self.device))).float()
+        clean = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        clean[:, :, : encoded.shape[2]] = encoded
+        mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=self.device)
+        mask[list(s.condition_frames)] = 1.0
+        return clean, mask
+
+    def schedule_for(self, s: Settings) -> Schedule:
+        if s.schedule == "distilled":
+            return distilled_schedule(self.variant.distilled_sigmas, self.variant.stochastic_distilled)
+        if s.schedule == "checkpoint":
+            native = bool(self.checkpoint.model_index.get("use_native_flow_schedule", False))
+            return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)
+        return unipc_schedule(s.steps, s.flow_shift)
+
+    def _denoise(self, latents, s: Settings, cond_ids, uncond_ids, clean, mask, generator, callback):
+        schedule = self.schedule_for(s)
+        stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
+        noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
+        cond = self.text_kv(cond_ids)
+        uncond = self.text_kv(uncond_ids) if s.guidance_scale != 1.0 else None
+        model = self.transformer
+        for i, t in enumerate(schedule.timesteps):
+            guidance = s.guidance_scale
+            if s.guidance_interval is not None and not s.guidance_interval[0] <= float(t) <= s.guidance_interval[1]:
+                guidance = 1.0
+            # Each branch runs at its own text length: padding one to the other's would leave zero
+            # keys that the (unmasked) media attention still weights.
+            velocity = model(latents, t, cond, noisy, s.fps).vision.float()
+            if guidance != 1.0:
+                uncond_velocity = model(latents, t, uncond, noisy, s.fps).vision.float()
+                velocity = uncond_velocity + guidance * (velocity - uncond_velocity)
+            if isinstance(stepper, FlowEuler):
+                latents = stepper.step(velocity, latents, generator)
+            else:
+                latents = stepper.step(velocity, latents)
+            if mask is not None:  # keep conditioned frames exactly at their clean latents
+                latents = mask * clean + (1.0 - mask) * latents
+            if callback is not None:
+                callback(i + 1, len(schedule), latents)
+        return latents
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None) -> torch.Tensor:
+        """Normalized latents [1, 48, T, h, w] -> frames [F, H, W, 3] float32 in 0..1 on the CPU."""
+        if self.vae is None:
+            raise InputError("decoding needs the VAE; load the pipeline with its VAE")
+        pixels = self.vae.decode(self.vae.denormalize(latents.to(self.device)), tile=tile).float()
+        return (pixels / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()
 
 
 def load(
@@ -103,8 +280,9 @@ def load(
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     vae_dtype = dtype if vae_dtype is None else resolve_dtype(vae_dtype, device)
-    components = ("transformer", "vae") if load_vae_weights else ("transformer",)
+    components = ("transformer", "tokenizer", "vae") if load_vae_weights else ("transformer", "tokenizer")
     checkpoint = Checkpoint(resolve(path, components=components, local_files_only=local_files_only))
+    tokenizer = PromptTokenizer(checkpoint.tokenizer_dir())
     transformer = load_transformer(checkpoint, device, dtype)
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
-    return Cosmos3Pipeline(checkpoint, transformer, vae, device, dtype)
+    return Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype)

@@ -29,10 +29,8 @@ SIZES = {"tiny": TINY, "small": SMALL}
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
 CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 UNIPC_SCHEDULER = {
     "_class_name": "UniPCMultistepScheduler",
@@ -283,6 +281,11 @@ def make_tiny_checkpoint(
             "default_use_system_prompt": True,
             "enable_safety_checker": False,
         }
+        for name in ("transformer", "vae", "scheduler", "text_tokenizer"):
+            library, class_name = model_index[name]
+            spec = {"pretrained_model_name_or_path": "nvidia/Cosmos3-Tiny-4Step", "subfolder": name,
+                    "type_hint": [library, class_name], "variant": None, "revision": None}  # fmt: skip
+            modular[name] = [library, class_name, spec]
         (root / "modular_model_index.json").write_text(json.dumps(modular, indent=2))
     write_tokenizer(root / "text_tokenizer", vocab_size)
     return root

@@ -83,3 +83,25 @@ def velocity(model, input_ids, latents, timestep, noisy_frames, fps, sound=None,
         )
     vision_v, sound_v, action_v = preds
     return vision_v[0], sound_v[0] if sound_v else None, action_v[0] if action_v else None
+
+
+def omni_pipeline(root, schedule="checkpoint"):
+    """diffusers' task pipeline on a tiny checkpoint: the shipped scheduler, or flow UniPC with shift 10."""
+    from diffusers import UniPCMultistepScheduler
+
+    pipe = Cosmos3OmniPipeline.from_pretrained(str(root), torch_dtype=torch.float32, enable_safety_checker=False)
+    if schedule == "unipc":
+        pipe.scheduler = UniPCMultistepScheduler.from_config(
+            pipe.scheduler.config, flow_shift=10.0, use_karras_sigmas=False
+        )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def distilled_pipeline(root):
+    """diffusers' distilled modular pipeline, loaded from the checkpoint's modular_model_index.json."""
+    from diffusers import ModularPipeline
+
+    pipe = ModularPipeline.from_pretrained(str(root))
+    pipe.load_components(torch_dtype=torch.float32)
+    return pipe

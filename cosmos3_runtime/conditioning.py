@@ -1,0 +1,73 @@
+"""Turning user images and videos into conditioning pixels [1, 3, F, H, W] in [-1, 1].
+
+Accepted inputs, one image: a PIL image, a uint8 array [H, W, 3], or a float tensor/array
+[H, W, 3] or [1, H, W, 3] in 0..1 (ComfyUI's IMAGE). One video: a list of PIL images, a uint8 array
+[F, H, W, 3], or a float tensor [F, H, W, 3] in 0..1. Processing follows the reference pipeline:
+an image is scaled to cover the target size (bilinear, antialiased) and centre-cropped; video frames
+are resized to exactly the target size (PIL frames bilinear, tensor frames nearest).
+"""
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import InputError
+
+
+def _is_pil(value) -> bool:
+    return type(value).__module__.startswith("PIL.")
+
+
+def _channels_last_to_batch(array, what: str) -> torch.Tensor:
+    """[H, W, 3] / [N, H, W, 3] (numpy or torch) -> [N, 3, H, W], dtype kept."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
+    if not isinstance(tensor, torch.Tensor):
+        raise InputError(f"{what} must be a PIL image, a numpy array or a torch tensor, got {type(array).__name__}")
+    if tensor.ndim == 3:
+        tensor = tensor.unsqueeze(0)
+    if tensor.ndim != 4 or tensor.shape[-1] not in (3, 4):
+        raise InputError(f"{what} must be channels-last [H, W, 3] or [N, H, W, 3], got shape {list(tensor.shape)}")
+    return tensor[..., :3].permute(0, 3, 1, 2).cpu()
+
+
+def preprocess_image(image, height: int, width: int) -> torch.Tensor:
+    """One conditioning image -> [1, 3, height, width] in [-1, 1] (cover-resize, centre crop)."""
+    if _is_pil(image):
+        pixels = torch.from_numpy(np.array(image.convert("RGB"), copy=True)).permute(2, 0, 1).unsqueeze(0)
+    else:
+        pixels = _channels_last_to_batch(image, "image")
+    if pixels.shape[0] != 1:
+        raise InputError(f"image must hold one picture, got a batch of {pixels.shape[0]}; pass one frame")
+    integer = not pixels.is_floating_point()
+    pixels = pixels.to(torch.float32)
+    if not integer:  # floats may be in [-1, 1], [0, 1] or [0, 255]; decided once for the whole image
+        if pixels.min() < 0:
+            pixels = (pixels + 1.0) * 127.5
+        elif pixels.max() <= 1.0:
+            pixels = pixels * 255.0
+    h0, w0 = pixels.shape[-2:]
+    scale = max(width / w0, height / h0)
+    rh, rw = math.ceil(scale * h0), math.ceil(scale * w0)
+    pixels = F.interpolate(pixels, size=(rh, rw), mode="bilinear", align_corners=False, antialias=True)
+    top, left = round((rh - height) / 2), round((rw - width) / 2)
+    pixels = pixels[:, :, top : top + height, left : left + width]
+    return pixels.round().clamp(0, 255) / 127.5 - 1.0
+
+
+def preprocess_video(video, height: int, width: int) -> torch.Tensor:
+    """Conditioning video frames -> [1, 3, F, height, width] in [-1, 1] (resized, not cropped)."""
+    if isinstance(video, (list, tuple)) and video and _is_pil(video[0]):
+        frames = [np.array(f.convert("RGB").resize((width, height), resample=2), dtype=np.float32) / 255.0 for f in video]
+        pixels = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)  # PIL resample 2 = bilinear
+    else:
+        pixels = _channels_last_to_batch(video, "video")
+        pixels = pixels.to(torch.float32) / 255.0 if not pixels.is_floating_point() else pixels.to(torch.float32)
+        if pixels.min() < 0 or pixels.max() > 1:
+            raise InputError("video frames must be floats in 0..1 (ComfyUI IMAGE) or uint8")
+        if pixels.shape[-2:] != (height, width):
+            pixels = F.interpolate(pixels, size=(height, width))
+    if pixels.shape[0] == 0:
+        raise InputError("video has no frames")
+    return (pixels * 2.0 - 1.0).permute(1, 0, 2, 3).unsqueeze(0)

@@ -1,0 +1,211 @@
+"""Resolving a generation request against the checkpoint's variant.
+
+Every field a user leaves unset (None, or "auto") gets the variant's default; every explicit value
+wins, except on distilled checkpoints, whose step count, guidance 1.0 and fixed sigmas are part of
+the weights. Whenever the runtime changes or ignores something the user asked for, it says so in
+`Settings.notes` (also logged), never silently.
+
+Defaults (see docs/decisions in the README): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge:
+7.0 for images, 5.0 for video), flow shift 3.0 for images and Edge, 10.0 for other video; Edge sizes
+640x640 (image) and 832x480 (video), others 1280x720; CFG on images only inside timesteps
+[400, 1000].
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+from .checkpoint import Variant
+from .errors import InputError
+
+log = logging.getLogger(__name__)
+
+SPATIAL_FACTOR = 16
+TEMPORAL_FACTOR = 4
+DEFAULT_FRAMES = 81
+DEFAULT_FPS = 24.0
+DEFAULT_STEPS = 35
+DEFAULT_GUIDANCE = 4.0
+EDGE_GUIDANCE = {"image": 7.0, "video": 5.0}
+IMAGE_GUIDANCE_INTERVAL = (400.0, 1000.0)
+EDGE_SIZES = ((832, 480), (480, 832), (640, 480), (480, 640), (480, 480), (640, 640), (448, 256), (256, 448), (256, 256))
+SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the caller asked for; None means "use the default"."""
+
+    width: int | None = None
+    height: int | None = None
+    num_frames: int | None = None
+    fps: float | None = None
+    steps: int | None = None
+    guidance_scale: float | None = None
+    flow_shift: float | None = None
+    schedule: str = "auto"
+    guidance_interval: tuple[float, float] | str | None = "auto"
+    negative_prompt: str | None = None
+    use_system_prompt: bool | None = None
+    has_image: bool = False
+    has_video: bool = False
+    condition_frame_indexes: tuple[int, ...] | None = None
+
+
+@dataclass
+class Settings:
+    width: int
+    height: int
+    num_frames: int
+    fps: float
+    steps: int
+    guidance_scale: float
+    flow_shift: float | None  # None: the schedule does not use one (distilled, Karras)
+    schedule: str  # "unipc", "checkpoint" or "distilled"
+    guidance_interval: tuple[float, float] | None
+    negative_prompt: str
+    use_system_prompt: bool
+    mode: str  # "t2i", "t2v", "i2v", "v2v"
+    condition_frames: tuple[int, ...]  # conditioned latent frames
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def latent_frames(self) -> int:
+        return 1 + (self.num_frames - 1) // TEMPORAL_FACTOR
+
+
+def round_frames(n: int) -> int:
+    """Largest 1 + 4k not above n (1 stays 1)."""
+    return 1 + TEMPORAL_FACTOR * ((n - 1) // TEMPORAL_FACTOR)
+
+
+def resolve(variant: Variant, request: Request) -> Settings:
+    notes: list[str] = []
+    r = request
+    if r.has_image and r.has_video:
+        raise InputError("give either an image (image-to-video) or a video (video-to-video), not both")
+    if r.schedule not in SCHEDULES:
+        raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {r.schedule!r}")
+
+    # Frames decide image vs video; variant defaults follow the requested count, before rounding.
+    requested_frames = DEFAULT_FRAMES if r.num_frames is None else int(r.num_frames)
+    if requested_frames < 1:
+        raise InputError(f"num_frames must be at least 1, got {requested_frames}")
+    is_image = requested_frames == 1
+    if is_image and (r.has_image or r.has_video):
+        raise InputError("num_frames is 1 (text-to-image): image and video conditioning need a video (num_frames >= 5)")
+    kind = "image" if is_image else "video"
+    num_frames = round_frames(requested_frames)
+    if num_frames != requested_frames:
+        notes.append(f"num_frames {requested_frames} rounded to {num_frames} (frame counts are 1 + 4k)")
+
+    width, height = _size(variant, r, is_image, notes)
+    fps = DEFAULT_FPS if r.fps is None else float(r.fps)
+    if fps <= 0:
+        raise InputError(f"fps must be positive, got {fps}")
+
+    schedule = r.schedule
+    if variant.is_distilled:
+        if schedule in ("unipc", "checkpoint"):
+            raise InputError(f"this is a distilled checkpoint: it samples only with its fixed sigmas (schedule "
+                             f"'auto' or 'distilled'), not {schedule!r}")  # fmt: skip
+        schedule = "distilled"
+        steps = len(variant.distilled_sigmas)
+        if r.steps is not None and r.steps != steps:
+            notes.append(f"distilled checkpoint: steps {r.steps} ignored, it always takes its {steps} fixed steps")
+        guidance = 1.0
+        if r.guidance_scale is not None and r.guidance_scale != 1.0:
+            notes.append(f"distilled checkpoint: guidance {r.guidance_scale} forced to 1.0 (guidance is distilled in)")
+        if r.flow_shift is not None:
+            notes.append("distilled checkpoint: flow_shift ignored (its sigmas are fixed)")
+        if r.negative_prompt:
+            notes.append("distilled checkpoint: negative prompt ignored (no classifier-free guidance)")
+        shift, interval = None, None
+    else:
+        if schedule == "distilled":
+            raise InputError("schedule 'distilled' needs a distilled checkpoint (this one is multi-step)")
+        schedule = "unipc" if schedule == "auto" else schedule
+        steps = DEFAULT_STEPS if r.steps is None else int(r.steps)
+        if steps < 1:
+            raise InputError(f"steps must be at least 1, got {steps}")
+        guidance = _default_guidance(variant, kind) if r.guidance_scale is None else float(r.guidance_scale)
+        shift = r.flow_shift if r.flow_shift is not None else default_flow_shift(variant, is_image)
+        interval = _guidance_interval(r.guidance_interval, is_image)
+
+    mode, condition_frames = _mode(r, is_image, 1 + (num_frames - 1) // TEMPORAL_FACTOR)
+    use_system_prompt = variant.default_use_system_prompt if r.use_system_prompt is None else r.use_system_prompt
+    settings = Settings(
+        width=width,
+        height=height,
+        num_frames=num_frames,
+        fps=fps,
+        steps=steps,
+        guidance_scale=guidance,
+        flow_shift=shift,
+        schedule=schedule,
+        guidance_interval=interval,
+        negative_prompt="" if variant.is_distilled or r.negative_prompt is None else r.negative_prompt,
+        use_system_prompt=bool(use_system_prompt),
+        mode=mode,
+        condition_frames=condition_frames,
+        notes=notes,
+    )
+    for note in notes:
+        log.warning(note)
+    return settings
+
+
+def _size(variant: Variant, r: Request, is_image: bool, notes: list[str]) -> tuple[int, int]:
+    if r.width is None and r.height is None:
+        if variant.is_edge:
+            return (640, 640) if is_image else (832, 480)
+        return 1280, 720
+    width = 1280 if r.width is None else int(r.width)
+    height = 720 if r.height is None else int(r.height)
+    if width % SPATIAL_FACTOR or height % SPATIAL_FACTOR or width <= 0 or height <= 0:
+        raise InputError(
+            f"size {width}x{height} (WxH) must be positive multiples of {SPATIAL_FACTOR}; "
+            f"for example {max(16, width // 16 * 16)}x{max(16, height // 16 * 16)}"
+        )
+    if variant.is_edge and (width, height) not in EDGE_SIZES:
+        listed = ", ".join(f"{w}x{h}" for w, h in EDGE_SIZES)
+        notes.append(f"Edge was trained at 256p and 480p; {width}x{height} may look worse. Trained sizes: {listed}")
+    return width, height
+
+
+def _default_guidance(variant: Variant, kind: str) -> float:
+    return EDGE_GUIDANCE[kind] if variant.is_edge else DEFAULT_GUIDANCE
+
+
+def default_flow_shift(variant: Variant, is_image: bool, action: bool = False) -> float:
+    if action:
+        return 10.0
+    if is_image or variant.is_edge:
+        return 3.0
+    return 10.0
+
+
+def _guidance_interval(value, is_image: bool) -> tuple[float, float] | None:
+    if value == "auto":
+        return IMAGE_GUIDANCE_INTERVAL if is_image else None
+    if value is None or value == "off":
+        return None
+    lo, hi = (float(v) for v in value)
+    if lo > hi:
+        raise InputError(f"guidance_interval ({lo}, {hi}) must be (low, high) in timesteps 0..1000")
+    return lo, hi
+
+
+def _mode(r: Request, is_image: bool, latent_frames: int) -> tuple[str, tuple[int, ...]]:
+    if is_image:
+        return "t2i", ()
+    if r.has_image:
+        return "i2v", (0,)
+    if r.has_video:
+        frames = tuple(sorted(set(r.condition_frame_indexes if r.condition_frame_indexes is not None else (0, 1))))
+        if not frames or frames[0] < 0 or frames[-1] >= latent_frames:
+            raise InputError(
+                f"condition_frame_indexes {list(frames)} must be latent frames in [0, {latent_frames - 1}] "
+                f"({latent_frames} latent frames for this many video frames)"
+            )
+        return "v2v", frames
+    return "t2v", ()

@@ -1,6 +1,7 @@
-"""Command line: `python -m cosmos3_runtime {demo,info,make-tiny} ...`."""
+"""Command line: `python -m cosmos3_runtime {generate,demo,info,make-tiny} ...`."""
 
 import argparse
+import logging
 import sys
 import tempfile
 import time
@@ -8,13 +9,56 @@ import time
 import torch
 
 from .errors import Cosmos3Error
+from .media import save
 from .pipeline import load
 from .tiny import KINDS, SIZES, make_tiny_checkpoint
+from .vae import TileSpec
 
 
 def cmd_make_tiny(args) -> None:
     root = make_tiny_checkpoint(args.folder, kind=args.kind, size=args.size, distilled=args.distilled)
     print(f"wrote a random {args.size} {args.kind} checkpoint to {root}")
+
+
+def cmd_generate(args) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.checkpoint is None:
+            print("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
+                  "the output is noise.")  # fmt: skip
+            args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
+        pipe = load(args.checkpoint, device=args.device, dtype=args.dtype)
+        print(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
+        image = video = None
+        if args.image:
+            from PIL import Image
+
+            image = Image.open(args.image)
+        if args.video:
+            import av
+
+            with av.open(args.video) as container:
+                video = [frame.to_image() for frame in container.decode(video=0)]
+        interval = None if args.guidance_interval == "off" else args.guidance_interval
+        if interval not in (None, "auto"):
+            interval = tuple(float(v) for v in interval.split(","))
+        start = time.perf_counter()
+
+        def progress(step, total, _latents):
+            print(f"\rstep {step}/{total}  {time.perf_counter() - start:.1f}s", end="", flush=True)
+
+        result = pipe.generate(
+            args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
+            num_frames=args.frames, fps=args.fps, steps=args.steps, guidance_scale=args.guidance,
+            flow_shift=args.flow_shift, schedule=args.schedule, guidance_interval=interval, seed=args.seed,
+            image=image, video=video, vae_tile=TileSpec(args.tile, args.tile // 4) if args.tile else None,
+            callback=progress,
+        )  # fmt: skip
+        print()
+        s = result.settings
+        print(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
+              f"({s.schedule}), guidance {s.guidance_scale:g}")  # fmt: skip
+        for path in save(result.frames, args.output, s.fps):
+            print(f"wrote {path}")
 
 
 def cmd_info(args) -> None:
@@ -58,6 +102,28 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cosmos3_runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    p = sub.add_parser("generate", help="generate an image or a video")
+    p.add_argument("--checkpoint", help="folder or HF repo id (default: a tiny random checkpoint)")
+    p.add_argument("--kind", choices=KINDS, default="edge", help="kind of the tiny checkpoint")
+    p.add_argument("--prompt", required=True, help="prose or a JSON caption")
+    p.add_argument("--negative-prompt", default=None)
+    p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video")
+    p.add_argument("--width", type=int)
+    p.add_argument("--height", type=int)
+    p.add_argument("--frames", type=int, help="1 for an image; video frame counts are 1 + 4k (default 81)")
+    p.add_argument("--fps", type=float)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--guidance", type=float)
+    p.add_argument("--flow-shift", type=float)
+    p.add_argument("--schedule", choices=["auto", "unipc", "checkpoint", "distilled"], default="auto")
+    p.add_argument("--guidance-interval", default="auto", help="auto, off, or LOW,HIGH in timesteps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image", help="image file for image-to-video")
+    p.add_argument("--video", help="video file for video-to-video")
+    p.add_argument("--tile", type=int, default=0, help="decode in tiles of this many latents (0: no tiling)")
+    p.set_defaults(run=cmd_generate)
+    generate = p
+
     p = sub.add_parser("demo", help="load a checkpoint and time one transformer forward")
     p.add_argument("--checkpoint", help="folder or HF repo id (default: a tiny random checkpoint)")
     p.add_argument("--kind", choices=KINDS, default="edge", help="kind of the tiny checkpoint")
@@ -70,7 +136,7 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint")
     p.set_defaults(run=cmd_info)
 
-    for p in (sub.choices["demo"], p):
+    for p in (generate, sub.choices["demo"], p):
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
         p.add_argument("--dtype", default=None, help="auto, bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)")
 
@@ -82,6 +148,7 @@ def main(argv=None) -> int:
     p.set_defaults(run=cmd_make_tiny)
 
     args = parser.parse_args(argv)
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)  # settings notes, load warnings
     try:
         args.run(args)
     except Cosmos3Error as exc:

@@ -90,13 +90,13 @@ def resolve(variant: Variant, request: Request) -> Settings:
     requested_frames = DEFAULT_FRAMES if r.num_frames is None else int(r.num_frames)
     if requested_frames < 1:
         raise InputError(f"num_frames must be at least 1, got {requested_frames}")
-    is_image = requested_frames == 1
-    if is_image and (r.has_image or r.has_video):
-        raise InputError("num_frames is 1 (text-to-image): image and video conditioning need a video (num_frames >= 5)")
+    is_image = requested_frames == 1  # defaults follow the request; the mode follows the rounded count
     kind = "image" if is_image else "video"
     num_frames = round_frames(requested_frames)
     if num_frames != requested_frames:
         notes.append(f"num_frames {requested_frames} rounded to {num_frames} (frame counts are 1 + 4k)")
+    if num_frames == 1 and (r.has_image or r.has_video):
+        raise InputError("num_frames is 1 (text-to-image): image and video conditioning need a video (num_frames >= 5)")
 
     width, height = _size(variant, r, is_image, notes)
     fps = DEFAULT_FPS if r.fps is None else float(r.fps)
@@ -131,7 +131,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
         shift = r.flow_shift if r.flow_shift is not None else default_flow_shift(variant, is_image)
         interval = _guidance_interval(r.guidance_interval, is_image)
 
-    mode, condition_frames = _mode(r, is_image, 1 + (num_frames - 1) // TEMPORAL_FACTOR)
+    mode, condition_frames = _mode(r, num_frames == 1, 1 + (num_frames - 1) // TEMPORAL_FACTOR)
     use_system_prompt = variant.default_use_system_prompt if r.use_system_prompt is None else r.use_system_prompt
     settings = Settings(
         width=width,

@@ -1,0 +1,169 @@
+"""Behaviour of Cosmos3Pipeline.generate on tiny checkpoints: CFG branches, intervals, seeds, cancellation."""
+
+import numpy as np
+import pytest
+import torch
+
+import cosmos3_runtime
+from cosmos3_runtime import InputError
+from cosmos3_runtime.schedulers import unipc_schedule
+
+SMALL = dict(width=64, height=48)
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_gated):
+    return cosmos3_runtime.load(tiny_gated, dtype=torch.float32)
+
+
+@pytest.fixture
+def forward_calls(pipe, monkeypatch):
+    """Record (text length, timestep) of every transformer forward."""
+    calls = []
+    original = type(pipe.transformer).forward
+
+    def spy(model, latents, timestep, text, *args, **kwargs):
+        calls.append((text.length, float(timestep)))
+        return original(model, latents, timestep, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(pipe.transformer), "forward", spy)
+    return calls
+
+
+def test_cfg_runs_each_branch_at_its_own_text_length(pipe, forward_calls):
+    result = pipe.generate("a long and detailed prompt about a cat", negative_prompt="", num_frames=5, steps=3,
+                           guidance_scale=4.0, **SMALL)  # fmt: skip
+    cond_ids, uncond_ids = pipe.token_ids("a long and detailed prompt about a cat", result.settings,
+                                          _options(result.settings))  # fmt: skip
+    assert len(cond_ids) != len(uncond_ids)
+    lengths = [length for length, _ in forward_calls]
+    # Two forwards per step, each with exactly its own prompt's tokens: nothing is padded.
+    assert lengths == [len(cond_ids), len(uncond_ids)] * 3
+
+
+def _options(settings):
+    return cosmos3_runtime.prompts.PromptOptions(settings.num_frames, settings.height, settings.width, settings.fps)
+
+
+def test_guidance_one_runs_a_single_forward_per_step(pipe, forward_calls):
+    pipe.generate("a cat", num_frames=5, steps=3, guidance_scale=1.0, **SMALL)
+    assert len(forward_calls) == 3
+
+
+def test_image_guidance_interval_applies_cfg_only_at_high_noise(pipe, forward_calls):
+    pipe.generate("a cat", num_frames=1, steps=8, guidance_scale=4.0, **SMALL)
+    timesteps = unipc_schedule(8, 3.0).timesteps.tolist()
+    expected = sum(2 if 400 <= t <= 1000 else 1 for t in timesteps)
+    assert 8 < expected < 16  # the schedule crosses the interval boundary
+    assert len(forward_calls) == expected
+    forward_calls.clear()
+    pipe.generate("a cat", num_frames=1, steps=8, guidance_scale=4.0, guidance_interval=None, **SMALL)
+    assert len(forward_calls) == 16
+
+
+def test_same_seed_same_bytes_other_seed_other_result(pipe):
+    a = pipe.generate("a cat", num_frames=5, steps=3, seed=11, **SMALL)
+    b = pipe.generate("a cat", num_frames=5, steps=3, seed=11, **SMALL)
+    c = pipe.generate("a cat", num_frames=5, steps=3, seed=12, **SMALL)
+    assert torch.equal(a.latents, b.latents) and torch.equal(a.frames, b.frames)
+    assert not torch.equal(a.latents, c.latents)
+
+
+def test_starting_noise_is_the_cpu_generator_stream(pipe, monkeypatch):
+    """The first forward sees exactly torch.randn from a CPU generator seeded with the seed (float32)."""
+    seen = []
+    original = type(pipe.transformer).forward
+    monkeypatch.setattr(type(pipe.transformer), "forward",
+                        lambda model, latents, *a, **k: seen.append(latents.clone()) or original(model, latents, *a, **k))  # fmt: skip
+    pipe.generate("a cat", num_frames=5, steps=1, seed=3, output="latents", **SMALL)
+    expected = torch.randn((1, 48, 2, 3, 4), generator=torch.Generator("cpu").manual_seed(3), dtype=torch.float32)
+    assert torch.equal(seen[0], expected)
+
+
+def test_cancel_from_callback_then_next_run_is_unaffected(pipe):
+    reference = pipe.generate("a dog", num_frames=5, steps=4, seed=1, **SMALL)
+    progress = []
+
+    def cancel_at_two(step, total, latents):
+        progress.append((step, total))
+        if step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pipe.generate("a dog", num_frames=5, steps=4, seed=1, callback=cancel_at_two, **SMALL)
+    assert progress == [(1, 4), (2, 4)]
+    again = pipe.generate("a dog", num_frames=5, steps=4, seed=1, **SMALL)
+    assert torch.equal(again.latents, reference.latents)
+
+
+def test_text_kv_is_computed_once_per_prompt(pipe, monkeypatch):
+    pipe._text_cache.clear()
+    encoded = []
+    original = pipe.transformer.encode_text
+    monkeypatch.setattr(pipe.transformer, "encode_text", lambda ids: encoded.append(len(ids)) or original(ids))
+    pipe.generate("a horse", num_frames=5, steps=3, seed=1, **SMALL)
+    assert len(encoded) == 2  # cond and uncond, not once per step
+    pipe.generate("a horse", num_frames=5, steps=3, seed=2, **SMALL)
+    assert len(encoded) == 2  # a new seed reuses them
+
+
+def test_conditioned_frames_stay_exactly_at_the_image_latents(pipe):
+    image = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    result = pipe.generate("a cat", image=image, num_frames=9, steps=3, output="latents", **SMALL)
+    pixels = cosmos3_runtime.conditioning.preprocess_image(image, 48, 64).unsqueeze(2)
+    clean = pipe.vae.normalize(pipe.vae.encode(pixels)).float()
+    assert torch.equal(result.latents[:, :, :1], clean)
+    assert result.settings.mode == "i2v"
+
+
+def test_comfyui_image_tensor_equals_pil_and_uint8_inputs(pipe):
+    from PIL import Image
+
+    pixels = np.random.default_rng(1).integers(0, 256, (40, 72, 3), dtype=np.uint8)
+    comfy = torch.from_numpy(pixels).float().div(255).unsqueeze(0)  # ComfyUI IMAGE [1, H, W, 3] in 0..1
+    runs = [pipe.generate("a cat", image=img, num_frames=5, steps=2, output="latents", **SMALL).latents
+            for img in (pixels, Image.fromarray(pixels), comfy)]  # fmt: skip
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_video_conditioning_from_a_comfyui_batch(pipe):
+    video = torch.rand(7, 48, 64, 3)
+    result = pipe.generate("a cat", video=video, num_frames=13, steps=2, condition_frame_indexes=(0, 1), **SMALL)
+    assert result.settings.mode == "v2v" and result.frames.shape == (13, 48, 64, 3)
+    last = pipe.generate("a cat", video=video, num_frames=13, steps=2, condition_video_keep="last", **SMALL)
+    assert not torch.equal(result.latents[:, :, :2], last.latents[:, :, :2])
+
+
+def test_t2i_returns_one_frame_and_latents_only_skips_decode(pipe):
+    image = pipe.generate("a cat", num_frames=1, steps=2, **SMALL)
+    assert image.frames.shape == (1, 48, 64, 3) and 0 <= image.frames.min() and image.frames.max() <= 1
+    assert pipe.generate("a cat", num_frames=1, steps=2, output="latents", **SMALL).frames is None
+
+
+def test_decode_with_tiles(pipe):
+    latents = pipe.generate("a cat", num_frames=1, steps=1, width=256, height=128, output="latents").latents
+    tile = cosmos3_runtime.vae.TileSpec(size=8, overlap=2)
+    assert pipe.decode(latents, tile=tile).shape == pipe.decode(latents).shape == (1, 128, 256, 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(width=100), "multiples of 16"),
+        (dict(num_frames=1, image=np.zeros((8, 8, 3), np.uint8)), "num_frames is 1"),
+        (dict(image=np.zeros((2, 8, 8, 3), np.uint8)), "one picture"),
+        (dict(image=np.zeros((3, 8, 8), np.uint8)), r"channels-last \[H, W, 3\]"),
+        (dict(video=torch.rand(3, 8, 8, 3) * 2), "floats in 0..1"),
+        (dict(output="mp4"), "output must be"),
+    ],
+)
+def test_bad_requests_are_clear_errors(pipe, kwargs, message):
+    with pytest.raises(InputError, match=message):
+        pipe.generate("a cat", **{"steps": 1, "num_frames": 5, "width": 64, "height": 48, **kwargs})
+
+
+def test_distilled_checkpoint_forces_its_schedule(tiny_factory):
+    pipe = cosmos3_runtime.load(tiny_factory(kind="edge", distilled=True), dtype=torch.float32)
+    result = pipe.generate("a cat", num_frames=5, steps=30, guidance_scale=7.0, **SMALL)
+    assert (result.settings.steps, result.settings.guidance_scale) == (4, 1.0)
+    assert any("forced to 1.0" in note for note in result.settings.notes)

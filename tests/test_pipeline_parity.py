@@ -72,7 +72,7 @@ def test_decoded_frames_match_diffusers(checkpoint, ours):
     torch.testing.assert_close(got.frames, torch.from_numpy(expected), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["t2i", "t2v", "i2v"])
+@pytest.mark.parametrize("mode", MODES)
 def test_distilled_matches_the_distilled_modular_pipeline(tiny_factory, mode):
     root = tiny_factory(kind="gated", distilled=True)
     frames, extra = MODES[mode]

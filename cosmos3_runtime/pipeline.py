@@ -110,6 +110,16 @@ class Cosmos3Pipeline:
     def __repr__(self) -> str:
         return f"Cosmos3Pipeline({str(self.checkpoint.root)!r}, {self.variant.describe()}, {self.dtype}, {self.device})"
 
+    def to(self, device: str | torch.device) -> "Cosmos3Pipeline":
+        """Move the weights (and drop cached prompt K/V, which lived on the old device)."""
+        device = torch.device(device)
+        self.transformer.to(device)
+        if self.vae is not None:
+            self.vae.to(device)
+        self.device = device
+        self._text_cache.clear()
+        return self
+
     def text_kv(self, ids: list[int]) -> TextKV:
         """The prompt's per-layer text K/V, computed once and kept for the last two prompts (cond, uncond)."""
         key = tuple(ids)

@@ -1,8 +1,38 @@
 """ComfyUI nodes of the pack (classic V1 API, so the node layer is testable without ComfyUI).
 
-Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are imported lazily
-inside the functions that use them.
+Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are reached through
+`services`, which imports them lazily and falls back when they are absent.
 """
 
-NODE_CLASS_MAPPINGS: dict[str, type] = {}
-NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}
+from . import services
+from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
+from .prompting import Cosmos3JSONCaption
+from .sampling import Cosmos3ImageToVideo, Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode, Cosmos3VideoToVideo
+from .vae import Cosmos3VAEDecode, Cosmos3VAEEncode
+
+services.register_model_folder()
+
+NODE_CLASS_MAPPINGS = {
+    "Cosmos3ModelLoader": Cosmos3ModelLoader,
+    "Cosmos3TextEncode": Cosmos3TextEncode,
+    "Cosmos3Scheduler": Cosmos3Scheduler,
+    "Cosmos3Sampler": Cosmos3Sampler,
+    "Cosmos3VAEDecode": Cosmos3VAEDecode,
+    "Cosmos3VAEEncode": Cosmos3VAEEncode,
+    "Cosmos3ImageToVideo": Cosmos3ImageToVideo,
+    "Cosmos3VideoToVideo": Cosmos3VideoToVideo,
+    "Cosmos3JSONCaption": Cosmos3JSONCaption,
+    "Cosmos3DefaultNegativePrompt": Cosmos3DefaultNegativePrompt,
+}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "Cosmos3ModelLoader": "Cosmos3 Model Loader",
+    "Cosmos3TextEncode": "Cosmos3 Text Encode",
+    "Cosmos3Scheduler": "Cosmos3 Scheduler",
+    "Cosmos3Sampler": "Cosmos3 Sampler",
+    "Cosmos3VAEDecode": "Cosmos3 VAE Decode",
+    "Cosmos3VAEEncode": "Cosmos3 VAE Encode",
+    "Cosmos3ImageToVideo": "Cosmos3 Image to Video",
+    "Cosmos3VideoToVideo": "Cosmos3 Video to Video",
+    "Cosmos3JSONCaption": "Cosmos3 JSON Caption",
+    "Cosmos3DefaultNegativePrompt": "Cosmos3 Default Negative Prompt",
+}

@@ -34,3 +34,35 @@ def tiny_gated(tiny_factory):
 @pytest.fixture(scope="session")
 def tiny_edge(tiny_factory):
     return tiny_factory(kind="edge")
+
+
+@pytest.fixture(scope="session")
+def pack():
+    """The pack imported the way ComfyUI imports it (a package named after its folder), with its nodes."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cosmos3_pack", ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cosmos3_pack"] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module("cosmos3_pack.nodes")
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch, tiny_factory):
+    """A ComfyUI-like models/cosmos3 folder holding tiny checkpoints under the names the workflows use."""
+    import shutil
+
+    root = tmp_path / "models" / "cosmos3"
+    layout = {
+        "Cosmos3-Edge": dict(kind="edge"),
+        "Cosmos3-Nano": dict(kind="gated"),
+        "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True),
+        "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
+        "nvidia/Cosmos3-Edge-Policy-DROID": dict(kind="edge", action=True),
+    }
+    for name, options in layout.items():
+        shutil.copytree(tiny_factory(**options), root / name)
+    monkeypatch.setenv("COSMOS3_MODEL_DIRS", str(root))
+    return root

@@ -1,0 +1,176 @@
+"""Loading checkpoints: the model loader node, the checkpoint registry, and the default negative prompt."""
+
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ..cosmos3_runtime import CheckpointError, Cosmos3Pipeline, load
+from . import services
+
+NO_CHECKPOINTS = "(no checkpoint folders in models/cosmos3)"
+DEVICE_MODES = ["default", "cpu", "offload"]
+
+
+def checkpoint_names() -> list[str]:
+    """Checkpoint folders (holding model_index.json) up to two levels below each model root."""
+    names = set()
+    for root in services.model_roots():
+        if not os.path.isdir(root):
+            continue
+        for first in sorted(os.listdir(root)):
+            path = os.path.join(root, first)
+            if os.path.isfile(os.path.join(path, "model_index.json")):
+                names.add(first)
+            elif os.path.isdir(path):
+                for second in sorted(os.listdir(path)):
+                    if os.path.isfile(os.path.join(path, second, "model_index.json")):
+                        names.add(f"{first}/{second}")
+    return sorted(names)
+
+
+def checkpoint_path(name: str) -> str:
+    """The folder of a checkpoint name, which must stay inside one of the model roots."""
+    parts = name.replace("\\", "/").split("/")
+    if os.path.isabs(name) or name.startswith("~") or any(p in ("", ".", "..") for p in parts):
+        raise CheckpointError(
+            f"model name {name!r} is refused: names are folders under models/cosmos3 (no '..', no absolute paths)"
+        )
+    roots = services.model_roots()
+    for root in roots:
+        root = os.path.abspath(root)
+        candidate = os.path.normpath(os.path.join(root, *parts))
+        if os.path.commonpath([root, candidate]) == root and os.path.isdir(candidate):
+            return candidate
+    raise CheckpointError(
+        f"checkpoint {name!r} not found in {', '.join(roots) or 'any model folder'}; put diffusers-layout checkpoint "
+        "folders in ComfyUI/models/cosmos3/ (or add a 'cosmos3' entry to extra_model_paths.yaml)"
+    )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load; the registry turns it into weights."""
+
+    source: str  # a folder, or a Hugging Face repo id
+    dtype: str
+    device: str  # "default", "cpu" or "offload"
+    local_files_only: bool = True
+
+    def compute_device(self):
+        return services.torch_device() if self.device != "cpu" else services.offload_device()
+
+
+_loaded: dict[ModelSpec, Cosmos3Pipeline] = {}
+
+
+def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline:
+    """The loaded pipeline of a spec. One checkpoint is kept: loading another frees the previous one."""
+    if spec not in _loaded:
+        _loaded.clear()
+        services.empty_cache()
+        compute = spec.compute_device()
+        home = services.offload_device() if spec.device == "offload" else compute
+        dtype = spec.dtype
+        if dtype == "auto" and compute.type != "cpu":
+            dtype = "bf16"  # the released precision; resolved here because offloaded weights load on the CPU
+        if home.type != "cpu" and os.path.isdir(spec.source):
+            services.free_memory(_folder_bytes(spec.source), home)
+        _loaded[spec] = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only)
+    return _loaded[spec]
+
+
+def _folder_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """The COSMOS3_MODEL / COSMOS3_VAE value passed between nodes."""
+
+    spec: ModelSpec
+    name: str
+
+    @property
+    def pipeline(self) -> Cosmos3Pipeline:
+        return pipeline_for(self.spec)
+
+    @contextmanager
+    def use(self):
+        """The pipeline on its compute device for the duration of a node (offloaded models move back after)."""
+        pipe = self.pipeline
+        if self.spec.device != "offload":
+            yield pipe
+            return
+        pipe.to(self.spec.compute_device())
+        try:
+            yield pipe
+        finally:
+            pipe.to(services.offload_device())
+            services.empty_cache()
+
+
+class Cosmos3ModelLoader:
+    DESCRIPTION = "Loads a Cosmos3 checkpoint (diffusers folder) and detects its variant from its config files."
+    CATEGORY = "cosmos3"
+    RETURN_TYPES = ("COSMOS3_MODEL", "COSMOS3_VAE", "STRING")
+    RETURN_NAMES = ("model", "vae", "info")
+    OUTPUT_TOOLTIPS = ("the transformer and tokenizer", "the Wan 2.2 VAE", "the detected variant")
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        names = checkpoint_names() or [NO_CHECKPOINTS]
+        return {
+            "required": {
+                "model_name": (names, {"tooltip": "a checkpoint folder under models/cosmos3 or models/diffusers"}),
+                "dtype": (["auto", "bf16", "fp16", "fp32"], {"default": "auto",
+                          "tooltip": "auto: bf16 on GPU (the released precision), fp32 on CPU"}),  # fmt: skip
+                "device": (DEVICE_MODES, {"default": "default", "tooltip": "default: keep on ComfyUI's GPU; "
+                           "offload: keep in RAM and move to the GPU only while sampling or decoding; cpu: run on CPU"}),  # fmt: skip
+            },
+            "optional": {
+                "hf_repo_id": ("STRING", {"default": "", "tooltip": "instead of model_name: a Hugging Face repo id "
+                               "(namespace/repo[/subfolder]) from the local Hugging Face cache"}),  # fmt: skip
+                "allow_download": ("BOOLEAN", {"default": False, "tooltip": "let hf_repo_id download missing files "
+                                   "into the Hugging Face cache (tens of GB)"}),  # fmt: skip
+            },
+        }
+
+    def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False):
+        repo = hf_repo_id.strip()
+        if repo:
+            spec, name = ModelSpec(repo, dtype, device, not allow_download), repo
+        elif model_name == NO_CHECKPOINTS:
+            raise CheckpointError("no checkpoint selected: put diffusers-layout Cosmos3 folders in ComfyUI/models/cosmos3/")
+        else:
+            spec, name = ModelSpec(checkpoint_path(model_name), dtype, device), model_name
+        handle = ModelHandle(spec, name)
+        pipe = handle.pipeline
+        info = f"{name}: {pipe.variant.describe()} ({pipe.dtype}, {spec.device})"
+        services.log.info("Cosmos3 loaded %s", info)
+        return {"ui": {"text": [info]}, "result": (handle, handle, info)}
+
+
+class Cosmos3DefaultNegativePrompt:
+    DESCRIPTION = "The checkpoint's own negative prompt (assets/negative_prompt.json), or an empty string."
+    CATEGORY = "cosmos3/prompt"
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("negative_prompt",)
+    FUNCTION = "read"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("COSMOS3_MODEL",)}}
+
+    def read(self, model):
+        path = model.pipeline.checkpoint.path("assets", "negative_prompt.json")
+        if not path.is_file():
+            services.log.warning("Cosmos3: %s ships no assets/negative_prompt.json; using an empty negative", model.name)
+            return ("",)
+        text = path.read_text(encoding="utf-8")
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path} is not valid JSON ({exc})") from exc
+        return (text.strip(),)

@@ -1,0 +1,126 @@
+"""ComfyUI services the nodes use, each with a fallback for running without ComfyUI (tests, scripts).
+
+ComfyUI modules are imported inside the functions: importing this file never imports ComfyUI.
+"""
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger("cosmos3")
+
+MODEL_FOLDERS = ("cosmos3", "diffusers")  # ComfyUI model folder names searched for checkpoint folders
+
+
+def _comfy(module: str):
+    """Import a ComfyUI module, or None outside ComfyUI."""
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        return None
+
+
+def register_model_folder() -> None:
+    """Make models/cosmos3 a ComfyUI model folder (extra_model_paths.yaml can add more)."""
+    folder_paths = _comfy("folder_paths")
+    if folder_paths is None:
+        return
+    default = os.path.join(folder_paths.models_dir, "cosmos3")
+    if "cosmos3" not in folder_paths.folder_names_and_paths:
+        folder_paths.folder_names_and_paths["cosmos3"] = ([default], set())
+    elif default not in folder_paths.folder_names_and_paths["cosmos3"][0]:
+        folder_paths.add_model_folder_path("cosmos3", default)
+
+
+def model_roots() -> list[str]:
+    """Folders whose sub-folders are offered as checkpoints."""
+    folder_paths = _comfy("folder_paths")
+    if folder_paths is None:
+        return [p for p in os.environ.get("COSMOS3_MODEL_DIRS", "").split(os.pathsep) if p]
+    roots = []
+    for name in MODEL_FOLDERS:
+        if name in folder_paths.folder_names_and_paths:
+            roots.extend(folder_paths.get_folder_paths(name))
+    return roots
+
+
+def torch_device() -> torch.device:
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        return mm.get_torch_device()
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def offload_device() -> torch.device:
+    mm = _comfy("comfy.model_management")
+    return mm.unet_offload_device() if mm is not None else torch.device("cpu")
+
+
+def free_memory(num_bytes: int, device: torch.device) -> None:
+    """Ask ComfyUI to unload its own models until `num_bytes` fit on `device`."""
+    mm = _comfy("comfy.model_management")
+    if mm is not None and device.type != "cpu":
+        mm.free_memory(num_bytes, device)
+
+
+def empty_cache() -> None:
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.soft_empty_cache()
+    elif torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def check_interrupt() -> None:
+    """Raise ComfyUI's interrupt exception when the user pressed Cancel (never swallowed here)."""
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.throw_exception_if_processing_interrupted()
+
+
+class Progress:
+    """ComfyUI's progress bar (every update is also an interrupt point), with latent previews."""
+
+    def __init__(self, total: int):
+        utils = _comfy("comfy.utils")
+        self.bar = utils.ProgressBar(total) if utils is not None else None
+        self.total = total
+        self.preview_factors = _preview_factors()
+
+    def update(self, step: int, latents: torch.Tensor) -> None:
+        check_interrupt()
+        if self.bar is None:
+            return
+        preview = None
+        if self.preview_factors is not None:
+            preview = ("JPEG", latent_rgb(latents, *self.preview_factors), _preview_size())
+        self.bar.update_absolute(step, self.total, preview)
+
+
+def _preview_factors():
+    """Wan 2.2 latent->RGB factors from ComfyUI when previews are on, else None."""
+    cli = _comfy("comfy.cli_args")
+    formats = _comfy("comfy.latent_formats")
+    if cli is None or formats is None or not hasattr(formats, "Wan22"):
+        return None
+    method = getattr(cli.args.preview_method, "value", cli.args.preview_method)
+    if str(method) == "none":
+        return None
+    wan22 = formats.Wan22()
+    return torch.tensor(wan22.latent_rgb_factors), torch.tensor(wan22.latent_rgb_factors_bias)
+
+
+def _preview_size() -> int:
+    cli = _comfy("comfy.cli_args")
+    return getattr(cli.args, "preview_size", 512) if cli is not None else 512
+
+
+def latent_rgb(latents: torch.Tensor, factors: torch.Tensor, bias: torch.Tensor):
+    """A PIL preview of the last latent frame: a linear map of the 48 channels to RGB."""
+    from PIL import Image
+
+    frame = latents[0, :, -1].float().cpu()  # [48, h, w]
+    rgb = torch.einsum("chw,cr->hwr", frame, factors) + bias
+    pixels = ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
+    return Image.fromarray(pixels)

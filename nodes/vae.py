@@ -1,0 +1,69 @@
+"""VAE nodes: Cosmos3 latents <-> ComfyUI IMAGE batches."""
+
+import torch
+
+from ..cosmos3_runtime import InputError
+from ..cosmos3_runtime.settings import round_frames
+from ..cosmos3_runtime.vae import TileSpec
+from . import services
+
+
+def latent_samples(samples: dict) -> torch.Tensor:
+    latents = samples["samples"]
+    if latents.ndim != 5 or latents.shape[1] != 48:
+        raise InputError(
+            f"expected a Cosmos3 latent [1, 48, T, h, w], got {list(latents.shape)}; connect a Cosmos3 sampler"
+        )
+    return latents
+
+
+class Cosmos3VAEDecode:
+    DESCRIPTION = "Decodes Cosmos3 latents to frames (an IMAGE batch) and passes on the clip's fps."
+    CATEGORY = "cosmos3"
+    RETURN_TYPES = ("IMAGE", "FLOAT")
+    RETURN_NAMES = ("images", "fps")
+    OUTPUT_TOOLTIPS = ("the frames", "the frame rate set on the sampler: connect it to Create Video")
+    FUNCTION = "decode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": ("COSMOS3_VAE",),
+                "samples": ("LATENT",),
+                "tiled": ("BOOLEAN", {"default": False, "tooltip": "decode in overlapping tiles: much less memory "
+                          "on large frames, slightly slower, small differences at tile seams"}),  # fmt: skip
+                "tile_size": ("INT", {"default": 32, "min": 4, "max": 512, "tooltip": "tile size in latents (x16 px)"}),
+                "tile_overlap": ("INT", {"default": 8, "min": 0, "max": 256, "tooltip": "overlap in latents"}),
+            }
+        }
+
+    def decode(self, vae, samples, tiled, tile_size, tile_overlap):
+        latents = latent_samples(samples)
+        tile = TileSpec(tile_size, tile_overlap) if tiled else None
+        with vae.use() as pipe:
+            frames = pipe.decode(latents, tile=tile)
+        services.check_interrupt()
+        fps = float(samples.get("cosmos3", {}).get("fps", 24.0))
+        return (frames, fps)
+
+
+class Cosmos3VAEEncode:
+    DESCRIPTION = "Encodes an IMAGE batch (frames in order) to normalized Cosmos3 latents."
+    CATEGORY = "cosmos3"
+    RETURN_TYPES = ("LATENT",)
+    RETURN_NAMES = ("latent",)
+    FUNCTION = "encode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"vae": ("COSMOS3_VAE",), "images": ("IMAGE",)}}
+
+    def encode(self, vae, images):
+        count = round_frames(images.shape[0])
+        if count != images.shape[0]:
+            services.log.warning("Cosmos3 VAE encode: %d frames, using the first %d (1 + 4k)", images.shape[0], count)
+        pixels = images[:count, ..., :3].permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1  # [1, 3, F, H, W] in [-1, 1]
+        with vae.use() as pipe:
+            latents = pipe.vae.normalize(pipe.vae.encode(pixels.to(pipe.device))).float().cpu()
+        return ({"samples": latents},)

@@ -1,0 +1,166 @@
+"""Node-level behaviour without ComfyUI: model folders, bad input, interrupts, caching, helper nodes."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def nodes(pack, models_dir):
+    pack.loader._loaded.clear()
+    return pack
+
+
+def load(nodes, name="Cosmos3-Edge", **options):
+    result = nodes.Cosmos3ModelLoader().load(name, "fp32", "default", **options)
+    return result["result"]
+
+
+def text(nodes, prompt="a cat", negative=""):
+    return nodes.Cosmos3TextEncode().encode(prompt, negative, "auto", True, True, True)["result"][0]
+
+
+def sample(nodes, model, text_bundle, frames=5, guidance=0.0, **extra):
+    result = nodes.Cosmos3Sampler().sample(model, text_bundle, 64, 48, frames, 0.0, guidance, "auto", 1, **extra)
+    return result["result"][0], result["ui"]["text"]
+
+
+def test_checkpoint_folders_are_listed_with_their_subfolders(nodes):
+    names = nodes.loader.checkpoint_names()
+    assert "Cosmos3-Edge" in names and "nvidia/Cosmos3-Edge-Policy-DROID" in names
+    assert nodes.Cosmos3ModelLoader.INPUT_TYPES()["required"]["model_name"][0] == names
+
+
+def test_loader_reports_the_variant(nodes):
+    result = nodes.Cosmos3ModelLoader().load("Cosmos3-Super-Text2Image-4Step", "auto", "default")
+    info = result["result"][2]
+    assert "distilled 4-step (SDE)" in info and result["ui"]["text"] == [info]
+    assert "Edge (dense relu2), multi-step, action head" in load(nodes, "nvidia/Cosmos3-Edge-Policy-DROID")[2]
+
+
+def test_unknown_model_name(nodes):
+    with pytest.raises(nodes.loader.CheckpointError, match="'Cosmos3-Ultra' not found in .*models/cosmos3"):
+        load(nodes, "Cosmos3-Ultra")
+
+
+@pytest.mark.parametrize("name", ["../cosmos3/Cosmos3-Edge", "Cosmos3-Edge/../../secret", "/etc", "~/models", "a//b"])
+def test_names_escaping_the_model_folders_are_refused(nodes, name):
+    with pytest.raises(nodes.loader.CheckpointError, match="is refused"):
+        load(nodes, name)
+
+
+def test_sizes_not_multiple_of_16(nodes):
+    model, _, _ = load(nodes)
+    with pytest.raises(nodes.sampling.InputError, match="multiples of 16"):
+        nodes.Cosmos3Sampler().sample(model, text(nodes), 100, 48, 5, 0.0, 0.0, "auto", 0)
+
+
+def test_malformed_json_caption_is_prose_with_a_warning(nodes, caplog):
+    bundle_result = nodes.Cosmos3TextEncode().encode('{"temporal_caption": "a cat"', "", "auto", True, True, True)
+    assert bundle_result["ui"]["text"] == ["prompt read as prose"]
+    model, _, _ = load(nodes)
+    with caplog.at_level(logging.WARNING):
+        latent, _ = sample(nodes, model, bundle_result["result"][0])
+    assert "not valid JSON; using it as prose" in caplog.text
+    assert latent["samples"].shape == (1, 48, 2, 3, 4)
+    ok = nodes.Cosmos3TextEncode().encode('{"temporal_caption": "a cat"}', "", "auto", True, True, True)
+    assert ok["ui"]["text"] == ["prompt read as JSON caption"]
+
+
+def test_distilled_checkpoint_given_guidance_7(nodes):
+    model, _, _ = load(nodes, "Cosmos3-Super-Image2Video-4Step")
+    latent, messages = sample(nodes, model, text(nodes), guidance=7.0)
+    assert any("guidance 7.0 forced to 1.0" in m for m in messages)
+    assert "4 steps (distilled), guidance 1" in messages[0]
+
+
+def test_interrupt_during_sampling_then_a_successful_run(nodes, monkeypatch):
+    model, vae, _ = load(nodes)
+
+    class Interrupted(BaseException):  # ComfyUI's InterruptProcessingException is a BaseException too
+        pass
+
+    calls = []
+
+    def interrupt_on_second_step():
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted
+
+    monkeypatch.setattr(nodes.services, "check_interrupt", interrupt_on_second_step)
+    with pytest.raises(Interrupted):
+        sample(nodes, model, text(nodes))
+    monkeypatch.undo()
+    first, _ = sample(nodes, model, text(nodes))
+    again, _ = sample(nodes, model, text(nodes))
+    assert torch.equal(first["samples"], again["samples"])
+    images, fps = nodes.Cosmos3VAEDecode().decode(vae, first, False, 32, 8)
+    assert images.shape == (5, 48, 64, 3) and fps == 24.0
+
+
+def test_switching_checkpoints_frees_the_previous_one(nodes):
+    edge, _, _ = load(nodes, "Cosmos3-Edge")
+    first = edge.pipeline
+    load(nodes, "Cosmos3-Nano")
+    assert len(nodes.loader._loaded) == 1 and first not in nodes.loader._loaded.values()
+    assert edge.pipeline.variant.is_edge  # an old handle (still cached by ComfyUI) reloads when used
+
+
+def test_offload_mode_runs_and_keeps_the_weights_home(nodes):
+    model, vae, info = nodes.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "offload")["result"]
+    latent, _ = sample(nodes, model, text(nodes))
+    assert "offload" in info and model.pipeline.device.type == "cpu"
+    assert latent["samples"].device.type == "cpu"
+
+
+def test_image_and_video_conditioning_nodes(nodes):
+    model, _, _ = load(nodes)
+    (media,) = nodes.Cosmos3ImageToVideo().condition(torch.rand(2, 40, 40, 3))
+    latent, messages = sample(nodes, model, text(nodes), frames=9, media=media)
+    assert messages[0].startswith("i2v")
+    (media,) = nodes.Cosmos3VideoToVideo().condition(torch.rand(6, 48, 64, 3), "0, 1", "first")
+    assert media["condition_frame_indexes"] == (0, 1)
+    latent, messages = sample(nodes, model, text(nodes), frames=9, media=media)
+    assert messages[0].startswith("v2v")
+    with pytest.raises(nodes.sampling.InputError, match="latent frame numbers"):
+        nodes.Cosmos3VideoToVideo().condition(torch.rand(6, 48, 64, 3), "first two", "first")
+
+
+def test_scheduler_node_and_guidance_interval_parsing(nodes):
+    model, _, _ = load(nodes)
+    (schedule,) = nodes.Cosmos3Scheduler().build("checkpoint", 3, 0.0)
+    _, messages = sample(nodes, model, text(nodes), schedule=schedule)
+    assert "3 steps (checkpoint)" in messages[0]
+    parse = nodes.sampling.parse_guidance_interval
+    assert parse("auto") == "auto" and parse("off") is None and parse("400, 1000") == (400.0, 1000.0)
+    assert parse("960-1001") == (960.0, 1001.0)
+    with pytest.raises(nodes.sampling.InputError, match="'auto', 'off' or 'LOW,HIGH'"):
+        parse("sometimes")
+
+
+def test_vae_encode_node(nodes):
+    _, vae, _ = load(nodes)
+    (latent,) = nodes.Cosmos3VAEEncode().encode(vae, torch.rand(7, 48, 64, 3))
+    assert latent["samples"].shape == (1, 48, 2, 3, 4)
+    with pytest.raises(nodes.vae.InputError, match="not a multiple of 16"):
+        nodes.Cosmos3VAEEncode().encode(vae, torch.rand(1, 40, 64, 3))
+    with pytest.raises(nodes.vae.InputError, match="expected a Cosmos3 latent"):
+        nodes.Cosmos3VAEDecode().decode(vae, {"samples": torch.zeros(1, 4, 8, 8)}, False, 32, 8)
+
+
+def test_json_caption_node(nodes):
+    (prompt,) = nodes.Cosmos3JSONCaption().build("A cat jumps.", "cat, sofa", '{"style": "film"}')
+    assert json.loads(prompt) == {"temporal_caption": "A cat jumps.", "subjects": ["cat", "sofa"], "style": "film"}
+    with pytest.raises(nodes.prompting.InputError, match="extra_json is not valid JSON"):
+        nodes.Cosmos3JSONCaption().build("x", "", "{oops")
+
+
+def test_default_negative_prompt_node(nodes, models_dir):
+    model, _, _ = load(nodes, "Cosmos3-Nano")
+    assert nodes.Cosmos3DefaultNegativePrompt().read(model) == ("",)
+    assets = models_dir / "Cosmos3-Nano" / "assets"
+    assets.mkdir()
+    (assets / "negative_prompt.json").write_text('{"negative": "blurry, distorted"}\n')
+    assert nodes.Cosmos3DefaultNegativePrompt().read(model) == ('{"negative": "blurry, distorted"}',)

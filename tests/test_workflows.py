@@ -1,0 +1,153 @@
+"""Every shipped workflow: API prompts validate and run like ComfyUI runs them; UI files match their API twins."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from comfy_harness import (
+    CORE_NODES,
+    LoadImage,
+    LoadVideo,
+    SaveImage,
+    SaveVideo,
+    Video,
+    WorkflowError,
+    execute,
+    load_json,
+    ui_to_api,
+    validate,
+    widget_names,
+)
+from conftest import ROOT
+
+API = sorted((ROOT / "workflows" / "api").glob("*.json"))
+UI = sorted((ROOT / "workflows").glob("*.json"))
+
+
+@pytest.fixture
+def registry(pack, models_dir, tmp_path):
+    inputs = tmp_path / "input"
+    inputs.mkdir()
+    pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(inputs / "example.png")
+    LoadImage.input_dir = inputs
+    LoadVideo.clips = {"example.mp4": Video(torch.rand(11, 120, 160, 3), 24.0)}
+    SaveImage.saved.clear()
+    SaveVideo.saved.clear()
+    return {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES}
+
+
+def test_there_are_workflows_and_each_has_a_twin():
+    assert len(API) >= 7
+    assert [p.name for p in API] == [p.name for p in UI]
+    assert all(p.with_suffix(".jpg").is_file() for p in UI)  # template thumbnails
+
+
+@pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
+def test_api_workflow_validates(registry, path):
+    validate(load_json(path), registry)
+
+
+def small(prompt: dict) -> dict:
+    """The same graph at toy sizes, so a CPU runs it in seconds (the graph and widgets are unchanged otherwise)."""
+    prompt = copy.deepcopy(prompt)
+    for node in prompt.values():
+        if node["class_type"] == "Cosmos3Sampler":
+            frames = node["inputs"]["frames"]
+            node["inputs"].update(width=64, height=48, frames=1 if frames == 1 else 13)
+        if node["class_type"] == "Cosmos3Scheduler":
+            node["inputs"]["steps"] = min(node["inputs"]["steps"], 3) or 3
+    return prompt
+
+
+@pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
+def test_api_workflow_runs_and_saves_frames(registry, path):
+    prompt = small(load_json(path))
+    results = execute(prompt, registry)
+    samplers = [n for n, node in prompt.items() if node["class_type"] == "Cosmos3Sampler"]
+    latent = results[samplers[0]][0][0]["samples"]
+    if SaveImage.saved:
+        ((_, images),) = SaveImage.saved
+        assert images.shape == (1, 48, 64, 3) and latent.shape == (1, 48, 1, 3, 4)
+    else:
+        ((_, video),) = SaveVideo.saved
+        assert video.images.shape == (13, 48, 64, 3) and latent.shape == (1, 48, 4, 3, 4)
+        expected_fps = prompt[samplers[0]]["inputs"]["fps"] or 24.0
+        assert video.fps == expected_fps  # set once on the sampler, carried to the video
+    loader = next(n for n, node in prompt.items() if node["class_type"] == "Cosmos3ModelLoader")
+    assert "multi-step" in results[loader][0][2] or "distilled" in results[loader][0][2]
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_ui_workflow_matches_its_api_twin(registry, path):
+    api = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in load_json(path.parent / "api" / path.name).items()}
+    assert ui_to_api(load_json(path), registry) == api
+
+
+def test_widget_order_of_our_nodes(pack):
+    """widgets_values follow these orders; changing one breaks saved workflows (append new widgets only)."""
+    expected = {
+        "Cosmos3ModelLoader": ["model_name", "dtype", "device", "hf_repo_id", "allow_download"],
+        "Cosmos3TextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template", "duration_template",
+                              "json_captions"],
+        "Cosmos3Scheduler": ["schedule", "steps", "flow_shift"],
+        "Cosmos3Sampler": ["width", "height", "frames", "fps", "guidance", "guidance_interval", "seed"],
+        "Cosmos3VAEDecode": ["tiled", "tile_size", "tile_overlap"],
+        "Cosmos3VAEEncode": [],
+        "Cosmos3ImageToVideo": [],
+        "Cosmos3VideoToVideo": ["condition_frames", "keep"],
+        "Cosmos3JSONCaption": ["temporal_caption", "subjects", "extra_json"],
+        "Cosmos3DefaultNegativePrompt": [],
+    }  # fmt: skip
+    assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
+
+
+def test_sampler_widgets_values_carry_the_seed_control(registry):
+    workflow = load_json(ROOT / "workflows" / "cosmos3_edge_t2v.json")
+    sampler = next(n for n in workflow["nodes"] if n["type"] == "Cosmos3Sampler")
+    assert sampler["widgets_values"][-2:] == [42, "fixed"]
+
+
+def test_a_shifted_widget_is_caught(registry):
+    workflow = load_json(UI[0])
+    for node in workflow["nodes"]:
+        if node["type"] == "Cosmos3Sampler":
+            node["widgets_values"].insert(0, 0)
+    with pytest.raises(WorkflowError, match="left over"):
+        ui_to_api(workflow, registry)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p["4"]["inputs"].update(width=-16), "value_smaller_than_min"),
+        (lambda p: p["1"]["inputs"].update(model_name="../../etc"), "value_not_in_list"),
+        (lambda p: p["4"]["inputs"].update(text=["1", 0]), "return_type_mismatch"),
+        (lambda p: p["4"]["inputs"].pop("seed"), "required_input_missing"),
+        (lambda p: p.update({"99": {"class_type": "NoSuchNode", "inputs": {}}}), "missing_node_type"),
+    ],
+)
+def test_validation_rejects_bad_prompts(registry, change, message):
+    prompt = load_json(ROOT / "workflows" / "api" / "cosmos3_edge_t2v.json")
+    change(prompt)
+    with pytest.raises(WorkflowError, match=message):
+        validate(prompt, registry)
+
+
+def test_node_definitions_are_well_formed(pack):
+    for node_id, cls in pack.NODE_CLASS_MAPPINGS.items():
+        assert node_id.startswith("Cosmos3") and pack.NODE_DISPLAY_NAME_MAPPINGS[node_id].startswith("Cosmos3 ")
+        assert cls.CATEGORY.startswith("cosmos3") and callable(getattr(cls, cls.FUNCTION))
+        assert len(getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)) == len(cls.RETURN_TYPES)
+        for section in cls.INPUT_TYPES().values():
+            for name, spec in section.items():
+                kind, options = spec[0], (spec[1] if len(spec) > 1 else {})
+                if isinstance(kind, list):
+                    assert options.get("default", kind[0]) in kind, (node_id, name)
+                elif "default" in options and "min" in options:
+                    assert options["min"] <= options["default"] <= options["max"], (node_id, name)
+        json.dumps(cls.INPUT_TYPES())  # /object_info must serialise

@@ -10,6 +10,7 @@ import torch
 
 from .errors import Cosmos3Error
 from .media import save
+from .parallel import init_from_env
 from .pipeline import load
 from .tiny import KINDS, SIZES, make_tiny_checkpoint
 from .vae import TileSpec
@@ -21,13 +22,19 @@ def cmd_make_tiny(args) -> None:
 
 
 def cmd_generate(args) -> None:
+    parallel, device = None, args.device
+    if args.sp > 1 or args.cfg_parallel:
+        parallel, device = init_from_env(args.sp, args.cfg_parallel)
+    main = parallel is None or parallel.is_main
+    say = print if main else lambda *a, **k: None
+    latents_only = args.output.endswith(".safetensors")
     with tempfile.TemporaryDirectory() as tmp:
         if args.checkpoint is None:
-            print("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
-                  "the output is noise.")  # fmt: skip
+            say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
+                "the output is noise.")  # fmt: skip
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
-        pipe = load(args.checkpoint, device=args.device, dtype=args.dtype)
-        print(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
+        pipe = load(args.checkpoint, device=device, dtype=args.dtype)
+        say(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
         image = video = None
         if args.image:
             from PIL import Image
@@ -44,20 +51,29 @@ def cmd_generate(args) -> None:
         start = time.perf_counter()
 
         def progress(step, total, _latents):
-            print(f"\rstep {step}/{total}  {time.perf_counter() - start:.1f}s", end="", flush=True)
+            say(f"\rstep {step}/{total}  {time.perf_counter() - start:.1f}s", end="", flush=True)
 
         result = pipe.generate(
             args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
             num_frames=args.frames, fps=args.fps, steps=args.steps, guidance_scale=args.guidance,
             flow_shift=args.flow_shift, schedule=args.schedule, guidance_interval=interval, seed=args.seed,
             image=image, video=video, vae_tile=TileSpec(args.tile, args.tile // 4) if args.tile else None,
-            callback=progress,
+            output="latents" if latents_only else "frames", callback=progress, parallel=parallel,
         )  # fmt: skip
-        print()
+        say()
         s = result.settings
-        print(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
-              f"({s.schedule}), guidance {s.guidance_scale:g}")  # fmt: skip
-        for path in save(result.frames, args.output, s.fps):
+        say(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
+            f"({s.schedule}), guidance {s.guidance_scale:g}")  # fmt: skip
+        if not main:
+            return
+        if latents_only:
+            from safetensors.torch import save_file
+
+            save_file({"latents": result.latents.contiguous()}, args.output)
+            paths = [args.output]
+        else:
+            paths = save(result.frames, args.output, s.fps)
+        for path in paths:
             print(f"wrote {path}")
 
 
@@ -107,7 +123,8 @@ def main(argv=None) -> int:
     p.add_argument("--kind", choices=KINDS, default="edge", help="kind of the tiny checkpoint")
     p.add_argument("--prompt", required=True, help="prose or a JSON caption")
     p.add_argument("--negative-prompt", default=None)
-    p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video")
+    p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video, "
+                   "out.safetensors for the latents")
     p.add_argument("--width", type=int)
     p.add_argument("--height", type=int)
     p.add_argument("--frames", type=int, help="1 for an image; video frame counts are 1 + 4k (default 81)")
@@ -121,6 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("--image", help="image file for image-to-video")
     p.add_argument("--video", help="video file for video-to-video")
     p.add_argument("--tile", type=int, default=0, help="decode in tiles of this many latents (0: no tiling)")
+    p.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (under torchrun)")
+    p.add_argument("--cfg-parallel", action="store_true", help="run the two CFG branches on separate ranks")
     p.set_defaults(run=cmd_generate)
     generate = p
 

@@ -12,6 +12,7 @@ import torch
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
 from .errors import InputError
+from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
 from .settings import Request, Settings
@@ -167,6 +168,7 @@ class Cosmos3Pipeline:
         output: str = "frames",
         vae_tile: TileSpec | None = None,
         callback: StepCallback | None = None,
+        parallel: Parallel | None = None,
     ) -> Generation:
         """Generate an image (num_frames=1) or a video from a prompt, optionally conditioned on an image or video.
 
@@ -176,7 +178,9 @@ class Cosmos3Pipeline:
         scheduler config) or "distilled". `guidance_interval`: "auto" ([400, 1000] for images, every
         step for video), None/"off", or (low, high) in timesteps. `output`: "frames" or "latents".
         `callback(step, total, latents)` runs after every step; an exception from it cancels the run
-        and leaves the pipeline ready for the next one.
+        and leaves the pipeline ready for the next one. `parallel` (from `parallel.init_from_env`) runs
+        the call on every rank of a torchrun job with sequence and/or CFG parallelism; every rank gets
+        the same result.
         """
         if output not in ("frames", "latents"):
             raise InputError(f"output must be 'frames' or 'latents', got {output!r}")
@@ -201,7 +205,7 @@ class Cosmos3Pipeline:
         noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
         latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
 
-        latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback)
+        latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback, parallel)
         frames = None
         if output == "frames":
             frames = self.decode(latents, tile=vae_tile)
@@ -238,23 +242,31 @@ class Cosmos3Pipeline:
             return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)
         return unipc_schedule(s.steps, s.flow_shift)
 
-    def _denoise(self, latents, s: Settings, cond_ids, uncond_ids, clean, mask, generator, callback):
+    def _denoise(self, latents, s: Settings, cond_ids, uncond_ids, clean, mask, generator, callback, parallel):
         schedule = self.schedule_for(s)
         stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
         noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
+        sp, cfg = (parallel.sp, parallel.cfg) if parallel is not None else (None, None)
         cond = self.text_kv(cond_ids)
         uncond = self.text_kv(uncond_ids) if s.guidance_scale != 1.0 else None
-        model = self.transformer
+
+        def velocity_for(text):
+            return self.transformer(latents, t, text, noisy, s.fps, sp=sp).vision.float()
+
         for i, t in enumerate(schedule.timesteps):
             guidance = s.guidance_scale
             if s.guidance_interval is not None and not s.guidance_interval[0] <= float(t) <= s.guidance_interval[1]:
                 guidance = 1.0
             # Each branch runs at its own text length: padding one to the other's would leave zero
             # keys that the (unmasked) media attention still weights.
-            velocity = model(latents, t, cond, noisy, s.fps).vision.float()
-            if guidance != 1.0:
-                uncond_velocity = model(latents, t, uncond, noisy, s.fps).vision.float()
-                velocity = uncond_velocity + guidance * (velocity - uncond_velocity)
+            if guidance == 1.0:
+                velocity = velocity_for(cond)
+            else:
+                if cfg is not None:  # one branch per rank group, exchanged, then the serial formula
+                    cond_velocity, uncond_velocity = exchange_branches(cfg, velocity_for((cond, uncond)[cfg.rank]))
+                else:
+                    cond_velocity, uncond_velocity = velocity_for(cond), velocity_for(uncond)
+                velocity = uncond_velocity + guidance * (cond_velocity - uncond_velocity)
             if isinstance(stepper, FlowEuler):
                 latents = stepper.step(velocity, latents, generator)
             else:

@@ -246,8 +246,12 @@ def make_tiny_checkpoint(
     shards: int = 2,
     dtype: torch.dtype = torch.bfloat16,
     legacy_class_name: bool = False,
+    overrides: dict | None = None,
 ) -> Path:
-    """Write a random checkpoint in the released diffusers layout and return its folder."""
+    """Write a random checkpoint in the released diffusers layout and return its folder.
+
+    `overrides` replaces transformer config values (for example {"num_key_value_heads": 4}).
+    """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     vocab_size = 512
@@ -265,7 +269,7 @@ def make_tiny_checkpoint(
         "safety_checker": [None, None],
     }
     (root / "model_index.json").write_text(json.dumps(model_index, indent=2))
-    config = transformer_config(kind, size, action=action, sound=sound, vocab_size=vocab_size)
+    config = {**transformer_config(kind, size, action=action, sound=sound, vocab_size=vocab_size), **(overrides or {})}
     write_transformer(root / "transformer", config, seed, shards, dtype)
     write_vae(root / "vae", vae_config(seed), seed, dtype)
     (root / "scheduler").mkdir(exist_ok=True)

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, InputError
+from .parallel import Group, SequenceShards, check_heads
 from .rope import apply_rope, inverse_frequencies, media_positions, mrope_cos_sin, text_positions
 
 log = logging.getLogger(__name__)
@@ -217,13 +218,23 @@ class MoTAttention(nn.Module):
         k = apply_rope(k, cos, sin)
         return self.to_out(attention(q, k, v, causal=True)), k_for_media, v
 
-    def media(self, x, cos, sin, text_k, text_v) -> torch.Tensor:
-        """Media attention over [text ; media] keys and values, no mask."""
+    def media(self, x, cos, sin, text_k, text_v, shards: SequenceShards | None = None) -> torch.Tensor:
+        """Media attention over [text ; media] keys and values, no mask.
+
+        With `shards` (sequence parallelism) x holds this rank's tokens; attention runs over all tokens
+        for this rank's heads, between two all-to-alls, and padding rows never serve as keys.
+        """
         q = self.norm_added_q(self.add_q_proj(x).view(-1, self.heads, self.head_dim))
         k = self.norm_added_k(self.add_k_proj(x).view(-1, self.kv_heads, self.head_dim))
         v = self.add_v_proj(x).view(-1, self.kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if shards is not None:
+            q = shards.to_heads(q)
+            k, v = shards.to_heads(k)[: shards.tokens], shards.to_heads(v)[: shards.tokens]
+            text_k, text_v = shards.my_heads(text_k), shards.my_heads(text_v)
         out = attention(q, torch.cat([text_k, k]), torch.cat([text_v, v]), causal=False)
+        if shards is not None:
+            out = shards.to_tokens(out.view(out.shape[0], -1, self.head_dim)).flatten(1)
         return self.to_add_out(out)
 
 
@@ -248,9 +259,9 @@ class DecoderLayer(nn.Module):
         x = x + out
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
-    def media(self, x, cos, sin, text_k, text_v):
-        """Media tokens [N, H] -> [N, H]."""
-        x = x + self.self_attn.media(self.input_layernorm_moe_gen(x), cos, sin, text_k, text_v)
+    def media(self, x, cos, sin, text_k, text_v, shards=None):
+        """Media tokens [N, H] -> [N, H] (this rank's tokens under sequence parallelism)."""
+        x = x + self.self_attn.media(self.input_layernorm_moe_gen(x), cos, sin, text_k, text_v, shards)
         return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
 
 
@@ -401,12 +412,14 @@ class Cosmos3Transformer(nn.Module):
         fps: float = 24.0,
         sound: SoundTokens | None = None,
         action: ActionTokens | None = None,
+        sp: Group | None = None,
     ) -> Velocity:
         """Predict the flow velocity of the media tokens.
 
         latents [1, C, T, h, w]; timestep a scalar tensor; text the prompt's cached K/V;
         noisy_frames the latent frames being denoised (default all; the rest are clean conditioning
-        and get no timestep embedding and zero velocity); fps the video frame rate.
+        and get no timestep embedding and zero velocity); fps the video frame rate; sp a
+        sequence-parallel group (every rank passes the same inputs and gets the same result).
         """
         c = self.config
         dtype, device = self.dtype, self.device
@@ -446,12 +459,25 @@ class Cosmos3Transformer(nn.Module):
 
         hidden = torch.cat(segments)
         cos, sin = self.rope(torch.cat(positions, dim=1))
+        shards = None
+        if sp is not None:
+            if action is not None:
+                raise InputError("action generation does not support sequence parallelism; run it with sp=1")
+            check_heads(sp, c.num_attention_heads, c.num_key_value_heads)
+            shards = SequenceShards(sp, hidden.shape[0])
+            hidden, cos, sin = shards.shard(hidden), shards.shard(cos), shards.shard(sin)
         for layer, k, v in zip(self.layers, text.keys, text.values):
-            hidden = layer.media(hidden, cos, sin, k, v)
+            hidden = layer.media(hidden, cos, sin, k, v, shards)
         hidden = self.norm_moe_gen(hidden)
 
         n_vision = vision.shape[0] * vision.shape[1]
-        vision_out = self.proj_out(hidden[:n_vision].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1))
+        if shards is not None and sound is None:  # gather 192-wide patch outputs, not hidden states
+            patches = shards.gather(self.proj_out(hidden))
+            vision_out = patches.view(T, -1, patches.shape[-1])[noisy].flatten(0, 1)
+        else:
+            if shards is not None:
+                hidden = shards.gather(hidden)
+            vision_out = self.proj_out(hidden[:n_vision].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1))
         velocity = torch.zeros_like(x)
         if noisy:
             velocity[:, noisy] = self.unpatchify(vision_out, len(noisy), grid, h, w)

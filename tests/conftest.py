@@ -1,5 +1,6 @@
 """Shared fixtures: the pack root on sys.path and tiny checkpoints built once per session."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,9 +18,9 @@ def tiny_factory(tmp_path_factory):
     built = {}
 
     def build(**options):
-        key = tuple(sorted(options.items()))
+        key = json.dumps(options, sort_keys=True)
         if key not in built:
-            name = "-".join(f"{k}={v}" for k, v in key) or "default"
+            name = "-".join(f"{k}={v}" for k, v in sorted(options.items()) if k != "overrides") or "default"
             built[key] = make_tiny_checkpoint(tmp_path_factory.mktemp(name), **options)
         return built[key]
 

@@ -278,6 +278,14 @@ class Cosmos3Pipeline:
         return latents
 
     @torch.inference_mode()
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        """Frames [F, H, W, 3] in 0..1 (an IMAGE batch) -> normalized latents [1, 48, 1 + (F-1)//4, H/16, W/16] on the CPU."""
+        if self.vae is None:
+            raise InputError("encoding needs the VAE; load the pipeline with its VAE")
+        pixels = frames[..., :3].permute(3, 0, 1, 2).unsqueeze(0).to(self.device) * 2 - 1
+        return self.vae.normalize(self.vae.encode(pixels)).float().cpu()
+
+    @torch.inference_mode()
     def decode(self, latents: torch.Tensor, tile: TileSpec | None = None) -> torch.Tensor:
         """Normalized latents [1, 48, T, h, w] -> frames [F, H, W, 3] float32 in 0..1 on the CPU."""
         if self.vae is None:

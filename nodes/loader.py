@@ -5,7 +5,8 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..cosmos3_runtime import CheckpointError, Cosmos3Pipeline, load
+from ..cosmos3_runtime import CheckpointError, Cosmos3Pipeline, InputError, load
+from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 
 NO_CHECKPOINTS = "(no checkpoint folders in models/cosmos3)"
@@ -56,28 +57,61 @@ class ModelSpec:
     dtype: str
     device: str  # "default", "cpu" or "offload"
     local_files_only: bool = True
+    gpus: int = 1
+    multi_gpu: str = "sequence"
 
     def compute_device(self):
         return services.torch_device() if self.device != "cpu" else services.offload_device()
 
 
-_loaded: dict[ModelSpec, Cosmos3Pipeline] = {}
+_loaded: dict[ModelSpec, Cosmos3Pipeline | WorkerPool] = {}
 
 
-def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline:
+def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
     """The loaded pipeline of a spec. One checkpoint is kept: loading another frees the previous one."""
     if spec not in _loaded:
-        _loaded.clear()
-        services.empty_cache()
+        release_all()
         compute = spec.compute_device()
-        home = services.offload_device() if spec.device == "offload" else compute
         dtype = spec.dtype
         if dtype == "auto" and compute.type != "cpu":
             dtype = "bf16"  # the released precision; resolved here because offloaded weights load on the CPU
+        if spec.gpus > 1:
+            _loaded[spec] = worker_pool(spec, compute, dtype)
+            return _loaded[spec]
+        home = services.offload_device() if spec.device == "offload" else compute
         if home.type != "cpu" and os.path.isdir(spec.source):
             services.free_memory(_folder_bytes(spec.source), home)
         _loaded[spec] = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only)
     return _loaded[spec]
+
+
+def release_all() -> None:
+    for loaded in _loaded.values():
+        if isinstance(loaded, WorkerPool):
+            loaded.close()
+    _loaded.clear()
+    services.empty_cache()
+
+
+MULTI_GPU_LAYOUTS = {"sequence": (1, False), "cfg": (2, True), "cfg+sequence": (2, True)}
+
+
+def worker_pool(spec: ModelSpec, compute, dtype: str) -> WorkerPool:
+    """Worker processes on `gpus` consecutive GPUs from ComfyUI's device (CPU processes without GPUs)."""
+    branches, cfg_parallel = MULTI_GPU_LAYOUTS[spec.multi_gpu]
+    sp = spec.gpus // branches
+    if sp * branches != spec.gpus or (spec.multi_gpu == "cfg" and spec.gpus != 2):
+        raise InputError(f"multi_gpu '{spec.multi_gpu}' cannot use {spec.gpus} GPUs: 'cfg' needs 2, "
+                         "'cfg+sequence' an even number")  # fmt: skip
+    if compute.type == "cuda":
+        first = compute.index or 0
+        if first + spec.gpus > services.cuda_device_count():
+            raise InputError(f"{spec.gpus} GPUs from cuda:{first} requested, {services.cuda_device_count()} present")
+        devices = [f"cuda:{first + i}" for i in range(spec.gpus)]
+    else:
+        devices = ["cpu"] * spec.gpus
+    return WorkerPool(spec.source, devices, sp=sp, cfg_parallel=cfg_parallel, dtype=dtype,
+                      local_files_only=spec.local_files_only)  # fmt: skip
 
 
 def _folder_bytes(folder: str) -> int:
@@ -99,7 +133,7 @@ class ModelHandle:
     def use(self):
         """The pipeline on its compute device for the duration of a node (offloaded models move back after)."""
         pipe = self.pipeline
-        if self.spec.device != "offload":
+        if self.spec.device != "offload" or isinstance(pipe, WorkerPool):
             yield pipe
             return
         pipe.to(self.spec.compute_device())
@@ -134,20 +168,27 @@ class Cosmos3ModelLoader:
                                "(namespace/repo[/subfolder]) from the local Hugging Face cache"}),  # fmt: skip
                 "allow_download": ("BOOLEAN", {"default": False, "tooltip": "let hf_repo_id download missing files "
                                    "into the Hugging Face cache (tens of GB)"}),  # fmt: skip
+                "gpus": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "GPUs to sample on, starting at "
+                         "ComfyUI's device; more than 1 starts one worker process per GPU"}),  # fmt: skip
+                "multi_gpu": (list(MULTI_GPU_LAYOUTS), {"default": "sequence", "tooltip": "with several GPUs: split "
+                              "the video tokens (sequence), run the two guidance branches side by side (cfg, "
+                              "2 GPUs), or both (cfg+sequence)"}),  # fmt: skip
             },
         }
 
-    def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False):
+    def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False, gpus=1, multi_gpu="sequence"):
         repo = hf_repo_id.strip()
         if repo:
-            spec, name = ModelSpec(repo, dtype, device, not allow_download), repo
+            source, name, local_only = repo, repo, not allow_download
         elif model_name == NO_CHECKPOINTS:
             raise CheckpointError("no checkpoint selected: put diffusers-layout Cosmos3 folders in ComfyUI/models/cosmos3/")
         else:
-            spec, name = ModelSpec(checkpoint_path(model_name), dtype, device), model_name
+            source, name, local_only = checkpoint_path(model_name), model_name, True
+        spec = ModelSpec(source, dtype, device, local_only, gpus, multi_gpu)
         handle = ModelHandle(spec, name)
         pipe = handle.pipeline
-        info = f"{name}: {pipe.variant.describe()} ({pipe.dtype}, {spec.device})"
+        where = f"{gpus} GPUs ({multi_gpu})" if gpus > 1 else spec.device
+        info = f"{name}: {pipe.variant.describe()} ({pipe.dtype}, {where})"
         services.log.info("Cosmos3 loaded %s", info)
         return {"ui": {"text": [info]}, "result": (handle, handle, info)}
 

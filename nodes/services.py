@@ -52,6 +52,10 @@ def torch_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def cuda_device_count() -> int:
+    return torch.cuda.device_count()
+
+
 def offload_device() -> torch.device:
     mm = _comfy("comfy.model_management")
     return mm.unet_offload_device() if mm is not None else torch.device("cpu")

@@ -63,7 +63,5 @@ class Cosmos3VAEEncode:
         count = round_frames(images.shape[0])
         if count != images.shape[0]:
             services.log.warning("Cosmos3 VAE encode: %d frames, using the first %d (1 + 4k)", images.shape[0], count)
-        pixels = images[:count, ..., :3].permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1  # [1, 3, F, H, W] in [-1, 1]
         with vae.use() as pipe:
-            latents = pipe.vae.normalize(pipe.vae.encode(pixels.to(pipe.device))).float().cpu()
-        return ({"samples": latents},)
+            return ({"samples": pipe.encode(images[:count])},)

@@ -1,0 +1,214 @@
+"""Several local GPUs from one process: a pool of worker processes that hold the model.
+
+`WorkerPool` starts one process per device. The workers form a torch.distributed job on this machine
+(NCCL on GPUs, gloo on CPU), each loads the checkpoint onto its device, and every `generate` call runs
+on all of them with sequence and/or CFG parallelism (see `parallel`). The calling process holds no
+weights; it sends requests, relays progress, and receives rank 0's result. This is how the ComfyUI
+sampler uses several GPUs: the pool has the public surface of `Cosmos3Pipeline` (`generate`, `decode`,
+`encode`, `variant`, `checkpoint`).
+
+Cancelling works like a single-process run (raise from the progress callback): the workers agree at
+every step whether to stop, so no rank is left waiting in a collective, and the pool stays usable. If a
+worker fails on its own (out of memory on one GPU, say), the pool is shut down and the error raised;
+the next pool starts fresh.
+"""
+
+import importlib
+import os
+import queue
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import Checkpoint, resolve
+from .errors import Cosmos3Error
+
+START_TIMEOUT_S = 600  # loading tens of GB takes a while
+REPLY_TIMEOUT_S = 30  # after one rank failed, how long the others get to report
+POLL_S = 2  # how often a waiting parent checks that its workers are alive
+
+
+class Cancelled(Exception):
+    """All workers stopped a generation at the same step."""
+
+
+class WorkerError(Cosmos3Error, RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, device, source, load_options, layout, requests, replies, cancel):
+    """One worker process: join the job, load the model, serve requests until told to stop."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      LOCAL_RANK=str(torch.device(device).index or 0))  # fmt: skip
+    import torch.distributed as dist
+
+    from .parallel import init_from_env
+    from .pipeline import load
+
+    try:
+        parallel, device = init_from_env(*layout)
+        pipe = load(source, device=device, **load_options)
+    except BaseException as exc:  # report and end: the parent turns it into an error
+        replies.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+        return
+    replies.put(("ready", rank, None))
+    while True:
+        kind, payload = requests.get()
+        if kind == "stop":
+            break
+        try:
+            if kind == "generate":
+
+                def agree_and_report(step, total, latents):
+                    stop = torch.tensor([float(cancel.is_set())], device=device)
+                    dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank takes the same decision
+                    if stop.item():
+                        raise Cancelled
+                    if rank == 0:
+                        replies.put(("progress", rank, (step, total, latents[:, :, -1:].cpu())))
+
+                result = pipe.generate(**payload, output="latents", callback=agree_and_report, parallel=parallel)
+            elif kind == "decode":
+                result = pipe.decode(*payload)
+            else:
+                result = pipe.encode(payload)
+            replies.put(("done", rank, result if rank == 0 else None))
+        except Cancelled:
+            replies.put(("cancelled", rank, None))
+        except BaseException as exc:
+            replies.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+    dist.destroy_process_group()
+
+
+@contextmanager
+def _importable_worker():
+    """The worker entry point as `cosmos3_runtime.workers._worker`, importable in a fresh interpreter.
+
+    Inside ComfyUI this module lives in the pack's package (named after its folder), which a spawned
+    process cannot import. The runtime never imports ComfyUI, so the workers import it as a top-level
+    package instead: its folder is on sys.path while the processes start (spawn copies sys.path).
+    """
+    folder = str(Path(__file__).resolve().parents[1])
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield importlib.import_module("cosmos3_runtime.workers")._worker
+    finally:
+        if added:
+            sys.path.remove(folder)
+
+
+class WorkerPool:
+    def __init__(self, source: str, devices: list[str], sp: int = 1, cfg_parallel: bool = False, **load_options):
+        """Start len(devices) workers on `devices` and load `source` on each (world = sp x (2 if cfg_parallel))."""
+        if len(devices) != sp * (2 if cfg_parallel else 1):
+            raise WorkerError(f"{len(devices)} devices cannot run sp={sp} with cfg_parallel={cfg_parallel}")
+        self.checkpoint = Checkpoint(resolve(source, local_files_only=load_options.get("local_files_only")))
+        self.devices = devices
+        self.dtype = load_options.get("dtype")
+        self.device = torch.device("cpu")  # where results arrive
+        context = torch.multiprocessing.get_context("spawn")
+        self.requests = [context.Queue() for _ in devices]
+        self.replies = context.Queue()
+        self.cancel = context.Event()
+        port = _free_port()
+        layout = (sp, cfg_parallel)
+        with _importable_worker() as worker:
+            self.processes = [
+                context.Process(target=worker, args=(rank, len(devices), port, device, str(self.checkpoint.root),
+                                                     load_options, layout, self.requests[rank], self.replies,
+                                                     self.cancel), daemon=True)  # fmt: skip
+                for rank, device in enumerate(devices)
+            ]
+            for process in self.processes:
+                process.start()
+        self._collect(range(len(devices)), timeout=START_TIMEOUT_S)
+
+    @property
+    def variant(self):
+        return self.checkpoint.variant
+
+    def __repr__(self) -> str:
+        return f"WorkerPool({str(self.checkpoint.root)!r}, {self.variant.describe()}, devices={self.devices})"
+
+    def _collect(self, ranks, timeout: float | None, on_progress=None) -> Any:
+        """Wait until every rank in `ranks` reported; return rank 0's result, raise on failure.
+
+        A failure that every rank reports alike (a bad request) leaves the pool usable; anything else
+        (one rank failing or dying, or no answer in time) shuts it down.
+        """
+        waiting, result, failures, cancelled = set(ranks), None, {}, None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while waiting:
+            try:
+                kind, rank, payload = self.replies.get(timeout=POLL_S)
+            except queue.Empty:
+                dead = [r for r in waiting if not self.processes[r].is_alive()]
+                late = deadline is not None and time.monotonic() > deadline
+                if dead or late or (failures and time.monotonic() > failed_at + REPLY_TIMEOUT_S):
+                    self.close()
+                    reason = f"workers {dead} died" if dead else f"workers {sorted(waiting)} stopped answering"
+                    raise WorkerError(f"{reason} ({'; '.join(failures.values()) or 'no error reported'}); "
+                                      "the worker pool was shut down") from None  # fmt: skip
+                continue
+            if kind == "progress":
+                if on_progress is not None and cancelled is None:
+                    try:
+                        on_progress(*payload)
+                    except BaseException as exc:  # stop every worker; re-raised once all have stopped
+                        self.cancel.set()
+                        cancelled = exc
+                continue
+            waiting.discard(rank)
+            if kind == "error":
+                failures[rank], failed_at = payload, time.monotonic()
+            elif rank == 0:
+                result = payload
+        if failures:
+            if len(failures) < len(set(ranks)) or len(set(failures.values())) > 1:
+                self.close()
+            raise WorkerError("; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items())))
+        if cancelled is not None:
+            raise cancelled
+        return result
+
+    def generate(self, prompt: str, callback=None, **options):
+        """Same arguments and result as `Cosmos3Pipeline.generate` (latents only: decode with `decode`)."""
+        options.pop("output", None)
+        options.pop("parallel", None)
+        self.cancel.clear()
+        for requests in self.requests:
+            requests.put(("generate", {"prompt": prompt, **options}))
+        return self._collect(range(len(self.devices)), timeout=None, on_progress=callback)
+
+    def decode(self, latents: torch.Tensor, tile=None) -> torch.Tensor:
+        self.requests[0].put(("decode", (latents.cpu(), tile)))
+        return self._collect([0], timeout=None)
+
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        self.requests[0].put(("encode", frames.cpu()))
+        return self._collect([0], timeout=None)
+
+    def to(self, device) -> "WorkerPool":
+        return self  # the workers own their devices
+
+    def close(self) -> None:
+        for requests, process in zip(self.requests, self.processes):
+            if process.is_alive():
+                requests.put(("stop", None))
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()

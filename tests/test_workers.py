@@ -1,0 +1,80 @@
+"""The worker pool behind multi-GPU sampling in ComfyUI, with CPU worker processes (gloo) standing in for GPUs."""
+
+import pytest
+import torch
+
+import cosmos3_runtime
+from cosmos3_runtime.workers import WorkerError, WorkerPool
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+
+REQUEST = dict(width=80, height=96, num_frames=9, steps=3, seed=5, negative_prompt="blurry", guidance_scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_gated):
+    pool = WorkerPool(str(tiny_gated), ["cpu", "cpu"], sp=2, dtype="fp32", local_files_only=True)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_gated):
+    pipe = cosmos3_runtime.load(tiny_gated, dtype="fp32")
+    return pipe, pipe.generate("a cat", output="latents", **REQUEST)
+
+
+def test_pool_generation_equals_one_process(pool, reference):
+    steps = []
+    result = pool.generate("a cat", callback=lambda step, total, latents: steps.append((step, total)), **REQUEST)
+    assert steps == [(1, 3), (2, 3), (3, 3)]
+    torch.testing.assert_close(result.latents, reference[1].latents, atol=1e-5, rtol=0)
+    assert result.settings.mode == "t2v" and pool.variant == reference[0].variant
+
+
+def test_cancel_stops_every_worker_and_the_pool_stays_usable(pool, reference):
+    def cancel(step, total, latents):
+        if step == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pool.generate("a cat", callback=cancel, **REQUEST)
+    again = pool.generate("a cat", **REQUEST)
+    torch.testing.assert_close(again.latents, reference[1].latents, atol=1e-5, rtol=0)
+
+
+def test_a_bad_request_is_reported_and_the_pool_survives(pool):
+    with pytest.raises(WorkerError, match="InputError: size 100x96"):
+        pool.generate("a cat", **{**REQUEST, "width": 100})
+    assert all(p.is_alive() for p in pool.processes)
+
+
+def test_decode_and_encode_on_the_pool(pool, reference):
+    pipe, result = reference
+    torch.testing.assert_close(pool.decode(result.latents), pipe.decode(result.latents), atol=1e-5, rtol=0)
+    frames = torch.rand(5, 96, 80, 3)
+    torch.testing.assert_close(pool.encode(frames), pipe.encode(frames), atol=1e-5, rtol=0)
+
+
+def test_a_dead_worker_shuts_the_pool_down(tiny_gated):
+    pool = WorkerPool(str(tiny_gated), ["cpu", "cpu"], sp=2, dtype="fp32", local_files_only=True)
+    pool.processes[1].kill()
+    pool.processes[1].join()
+    with pytest.raises(WorkerError, match=r"workers \[1\] died"):
+        pool.generate("a cat", **REQUEST)
+    assert not any(p.is_alive() for p in pool.processes)
+
+
+def test_loader_node_with_two_gpus(pack, models_dir):
+    pack.loader.release_all()
+    model, vae, info = pack.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default", gpus=2)["result"]
+    assert "2 GPUs (sequence)" in info and isinstance(model.pipeline, pack.loader.WorkerPool)
+    bundle = pack.Cosmos3TextEncode().encode("a cat", "", "auto", True, True, True)["result"][0]
+    latent = pack.Cosmos3Sampler().sample(model, bundle, 64, 48, 5, 0.0, 0.0, "auto", 1)["result"][0]
+    images, fps = pack.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)
+    assert images.shape == (5, 48, 64, 3) and fps == 24.0
+    workers = model.pipeline.processes
+    pack.Cosmos3ModelLoader().load("Cosmos3-Nano", "fp32", "default")  # switching closes the pool
+    assert not any(p.is_alive() for p in workers)
+    with pytest.raises(pack.loader.InputError, match="'cfg' needs 2"):
+        pack.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default", gpus=3, multi_gpu="cfg")

@@ -13,6 +13,7 @@ read, and remembers the answer per folder.
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,14 +223,25 @@ COMPONENT_PATTERNS = {
 def resolve(name: str | os.PathLike, components=("transformer", "vae", "tokenizer"), local_files_only=None) -> Path:
     """Turn a local path, `namespace/repo` or `namespace/repo/subfolder` into a local folder.
 
-    Repo ids are looked up in the Hugging Face cache first; files missing there are downloaded
-    (only those of `components`) unless `local_files_only` or HF_HUB_OFFLINE is set.
+    Existing paths win; anything else is a Hugging Face repo id (see `resolve_repo`).
     """
     path = Path(name).expanduser()
     if path.exists() or os.path.isabs(name) or str(name).startswith("."):
         return path
-    parts = str(name).strip("/").split("/")
-    if len(parts) < 2 or any(p in ("", ".", "..") for p in parts):
+    return resolve_repo(str(name), components, local_files_only)
+
+
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w.-]+)*")
+
+
+def resolve_repo(name: str, components=("transformer", "vae", "tokenizer"), local_files_only=None) -> Path:
+    """A Hugging Face repo id (never a path) -> its snapshot folder in the local cache.
+
+    Files missing from the cache are downloaded (only those of `components`) unless
+    `local_files_only` or HF_HUB_OFFLINE is set.
+    """
+    parts = name.strip("/").split("/")
+    if not REPO_ID.fullmatch(name.strip("/")) or any(p in (".", "..") for p in parts):
         raise CheckpointError(f"{name!r} is neither an existing folder nor a Hugging Face repo id (namespace/repo)")
     repo_id, subfolder = "/".join(parts[:2]), "/".join(parts[2:])
     prefix = f"{subfolder}/" if subfolder else ""

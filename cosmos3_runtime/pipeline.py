@@ -15,8 +15,7 @@ from .errors import InputError
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
-from .settings import Request, Settings
-from .settings import resolve as resolve_settings
+from .settings import Request, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper
 from .vae import TileSpec, VAEConfig, WanVAE
@@ -51,7 +50,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     elif dtype in DTYPES:
         resolved = DTYPES[dtype]
     else:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(sorted(DTYPES))}")
+        raise InputError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(sorted(DTYPES))}")
     if resolved == torch.float16:
         log.warning("Cosmos3 is trained and released in bf16; fp16 may overflow and is not supported upstream")
     return resolved

@@ -6,6 +6,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..cosmos3_runtime import CheckpointError, Cosmos3Pipeline, InputError, load
+from ..cosmos3_runtime.checkpoint import resolve_repo
 from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 
@@ -178,8 +179,8 @@ class Cosmos3ModelLoader:
 
     def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False, gpus=1, multi_gpu="sequence"):
         repo = hf_repo_id.strip()
-        if repo:
-            source, name, local_only = repo, repo, not allow_download
+        if repo:  # a repo id only: never a path, so a workflow cannot point outside the model folders
+            source, name, local_only = str(resolve_repo(repo, local_files_only=not allow_download)), repo, True
         elif model_name == NO_CHECKPOINTS:
             raise CheckpointError("no checkpoint selected: put diffusers-layout Cosmos3 folders in ComfyUI/models/cosmos3/")
         else:

@@ -51,6 +51,27 @@ def test_names_escaping_the_model_folders_are_refused(nodes, name):
         load(nodes, name)
 
 
+@pytest.mark.parametrize("repo", ["/etc", "../models", "./Cosmos3-Edge", "nvidia/../../etc", "C:\\models", "x"])
+def test_repo_id_field_never_takes_a_path(nodes, repo):
+    with pytest.raises(nodes.loader.CheckpointError, match="neither an existing folder nor a Hugging Face repo id"):
+        nodes.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default", hf_repo_id=repo)
+
+
+def test_repo_id_field_reads_the_local_hugging_face_cache(nodes, tiny_edge, monkeypatch, tmp_path):
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = tmp_path / "hub" / "models--nvidia--Cosmos3-Edge"
+    (snapshot / "refs").mkdir(parents=True)
+    (snapshot / "refs" / "main").write_text("0" * 40)
+    import shutil
+
+    shutil.copytree(tiny_edge, snapshot / "snapshots" / ("0" * 40))
+    info = nodes.Cosmos3ModelLoader().load("Cosmos3-Nano", "fp32", "default", hf_repo_id="nvidia/Cosmos3-Edge")
+    assert info["result"][2].startswith("nvidia/Cosmos3-Edge: Edge")
+    with pytest.raises(nodes.loader.CheckpointError, match="not in the local Hugging Face cache"):
+        nodes.Cosmos3ModelLoader().load("Cosmos3-Nano", "fp32", "default", hf_repo_id="nvidia/Cosmos3-Absent")
+
+
 def test_sizes_not_multiple_of_16(nodes):
     model, _, _ = load(nodes)
     with pytest.raises(nodes.sampling.InputError, match="multiples of 16"):

@@ -96,3 +96,72 @@ def test_prompt_lengths_change_media_positions(models):
     a = ours(latents, _timestep(500), ours.encode_text(ids)).vision
     b = ours(latents, _timestep(500), ours.encode_text(longer)).vision
     assert (a - b).abs().max() > 1e-4
+
+
+# --- bit-exact building blocks in bf16 (the released precision) ---------------------------------------
+# End-to-end bf16 outputs differ from diffusers by accumulated rounding (about half the values bit-equal,
+# max 2 ulps on the tiny models), which cannot tell a rounding-order bug from noise. These module-level
+# comparisons can: each must be bit-identical.
+
+
+def _bf16(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("nemotron", [False, True])
+def test_norms_are_bit_exact_in_bf16(nemotron):
+    from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
+    from diffusers.models.transformers.transformer_cosmos3 import Cosmos3NemotronRMSNorm
+
+    from cosmos3_runtime.transformer import NemotronRMSNorm, RMSNorm
+
+    ours = (NemotronRMSNorm if nemotron else RMSNorm)(128, 1e-5).to(torch.bfloat16)
+    theirs = (Cosmos3NemotronRMSNorm(128, eps=1e-5) if nemotron else DiffusersRMSNorm(128, eps=1e-5)).to(torch.bfloat16)
+    weight = 1 + 0.1 * _bf16(128, seed=1)
+    ours.weight.data.copy_(weight)
+    theirs.weight.data.copy_(weight)
+    x = _bf16(64, 8, 128)
+    assert torch.equal(ours(x), theirs(x))
+
+
+def test_relu_squared_is_bit_identical_to_relu_times_relu_for_every_bf16_value():
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = x[torch.isfinite(x)]
+    assert torch.equal(torch.relu(x).square(), torch.relu(x) * torch.relu(x))
+
+
+def test_rope_tables_are_bit_exact_in_bf16():
+    from diffusers.models.transformers.transformer_cosmos3 import Cosmos3VLTextRotaryEmbedding
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
+        get_3d_mrope_ids_text_tokens,
+        get_3d_mrope_ids_vae_tokens,
+    )
+
+    from cosmos3_runtime.rope import inverse_frequencies, media_positions, mrope_cos_sin, text_positions
+
+    text_ids, _ = get_3d_mrope_ids_text_tokens(37, 0, use_float_positions=True)
+    media_ids, _ = get_3d_mrope_ids_vae_tokens(5, 23, 40, 37 + 15000, fps=16.0, base_fps=24.0)
+    theirs = Cosmos3VLTextRotaryEmbedding(128, 5e6, [24, 20, 20])
+    expected = theirs(torch.cat([text_ids, media_ids], dim=1).unsqueeze(1), "cpu", torch.bfloat16)
+    positions = torch.cat([text_positions(37), media_positions(5, 23, 40, 37 + 15000, 16.0, 24.0, 4)], dim=1)
+    assert torch.equal(positions, torch.cat([text_ids, media_ids], dim=1).float())
+    got = mrope_cos_sin(positions, inverse_frequencies(128, 5e6), (24, 20, 20), torch.bfloat16)
+    assert torch.equal(got[0], expected[0].squeeze(0)) and torch.equal(got[1], expected[1].squeeze(0))
+
+
+@pytest.mark.parametrize("timestep", [999, 937, 500, 1, 0])
+def test_time_embedding_is_bit_exact(timestep):
+    from diffusers.models.embeddings import TimestepEmbedding, Timesteps
+
+    from cosmos3_runtime.transformer import TimestepEmbedder
+
+    torch.manual_seed(0)
+    theirs, project = TimestepEmbedding(256, 64), Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0)
+    ours = TimestepEmbedder(64)
+    ours.load_state_dict(theirs.state_dict())
+    t = torch.full((3,), timestep)  # int64, as UniPC hands it over
+    expected = theirs(project(t * 0.001).to(torch.float32))
+    assert torch.equal(ours(t * 0.001), expected)
+    # The runtime embeds the timestep once per forward instead of once per token; a one-row matmul
+    # rounds differently from a many-row one in the last bit.
+    torch.testing.assert_close(ours(t[:1] * 0.001), expected[:1], atol=1e-7, rtol=0)

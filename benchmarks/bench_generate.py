@@ -11,22 +11,15 @@ once per prompt. Not a test: numbers depend on the machine.
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from measure import ROOT, run_child
 
 CHILD = r"""
-import json, statistics, sys, time, torch
-sys.path.insert(0, {root!r})
+import json, statistics, time, torch
 torch.set_num_threads({threads})
-
-def status_mb(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
 
 args = json.loads({args!r})
 stamps = []
@@ -50,13 +43,12 @@ else:
                     num_frames=args["frames"], num_inference_steps=args["steps"], guidance_scale=4.0,
                     generator=torch.Generator("cpu").manual_seed(0), output_type="latent",
                     callback_on_step_end=on_step).video
-open("/proc/self/clear_refs", "w").write("5")
-before = status_mb("VmRSS")
+memory = PeakMemory()
 start = time.perf_counter()
 latents = run()
 total = time.perf_counter() - start
 steps = [b - a for a, b in zip(stamps, stamps[1:])]
-result = dict(step_s=statistics.median(steps), total_s=total, peak_mb=status_mb("VmHWM") - before)
+result = dict(step_s=statistics.median(steps), total_s=total, peak_mb=memory.mb())
 if {which!r} == "ours":
     from cosmos3_runtime.prompts import PromptOptions
     from cosmos3_runtime.settings import Request, resolve
@@ -75,12 +67,8 @@ print(json.dumps(result))
 def run(which: str, checkpoint: Path, args, out: Path) -> dict:
     payload = json.dumps({"prompt": args.prompt, "width": args.width, "height": args.height, "frames": args.frames,
                           "steps": args.steps})  # fmt: skip
-    code = CHILD.format(root=str(ROOT), threads=args.threads, args=payload, which=which, ckpt=str(checkpoint),
-                        out=str(out))  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if result.returncode:
-        raise SystemExit(f"{which} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    code = CHILD.format(threads=args.threads, args=payload, which=which, ckpt=str(checkpoint), out=str(out))
+    return run_child(code, which)
 
 
 def main() -> None:

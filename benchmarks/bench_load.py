@@ -7,48 +7,37 @@ load (Linux /proc), so the numbers are comparable; the script prints both and th
 """
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from measure import ROOT, run_child
 
 CHILD = r"""
-import json, sys, time, torch
-sys.path.insert(0, {root!r})
+import json, time, torch
 dtype = getattr(torch, {dtype!r})
 
-def status_mb(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-
 if {which!r} == "ours":
-    import cosmos3_runtime
-    load = lambda: cosmos3_runtime.load({ckpt!r}, device="cpu", dtype=dtype).transformer
+    from cosmos3_runtime.pipeline import Checkpoint, load_transformer
+    load = lambda: load_transformer(Checkpoint({ckpt!r}), torch.device("cpu"), dtype)
 else:
     from diffusers import Cosmos3OmniTransformer
     load = lambda: Cosmos3OmniTransformer.from_pretrained({ckpt!r} + "/transformer", torch_dtype=dtype)
-open("/proc/self/clear_refs", "w").write("5")  # restart the peak-RSS count here, after the imports
-before = status_mb("VmRSS")
+memory = PeakMemory()  # counted from here, after the imports
 start = time.perf_counter()
 model = load()
 seconds = time.perf_counter() - start
-load_peak = status_mb("VmHWM") - before
+load_peak = memory.mb()
 params_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
 for p in model.parameters():  # read every weight, as the first forward pass will
     p.sum()
-touched_peak = status_mb("VmHWM") - before
+touched_peak = memory.mb()
 print(json.dumps(dict(seconds=seconds, peak_mb=load_peak, touched_mb=touched_peak, params_mb=params_mb)))
 """
 
 
 def measure(which: str, checkpoint: Path, dtype: str) -> dict:
-    code = CHILD.format(root=str(ROOT), dtype=dtype, which=which, ckpt=str(checkpoint))
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(CHILD.format(dtype=dtype, which=which, ckpt=str(checkpoint)), f"{which} load")
 
 
 def main() -> None:

@@ -8,23 +8,15 @@ just before the decode (Linux /proc). The VAE has the Wan 2.2 structure with red
 """
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from measure import ROOT, run_child
 
 CHILD = r"""
-import json, sys, time, torch
-sys.path.insert(0, {root!r})
+import json, time, torch
 torch.set_grad_enabled(False)
-
-def status_mb(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
 
 z = torch.randn(1, 48, {latent_frames}, {h}, {w}, generator=torch.Generator().manual_seed(0))
 if {which!r} == "ours":
@@ -40,25 +32,21 @@ else:
     if {tiled}:
         vae.enable_tiling({tile} * 16, {tile} * 16, ({tile} - {overlap}) * 16, ({tile} - {overlap}) * 16)
     decode = lambda: vae.decode(z).sample
-open("/proc/self/clear_refs", "w").write("5")
-before = status_mb("VmRSS")
+memory = PeakMemory()
 start = time.perf_counter()
 out = decode()
 seconds = time.perf_counter() - start
-peak = status_mb("VmHWM") - before
+peak = memory.mb()
 torch.save(out, {out_path!r})
 print(json.dumps(dict(seconds=seconds, peak_mb=peak)))
 """
 
 
 def run(which: str, tiled: bool, checkpoint: Path, args, out_path: Path) -> dict:
-    code = CHILD.format(root=str(ROOT), which=which, tiled=tiled, ckpt=str(checkpoint), out_path=str(out_path),
+    code = CHILD.format(which=which, tiled=tiled, ckpt=str(checkpoint), out_path=str(out_path),
                         latent_frames=1 + (args.frames - 1) // 4, h=args.height // 16, w=args.width // 16,
                         tile=args.tile, overlap=args.overlap)  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if result.returncode:
-        raise SystemExit(f"{which} decode failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_child(code, f"{which} decode")
 
 
 def main() -> None:

@@ -155,9 +155,9 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint")
     p.set_defaults(run=cmd_info)
 
-    for p in (generate, sub.choices["demo"], p):
-        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-        p.add_argument("--dtype", default=None, help="auto, bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)")
+    for loading in (generate, sub.choices["demo"], sub.choices["info"]):
+        loading.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+        loading.add_argument("--dtype", default=None, help="auto, bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)")
 
     p = sub.add_parser("make-tiny", help="write a tiny random checkpoint in the released layout")
     p.add_argument("folder")

@@ -149,7 +149,7 @@ class WorkerPool:
         A failure that every rank reports alike (a bad request) leaves the pool usable; anything else
         (one rank failing or dying, or no answer in time) shuts it down.
         """
-        waiting, result, failures, cancelled = set(ranks), None, {}, None
+        waiting, result, failures, cancelled, failed_at = set(ranks), None, {}, None, 0.0
         deadline = None if timeout is None else time.monotonic() + timeout
         while waiting:
             try:

@@ -3,12 +3,15 @@
     import cosmos3_runtime
     pipe = cosmos3_runtime.load("path/to/Cosmos3-Nano")
     print(pipe.variant.describe())
+    result = pipe.generate("A robot arm stacks two cubes.", seed=1)   # result.frames, result.latents
 """
 
 from .checkpoint import Checkpoint, Variant, detect_variant
 from .errors import CheckpointError, Cosmos3Error, InputError
-from .pipeline import Cosmos3Pipeline, load
+from .pipeline import Cosmos3Pipeline, Generation, load
 from .transformer import Cosmos3Transformer, TextKV, TransformerConfig
+from .vae import TileSpec
+from .workers import WorkerPool
 
 __all__ = [
     "Checkpoint",
@@ -16,10 +19,13 @@ __all__ = [
     "Cosmos3Error",
     "Cosmos3Pipeline",
     "Cosmos3Transformer",
+    "Generation",
     "InputError",
     "TextKV",
+    "TileSpec",
     "TransformerConfig",
     "Variant",
+    "WorkerPool",
     "detect_variant",
     "load",
 ]

@@ -54,7 +54,7 @@ def checkpoint_path(name: str) -> str:
 class ModelSpec:
     """What to load; the registry turns it into weights."""
 
-    source: str  # a folder, or a Hugging Face repo id
+    source: str  # a checkpoint folder (repo ids are resolved to their cache folder first)
     dtype: str
     device: str  # "default", "cpu" or "offload"
     local_files_only: bool = True
@@ -127,7 +127,7 @@ class ModelHandle:
     name: str
 
     @property
-    def pipeline(self) -> Cosmos3Pipeline:
+    def pipeline(self) -> Cosmos3Pipeline | WorkerPool:
         return pipeline_for(self.spec)
 
     @contextmanager

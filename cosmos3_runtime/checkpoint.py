@@ -79,7 +79,7 @@ class Checkpoint:
     """A resolved local checkpoint folder and its parsed config files."""
 
     def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
+        self.root = Path(root).resolve()
         check_folder(self.root)
         self.model_index = read_json(self.root / "model_index.json")
         self.variant = detect_variant(self.root)

@@ -41,6 +41,7 @@ _IGNORED_CONFIG_KEYS = {
     "rope_scaling",
     "quantization_config",
 }
+_reported_unknown_keys: set[tuple[str, tuple[str, ...]]] = set()
 EDGE_BACKBONE = "cosmos3_edge_nemotron_dense"
 VAE_TEMPORAL_FACTOR = 4
 TIME_FREQ_CHANNELS = 256
@@ -88,8 +89,9 @@ class TransformerConfig:
     def from_dict(cls, raw: dict, source: str = "transformer/config.json") -> "TransformerConfig":
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
-        unknown = sorted(set(raw) - known - _IGNORED_CONFIG_KEYS)
-        if unknown:
+        unknown = tuple(sorted(set(raw) - known - _IGNORED_CONFIG_KEYS))
+        if unknown and (source, unknown) not in _reported_unknown_keys:
+            _reported_unknown_keys.add((source, unknown))  # once per file, not at every read
             log.warning("%s: ignoring unknown keys %s", source, ", ".join(unknown))
         axes = raw.get("rope_axes_dim") or (raw.get("rope_scaling") or {}).get("mrope_section") or [24, 20, 20]
         values["rope_axes_dim"] = tuple(int(a) for a in axes)

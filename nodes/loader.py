@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..cosmos3_runtime import CheckpointError, Cosmos3Pipeline, InputError, load
-from ..cosmos3_runtime.checkpoint import resolve_repo
+from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, resolve_repo
 from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 
@@ -14,20 +14,28 @@ NO_CHECKPOINTS = "(no checkpoint folders in models/cosmos3)"
 DEVICE_MODES = ["default", "cpu", "offload"]
 
 
+def is_cosmos3_folder(path: str) -> bool:
+    """A diffusers folder whose model_index.json names a Cosmos3 pipeline (models/diffusers is shared)."""
+    try:
+        with open(os.path.join(path, "model_index.json"), encoding="utf-8") as f:
+            return json.load(f).get("_class_name") in PIPELINE_CLASSES
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def checkpoint_names() -> list[str]:
-    """Checkpoint folders (holding model_index.json) up to two levels below each model root."""
+    """Cosmos3 checkpoint folders up to two levels below each model root."""
     names = set()
     for root in services.model_roots():
         if not os.path.isdir(root):
             continue
         for first in sorted(os.listdir(root)):
             path = os.path.join(root, first)
-            if os.path.isfile(os.path.join(path, "model_index.json")):
+            if is_cosmos3_folder(path):
                 names.add(first)
-            elif os.path.isdir(path):
-                for second in sorted(os.listdir(path)):
-                    if os.path.isfile(os.path.join(path, second, "model_index.json")):
-                        names.add(f"{first}/{second}")
+            elif os.path.isdir(path) and not os.path.isfile(os.path.join(path, "model_index.json")):
+                names.update(f"{first}/{second}" for second in os.listdir(path)
+                             if is_cosmos3_folder(os.path.join(path, second)))  # fmt: skip
     return sorted(names)
 
 

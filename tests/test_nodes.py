@@ -33,6 +33,16 @@ def test_checkpoint_folders_are_listed_with_their_subfolders(nodes):
     assert nodes.Cosmos3ModelLoader.INPUT_TYPES()["required"]["model_name"][0] == names
 
 
+def test_other_diffusers_models_are_not_listed(nodes, models_dir):
+    other = models_dir / "FLUX.1-dev"
+    other.mkdir()
+    (other / "model_index.json").write_text('{"_class_name": "FluxPipeline"}')
+    (models_dir / "broken").mkdir()
+    (models_dir / "broken" / "model_index.json").write_text("{not json")
+    names = nodes.loader.checkpoint_names()
+    assert "FLUX.1-dev" not in names and "broken" not in names and "Cosmos3-Edge" in names
+
+
 def test_loader_reports_the_variant(nodes):
     result = nodes.Cosmos3ModelLoader().load("Cosmos3-Super-Text2Image-4Step", "auto", "default")
     info = result["result"][2]

@@ -88,7 +88,8 @@ class Generation:
     settings: Settings
 
 
-StepCallback = Callable[[int, int, torch.Tensor], None]  # (step done, total steps, latents); raise to cancel
+# (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
+StepCallback = Callable[[int, int, torch.Tensor], None]
 
 
 class Cosmos3Pipeline:
@@ -176,8 +177,9 @@ class Cosmos3Pipeline:
         distilled checkpoints, else "unipc"), "unipc" (shifted flow grid), "checkpoint" (the shipped
         scheduler config) or "distilled". `guidance_interval`: "auto" ([400, 1000] for images, every
         step for video), None/"off", or (low, high) in timesteps. `output`: "frames" or "latents".
-        `callback(step, total, latents)` runs after every step; an exception from it cancels the run
-        and leaves the pipeline ready for the next one. `parallel` (from `parallel.init_from_env`) runs
+        `callback(step, total, denoised)` runs after every step with the model's current estimate of the
+        clean latents (for previews); an exception from it cancels the run and leaves the pipeline ready
+        for the next one. `parallel` (from `parallel.init_from_env`) runs
         the call on every rank of a torchrun job with sequence and/or CFG parallelism; every rank gets
         the same result.
         """
@@ -266,6 +268,8 @@ class Cosmos3Pipeline:
                 else:
                     cond_velocity, uncond_velocity = velocity_for(cond), velocity_for(uncond)
                 velocity = uncond_velocity + guidance * (cond_velocity - uncond_velocity)
+            if callback is not None:  # the model's current guess of the result: what previews should show
+                denoised = latents - schedule.sigmas[i].to(latents.device) * velocity
             if isinstance(stepper, FlowEuler):
                 latents = stepper.step(velocity, latents, generator)
             else:
@@ -273,7 +277,7 @@ class Cosmos3Pipeline:
             if mask is not None:  # keep conditioned frames exactly at their clean latents
                 latents = mask * clean + (1.0 - mask) * latents
             if callback is not None:
-                callback(i + 1, len(schedule), latents)
+                callback(i + 1, len(schedule), denoised)
         return latents
 
     @torch.inference_mode()

@@ -96,6 +96,15 @@ def test_cancel_from_callback_then_next_run_is_unaffected(pipe):
     assert torch.equal(again.latents, reference.latents)
 
 
+def test_callback_gets_the_denoised_estimate(pipe):
+    """Previews show x0 = x - sigma * v; on the last step that is exactly the result."""
+    seen = []
+    result = pipe.generate("a dog", num_frames=5, steps=3, seed=1, output="latents",
+                           callback=lambda step, total, denoised: seen.append(denoised.clone()), **SMALL)  # fmt: skip
+    assert len(seen) == 3 and torch.equal(seen[-1], result.latents)
+    assert (seen[0] - result.latents).abs().max() > 1e-3  # earlier estimates differ
+
+
 def test_text_kv_is_computed_once_per_prompt(pipe, monkeypatch):
     pipe._text_cache.clear()
     encoded = []

@@ -80,8 +80,7 @@ class Checkpoint:
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).resolve()
-        check_folder(self.root)
-        self.model_index = read_json(self.root / "model_index.json")
+        self.model_index = check_folder(self.root)
         self.variant = detect_variant(self.root)
 
     def path(self, *parts: str) -> Path:
@@ -107,8 +106,8 @@ class Checkpoint:
         return f"Checkpoint({str(self.root)!r}, {self.variant.describe()})"
 
 
-def check_folder(root: Path) -> None:
-    """Fail with a helpful message when `root` is not a Cosmos3 checkpoint folder."""
+def check_folder(root: Path) -> dict:
+    """The folder's model_index.json, or a helpful error when `root` is not a Cosmos3 checkpoint folder."""
     if not root.exists():
         raise CheckpointError(f"checkpoint folder {root} does not exist")
     if not root.is_dir():
@@ -119,11 +118,13 @@ def check_folder(root: Path) -> None:
         if (root / "config.json").is_file() and (root.parent / "model_index.json").is_file():
             hint = f"this looks like the {root.name}/ subfolder; point at its parent {root.parent}"
         raise CheckpointError(f"{root} has no model_index.json, so it is not a diffusers checkpoint: {hint}")
-    class_name = read_json(index).get("_class_name")
+    model_index = read_json(index)
+    class_name = model_index.get("_class_name")
     if class_name not in PIPELINE_CLASSES:
         raise CheckpointError(
             f"{index}: _class_name is {class_name!r}, not a Cosmos3 pipeline ({' or '.join(PIPELINE_CLASSES)})"
         )
+    return model_index
 
 
 _variant_cache: dict[tuple, Variant] = {}

@@ -37,10 +37,6 @@ class Parallel:
     cfg: Group | None = None  # the ranks (one per branch) holding the same sequence shard
     is_main: bool = True  # global rank 0: prints and writes outputs
 
-    @property
-    def cfg_branch(self) -> int:
-        return self.cfg.rank if self.cfg is not None else 0
-
 
 def init_from_env(sp: int = 1, cfg_parallel: bool = False) -> tuple[Parallel, torch.device]:
     """Join the torchrun job described by the environment and build the process groups.

@@ -249,7 +249,9 @@ class Cosmos3Pipeline:
         noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
         sp, cfg = (parallel.sp, parallel.cfg) if parallel is not None else (None, None)
         cond = self.text_kv(cond_ids)
-        uncond = self.text_kv(uncond_ids) if s.guidance_scale != 1.0 else None
+        # The conditional branch of a CFG-parallel job never runs the unconditional prompt.
+        needs_uncond = s.guidance_scale != 1.0 and (cfg is None or cfg.rank == 1)
+        uncond = self.text_kv(uncond_ids) if needs_uncond else None
 
         def velocity_for(text):
             return self.transformer(latents, t, text, noisy, s.fps, sp=sp).vision.float()

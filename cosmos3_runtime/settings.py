@@ -176,9 +176,7 @@ def _default_guidance(variant: Variant, kind: str) -> float:
     return EDGE_GUIDANCE[kind] if variant.is_edge else DEFAULT_GUIDANCE
 
 
-def default_flow_shift(variant: Variant, is_image: bool, action: bool = False) -> float:
-    if action:
-        return 10.0
+def default_flow_shift(variant: Variant, is_image: bool) -> float:
     if is_image or variant.is_edge:
         return 3.0
     return 10.0

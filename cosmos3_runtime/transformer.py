@@ -431,33 +431,30 @@ class Cosmos3Transformer(nn.Module):
         temb = self.time_embedding(timestep)
 
         offset = text.length + c.unified_3d_mrope_temporal_modality_margin
-        modulate = c.enable_fps_modulation
-        base_fps = float(c.base_fps)
-        reset = c.unified_3d_mrope_reset_spatial_ids
+
+        def positions_of(grid, fps, temporal_factor, base_temporal_factor=None, start_frame=0):
+            """Positions of one media segment; every segment starts at the same temporal offset."""
+            return media_positions(
+                *grid, offset, fps if c.enable_fps_modulation else None, float(c.base_fps), temporal_factor,
+                base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids, device,
+            )  # fmt: skip
 
         patches, grid = self.patchify(x)
         vision = self.proj_in(patches).view(T, grid[1] * grid[2], -1)
         vision[noisy] += temb
         segments = [vision.flatten(0, 1)]
-        positions = [
-            media_positions(*grid, offset, fps if modulate else None, base_fps, VAE_TEMPORAL_FACTOR, None, 0, reset, device)
-        ]
+        positions = [positions_of(grid, fps, temporal_factor=VAE_TEMPORAL_FACTOR)]
         if sound is not None:
             tokens = self.audio_proj_in(sound.latents.to(device, dtype).t()) + self.audio_modality_embed
             tokens[_frames(sound.noisy_frames, tokens.shape[0])] += temb
             segments.append(tokens)
-            sound_fps = c.sound_latent_fps if modulate else None
-            positions.append(media_positions(tokens.shape[0], 1, 1, offset, sound_fps, base_fps, 1, None, 0, reset, device))
+            positions.append(positions_of((tokens.shape[0], 1, 1), c.sound_latent_fps, temporal_factor=1))
         if action is not None:
             tokens = self.action_proj_in(action.latents.to(device, dtype), action.domain) + self.action_modality_embed
             tokens[_frames(action.noisy_frames, tokens.shape[0])] += temb
             segments.append(tokens)
-            action_fps = fps if modulate else None
-            positions.append(
-                media_positions(
-                    tokens.shape[0], 1, 1, offset, action_fps, base_fps, 1, VAE_TEMPORAL_FACTOR, 1, reset, device
-                )
-            )
+            positions.append(positions_of((tokens.shape[0], 1, 1), fps, temporal_factor=1,
+                                          base_temporal_factor=VAE_TEMPORAL_FACTOR, start_frame=1))  # fmt: skip
 
         hidden = torch.cat(segments)
         cos, sin = self.rope(torch.cat(positions, dim=1))

@@ -8,12 +8,15 @@ import time
 
 import torch
 
+from .checkpoint import Checkpoint, resolve
 from .errors import Cosmos3Error
-from .media import save
+from .media import LATENT_TYPE, check_output, read_image, read_video, save
 from .parallel import init_from_env
 from .pipeline import load
+from .request import Request, add_arguments, options_from_args
 from .tiny import KINDS, SIZES, make_tiny_checkpoint
-from .vae import TileSpec
+from .transformer import Cosmos3Transformer, tower_of
+from .weights import stored_bytes
 
 
 def cmd_make_tiny(args) -> None:
@@ -22,12 +25,17 @@ def cmd_make_tiny(args) -> None:
 
 
 def cmd_generate(args) -> None:
+    # Everything a user can get wrong is checked here, before any weight is read.
+    options = options_from_args(args)
+    options["image"] = read_image(args.image) if args.image else None
+    options["video"] = read_video(args.video) if args.video else None
+    latents_only = check_output(args.output).suffix.lower() == LATENT_TYPE
+    request = Request.build(**options, output="latents" if latents_only else "frames")
     parallel, device = None, args.device
     if args.sp > 1 or args.cfg_parallel:
         parallel, device = init_from_env(args.sp, args.cfg_parallel)
     main = parallel is None or parallel.is_main
     say = print if main else lambda *a, **k: None
-    latents_only = args.output.endswith(".safetensors")
     with tempfile.TemporaryDirectory() as tmp:
         if args.checkpoint is None:
             say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
@@ -35,31 +43,12 @@ def cmd_generate(args) -> None:
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
         pipe = load(args.checkpoint, device=device, dtype=args.dtype)
         say(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
-        image = video = None
-        if args.image:
-            from PIL import Image
-
-            image = Image.open(args.image)
-        if args.video:
-            import av
-
-            with av.open(args.video) as container:
-                video = [frame.to_image() for frame in container.decode(video=0)]
-        interval = None if args.guidance_interval == "off" else args.guidance_interval
-        if interval not in (None, "auto"):
-            interval = tuple(float(v) for v in interval.split(","))
         start = time.perf_counter()
 
         def progress(step, total, _latents):
             say(f"\rstep {step}/{total}  {time.perf_counter() - start:.1f}s", end="", flush=True)
 
-        result = pipe.generate(
-            args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
-            num_frames=args.frames, fps=args.fps, steps=args.steps, guidance_scale=args.guidance,
-            flow_shift=args.flow_shift, schedule=args.schedule, guidance_interval=interval, seed=args.seed,
-            image=image, video=video, vae_tile=TileSpec(args.tile, args.tile // 4) if args.tile else None,
-            output="latents" if latents_only else "frames", callback=progress, parallel=parallel,
-        )  # fmt: skip
+        result = pipe.generate(args.prompt, request, callback=progress, parallel=parallel)
         say()
         s = result.settings
         say(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
@@ -78,13 +67,27 @@ def cmd_generate(args) -> None:
 
 
 def cmd_info(args) -> None:
-    pipe = load(args.checkpoint, device=args.device, dtype=args.dtype)
-    config = pipe.transformer.config
-    params = sum(p.numel() for p in pipe.transformer.parameters())
-    print(f"checkpoint: {pipe.checkpoint.root}")
-    print(f"variant:    {pipe.variant.describe()}")
-    print(f"backbone:   hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
-          f"{config.num_attention_heads}/{config.num_key_value_heads} heads, {params / 1e6:.1f}M parameters loaded")  # fmt: skip
+    """What a checkpoint is, from its config files and weight-file headers only (no weight is read)."""
+    checkpoint = Checkpoint(resolve(args.checkpoint, local_files_only=True))
+    config = checkpoint.transformer_config()
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config)
+    towers = {"text tower": 0, "media tower": 0, "embeddings and heads": 0}
+    for name, p in model.named_parameters():
+        towers[tower_of(name)] += p.numel()
+    total = sum(towers.values())
+    print(f"checkpoint: {checkpoint.root}")
+    print(f"variant:    {checkpoint.variant.describe()}")
+    print(f"backbone:   hidden {config.hidden_size}, {config.num_hidden_layers} layers, heads "
+          f"{config.num_attention_heads} (kv {config.num_key_value_heads}) x {config.head_dim}, "
+          f"MLP {config.intermediate_size} ({config.hidden_act}), vocab {config.vocab_size}")  # fmt: skip
+    print(f"parameters: {total / 1e6:,.1f}M used for generation ("
+          + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in towers.items()) + ")")
+    print("in memory:  " + ", ".join(f"{name} {total * size / 2**30:,.2f} GiB"
+                                     for name, size in (("bf16", 2), ("fp8", 1), ("fp32", 4))))  # fmt: skip
+    stored, missing = stored_bytes(checkpoint.path("transformer"))
+    files = ", ".join(f"{dtype} {n / 2**30:,.2f} GiB" for dtype, n in sorted(stored.items())) or "none present"
+    print(f"on disk:    transformer {files}" + (f"; {len(missing)} weight file(s) missing" if missing else ""))
 
 
 def cmd_demo(args) -> None:
@@ -119,26 +122,14 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="generate an image or a video")
-    p.add_argument("--checkpoint", help="folder or HF repo id (default: a tiny random checkpoint)")
-    p.add_argument("--kind", choices=KINDS, default="edge", help="kind of the tiny checkpoint")
+    p.add_argument("--checkpoint", help="checkpoint folder or Hugging Face repo id namespace/name (default: a tiny "
+                   "random checkpoint)")  # fmt: skip
+    p.add_argument("--kind", choices=KINDS, default="edge", help="kind of the tiny checkpoint [default: edge]")
     p.add_argument("--prompt", required=True, help="prose or a JSON caption")
-    p.add_argument("--negative-prompt", default=None)
     p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video, "
-                   "out.safetensors for the latents")
-    p.add_argument("--width", type=int)
-    p.add_argument("--height", type=int)
-    p.add_argument("--frames", type=int, help="1 for an image; video frame counts are 1 + 4k (default 81)")
-    p.add_argument("--fps", type=float)
-    p.add_argument("--steps", type=int)
-    p.add_argument("--guidance", type=float)
-    p.add_argument("--flow-shift", type=float)
-    p.add_argument("--schedule", choices=["auto", "unipc", "checkpoint", "distilled"], default="auto")
-    p.add_argument("--guidance-interval", default="auto", help="auto, off, or LOW,HIGH in timesteps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--image", help="image file for image-to-video")
-    p.add_argument("--video", help="video file for video-to-video")
-    p.add_argument("--tile", type=int, default=0, help="decode in tiles of this many latents (0: no tiling)")
-    p.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (under torchrun)")
+                   "out.safetensors for the latents")  # fmt: skip
+    add_arguments(p)  # every generation option, from cosmos3_runtime.request.Request
+    p.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (under torchrun) [default: 1]")
     p.add_argument("--cfg-parallel", action="store_true", help="run the two CFG branches on separate ranks")
     p.set_defaults(run=cmd_generate)
     generate = p
@@ -151,11 +142,11 @@ def main(argv=None) -> int:
     p.add_argument("--frames", type=int, default=9)
     p.set_defaults(run=cmd_demo)
 
-    p = sub.add_parser("info", help="print a checkpoint's detected variant")
-    p.add_argument("checkpoint")
+    p = sub.add_parser("info", help="print a checkpoint's variant, shapes and sizes (reads config files only)")
+    p.add_argument("checkpoint", help="checkpoint folder or Hugging Face repo id in the local cache")
     p.set_defaults(run=cmd_info)
 
-    for loading in (generate, sub.choices["demo"], sub.choices["info"]):
+    for loading in (generate, sub.choices["demo"]):
         loading.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
         loading.add_argument("--dtype", default=None, help="auto, bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)")
 
@@ -166,11 +157,15 @@ def main(argv=None) -> int:
     p.add_argument("--distilled", action="store_true")
     p.set_defaults(run=cmd_make_tiny)
 
+    for command in sub.choices.values():
+        command.add_argument("--debug", action="store_true", help="show the traceback of errors")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)  # settings notes, load warnings
     try:
         args.run(args)
-    except Cosmos3Error as exc:
+    except Cosmos3Error as exc:  # a problem the user can fix: one line, no traceback
+        if args.debug:
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

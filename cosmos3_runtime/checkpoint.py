@@ -224,15 +224,26 @@ COMPONENT_PATTERNS = {
 def resolve(name: str | os.PathLike, components=("transformer", "vae", "tokenizer"), local_files_only=None) -> Path:
     """Turn a local path, `namespace/repo` or `namespace/repo/subfolder` into a local folder.
 
-    Existing paths win; anything else is a Hugging Face repo id (see `resolve_repo`).
+    Existing paths win. A missing path is tried as a Hugging Face repo id only when it has that form
+    (not absolute, not starting with '.' or '~'); the error then says both what was looked for.
     """
     path = Path(name).expanduser()
-    if path.exists() or os.path.isabs(name) or str(name).startswith("."):
+    if path.exists():
         return path
-    return resolve_repo(str(name), components, local_files_only)
+    text = str(name)
+    if not looks_like_repo_id(text):
+        raise CheckpointError(f"no such checkpoint folder: {path.absolute()}")
+    try:
+        return resolve_repo(text, components, local_files_only)
+    except CheckpointError as exc:
+        raise CheckpointError(f"no folder {path.absolute()}, and as a Hugging Face repo id: {exc}") from None
 
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w.-]+)*")
+
+
+def looks_like_repo_id(name: str) -> bool:
+    return bool(REPO_ID.fullmatch(name)) and not any(p in (".", "..") for p in name.split("/"))
 
 
 def resolve_repo(name: str, components=("transformer", "vae", "tokenizer"), local_files_only=None) -> Path:
@@ -241,9 +252,10 @@ def resolve_repo(name: str, components=("transformer", "vae", "tokenizer"), loca
     Files missing from the cache are downloaded (only those of `components`) unless
     `local_files_only` or HF_HUB_OFFLINE is set.
     """
-    parts = name.strip("/").split("/")
-    if not REPO_ID.fullmatch(name.strip("/")) or any(p in (".", "..") for p in parts):
-        raise CheckpointError(f"{name!r} is neither an existing folder nor a Hugging Face repo id (namespace/repo)")
+    if not looks_like_repo_id(name):
+        raise CheckpointError(f"{name!r} is not a Hugging Face repo id: the form is namespace/name (e.g. "
+                              "nvidia/Cosmos3-Nano), optionally /subfolder; paths are not accepted here")  # fmt: skip
+    parts = name.split("/")
     repo_id, subfolder = "/".join(parts[:2]), "/".join(parts[2:])
     prefix = f"{subfolder}/" if subfolder else ""
     patterns = [prefix + p for c in ("config", *components) for p in COMPONENT_PATTERNS[c]]
@@ -261,9 +273,10 @@ def resolve_repo(name: str, components=("transformer", "vae", "tokenizer"), loca
         return cached  # anything still missing is reported by name when it is read
     if offline:
         raise CheckpointError(
-            f"{repo_id} is not in the local Hugging Face cache and downloads are off (offline mode); "
-            f"download it first (huggingface-cli download {repo_id}) or pass a local folder"
+            f"{repo_id} is not in the local Hugging Face cache and downloads are off; download it first "
+            f"(huggingface-cli download {repo_id})"
         )
+    log.warning("downloading the files of %s from the Hugging Face Hub that are not in the local cache", repo_id)
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns)) / subfolder
     except Exception as exc:  # network, auth, unknown repo: each ends the same way for the user

@@ -15,15 +15,18 @@ from .errors import InputError
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
-from .settings import Request, Settings, resolve as resolve_settings
+from . import budget
+from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
+from .settings import Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper
-from .vae import TileSpec, VAEConfig, WanVAE
+from .vae import Progress, TileSpec, VAEConfig, WanVAE
 from .weights import load_weights
 
 log = logging.getLogger(__name__)
 
 TEXT_CACHE_SIZE = 2  # the cond and uncond prompts of the latest request
+BYTES_PER_TOKEN_BOUND = 64  # no tokenizer makes a token of more than this many UTF-8 bytes
 
 DTYPES = {
     "bf16": torch.bfloat16,
@@ -36,9 +39,22 @@ DTYPES = {
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A usable torch device; a device this machine or torch build lacks is a clear error."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise InputError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "CPU-only" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+            raise InputError(f"device {device!r} asked for, but CUDA is not available (torch {torch.__version__}, "
+                             f"{build} build, {torch.cuda.device_count()} GPUs visible); install a CUDA build of "
+                             "torch or use --device cpu")  # fmt: skip
+        if (resolved.index or 0) >= torch.cuda.device_count():
+            raise InputError(f"device {device!r} asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
+    return resolved
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -132,85 +148,79 @@ class Cosmos3Pipeline:
                 self._text_cache.popitem(last=False)
         return self._text_cache[key]
 
-    def token_ids(self, prompt: str, settings: Settings, options: PromptOptions, max_length=None):
-        """(cond ids, uncond ids) for a prompt under resolved settings."""
+    def token_ids(self, prompt: str, settings: Settings, options: PromptOptions, max_length=None,
+                  max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):  # fmt: skip
+        """(cond ids, uncond ids) for a prompt under resolved settings; prompts over `max_tokens` are refused."""
         if self.tokenizer is None:
             raise InputError("this pipeline was loaded without its tokenizer")
         system = options.system_prompt
-        cond = self.tokenizer.encode(positive_text(prompt, options), system, max_length)
-        uncond = self.tokenizer.encode(negative_text(settings.negative_prompt, options), system, max_length)
-        return cond, uncond
+        ids = []
+        for name, text in (("prompt", positive_text(prompt, options)),
+                           ("negative_prompt", negative_text(settings.negative_prompt, options))):  # fmt: skip
+            if len(text.encode("utf-8")) > max_tokens * BYTES_PER_TOKEN_BOUND:  # surely too long: skip tokenizing
+                raise budget.prompt_too_long(name, f"over {len(text) // BYTES_PER_TOKEN_BOUND}", max_tokens)
+            encoded = self.tokenizer.encode(text, system, max_length)
+            if len(encoded) > max_tokens:
+                raise budget.prompt_too_long(name, len(encoded), max_tokens)
+            ids.append(encoded)
+        return tuple(ids)
 
     @torch.inference_mode()
     def generate(
         self,
         prompt: str,
-        negative_prompt: str | None = None,
-        width: int | None = None,
-        height: int | None = None,
-        num_frames: int | None = None,
-        fps: float | None = None,
-        steps: int | None = None,
-        guidance_scale: float | None = None,
-        flow_shift: float | None = None,
-        schedule: str = "auto",
-        guidance_interval: tuple[float, float] | str | None = "auto",
-        seed: int = 0,
-        image=None,
-        video=None,
-        condition_frame_indexes: tuple[int, ...] | None = None,
-        condition_video_keep: str = "first",
-        use_system_prompt: bool | None = None,
-        add_resolution_template: bool = True,
-        add_duration_template: bool = True,
-        json_captions: bool = True,
-        max_sequence_length: int | None = None,
-        output: str = "frames",
-        vae_tile: TileSpec | None = None,
+        request: Request | None = None,
+        *,
         callback: StepCallback | None = None,
         parallel: Parallel | None = None,
+        **options,
     ) -> Generation:
         """Generate an image (num_frames=1) or a video from a prompt, optionally conditioned on an image or video.
 
-        Unset arguments take the checkpoint variant's defaults (see `settings.resolve`); what was changed
-        or ignored is listed in `result.settings.notes`. `schedule`: "auto" (the distilled sigmas on
-        distilled checkpoints, else "unipc"), "unipc" (shifted flow grid), "checkpoint" (the shipped
-        scheduler config) or "distilled". `guidance_interval`: "auto" ([400, 1000] for images, every
-        step for video), None/"off", or (low, high) in timesteps. `output`: "frames" or "latents".
-        `callback(step, total, denoised)` runs after every step with the model's current estimate of the
-        clean latents (for previews); an exception from it cancels the run and leaves the pipeline ready
-        for the next one. `parallel` (from `parallel.init_from_env`) runs
-        the call on every rank of a torchrun job with sequence and/or CFG parallelism; every rank gets
-        the same result.
+        `options` are the fields of `Request` (negative_prompt, width, height, num_frames, fps, steps,
+        guidance_scale, flow_shift, schedule, guidance_interval, seed, image, video, ...; see its help
+        texts), or pass a ready `request` (options then override its fields). Unset options take the
+        checkpoint variant's defaults (`settings.resolve`); what was changed or ignored is listed in
+        `result.settings.notes`. Before anything is allocated the prompt length and the memory the
+        request needs are checked (`budget`), so an oversized request is refused with the figure.
+        `callback(step, total, denoised)` runs after every step with the model's current estimate of
+        the clean latents (for previews); an exception from it cancels the run and leaves the
+        pipeline ready for the next one. `parallel` (from `parallel.init_from_env`) runs the call on
+        every rank of a torchrun job with sequence and/or CFG parallelism; every rank gets the same
+        result.
         """
-        if output not in ("frames", "latents"):
-            raise InputError(f"output must be 'frames' or 'latents', got {output!r}")
-        if condition_video_keep not in ("first", "last"):
-            raise InputError(f"condition_video_keep must be 'first' or 'last', got {condition_video_keep!r}")
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
-        request = Request(
-            width=width, height=height, num_frames=num_frames, fps=fps, steps=steps, guidance_scale=guidance_scale,
-            flow_shift=flow_shift, schedule=schedule, guidance_interval=guidance_interval,
-            negative_prompt=negative_prompt, use_system_prompt=use_system_prompt, has_image=image is not None,
-            has_video=video is not None, condition_frame_indexes=condition_frame_indexes,
-        )  # fmt: skip
-        s = resolve_settings(self.variant, request)
-        options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
-                                add_resolution_template, add_duration_template, json_captions)  # fmt: skip
-        cond_ids, uncond_ids = self.token_ids(prompt, s, options, max_sequence_length)
+        r = Request.build(request, **options)
+        s = resolve_settings(self.variant, r)
+        prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
+                                       r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
+        cond_ids, uncond_ids = self.token_ids(prompt, s, prompt_options, r.max_sequence_length, r.max_prompt_tokens)
+        shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // self.spatial_factor,
+                 s.width // self.spatial_factor)  # fmt: skip
+        if r.check_memory:
+            budget.check(self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)), self.device)
 
-        shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // 16, s.width // 16)
-        clean, mask = self._conditioning(s, shape, image, video, condition_video_keep)
-        generator = torch.Generator("cpu").manual_seed(int(seed))
+        clean, mask = self._conditioning(s, shape, r.image, r.video, r.condition_video_keep)
+        generator = torch.Generator("cpu").manual_seed(int(r.seed))
         noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
         latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
 
         latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback, parallel)
         frames = None
-        if output == "frames":
-            frames = self.decode(latents, tile=vae_tile)
+        if r.output == "frames":
+            frames = self.decode(latents, tile=r.vae_tile)
         return Generation(latents.cpu(), frames, s)
+
+    @property
+    def spatial_factor(self) -> int:
+        """Pixels per latent, from the VAE config (the release: 16)."""
+        return self.vae.config.scale_factor_spatial if self.vae is not None else SPATIAL_FACTOR
+
+    def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
+        decode = r.output == "frames" and self.vae is not None
+        return budget.estimate(self.transformer.config, self.vae.config if decode else None, s, cond_tokens,
+                               uncond_tokens, self.dtype, r.vae_tile)  # fmt: skip
 
     def _conditioning(self, s: Settings, shape, image, video, keep: str):
         """Clean conditioning latents and the mask [T, 1, 1] of conditioned frames (None, None for T2I/T2V)."""
@@ -283,19 +293,25 @@ class Cosmos3Pipeline:
         return latents
 
     @torch.inference_mode()
-    def encode(self, frames: torch.Tensor) -> torch.Tensor:
-        """Frames [F, H, W, 3] in 0..1 (an IMAGE batch) -> normalized latents [1, 48, 1 + (F-1)//4, H/16, W/16] on the CPU."""
+    def encode(self, frames: torch.Tensor, progress: Progress | None = None) -> torch.Tensor:
+        """Frames [F, H, W, 3] in 0..1 (an IMAGE batch) -> normalized latents [1, 48, 1 + (F-1)//4, H/16, W/16] on the CPU.
+
+        `progress(done, total)` runs after every latent frame; raise from it to cancel.
+        """
         if self.vae is None:
             raise InputError("encoding needs the VAE; load the pipeline with its VAE")
         pixels = frames[..., :3].permute(3, 0, 1, 2).unsqueeze(0).to(self.device) * 2 - 1
-        return self.vae.normalize(self.vae.encode(pixels)).float().cpu()
+        return self.vae.normalize(self.vae.encode(pixels, progress=progress)).float().cpu()
 
     @torch.inference_mode()
-    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None) -> torch.Tensor:
-        """Normalized latents [1, 48, T, h, w] -> frames [F, H, W, 3] float32 in 0..1 on the CPU."""
+    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None) -> torch.Tensor:
+        """Normalized latents [1, 48, T, h, w] -> frames [F, H, W, 3] float32 in 0..1 on the CPU.
+
+        `progress(done, total)` runs after every latent frame of every tile; raise from it to cancel.
+        """
         if self.vae is None:
             raise InputError("decoding needs the VAE; load the pipeline with its VAE")
-        pixels = self.vae.decode(self.vae.denormalize(latents.to(self.device)), tile=tile).float()
+        pixels = self.vae.decode(self.vae.denormalize(latents.to(self.device)), tile=tile, progress=progress).float()
         return (pixels / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()
 
 

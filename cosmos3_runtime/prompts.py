@@ -11,6 +11,8 @@ import json
 import logging
 from dataclasses import dataclass
 
+from .errors import InputError
+
 log = logging.getLogger(__name__)
 
 # The trained system prompts, including the reference's "give" (not "given"): the model saw these tokens.
@@ -55,6 +57,8 @@ def parse_caption(prompt: str) -> dict | None:
     """The prompt as a JSON object, or None when it is prose (including JSON that is not an object)."""
     try:
         value = json.loads(prompt)
+    except RecursionError:
+        raise InputError("the JSON caption is nested too deeply to read; flatten it (captions need a few levels)") from None
     except (json.JSONDecodeError, TypeError):
         stripped = prompt.lstrip()
         if stripped.startswith("{"):

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 from .checkpoint import Variant
 from .errors import InputError
+from .request import Request
 
 log = logging.getLogger(__name__)
 
-SPATIAL_FACTOR = 16
-TEMPORAL_FACTOR = 4
+TEMPORAL_FACTOR = 4  # video frames per latent frame (Wan 2.2 VAE); checked against vae/config.json
 DEFAULT_FRAMES = 81
 DEFAULT_FPS = 24.0
 DEFAULT_STEPS = 35
@@ -28,27 +28,6 @@ DEFAULT_GUIDANCE = 4.0
 EDGE_GUIDANCE = {"image": 7.0, "video": 5.0}
 IMAGE_GUIDANCE_INTERVAL = (400.0, 1000.0)
 EDGE_SIZES = ((832, 480), (480, 832), (640, 480), (480, 640), (480, 480), (640, 640), (448, 256), (256, 448), (256, 256))
-SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
-
-
-@dataclass(frozen=True)
-class Request:
-    """What the caller asked for; None means "use the default"."""
-
-    width: int | None = None
-    height: int | None = None
-    num_frames: int | None = None
-    fps: float | None = None
-    steps: int | None = None
-    guidance_scale: float | None = None
-    flow_shift: float | None = None
-    schedule: str = "auto"
-    guidance_interval: tuple[float, float] | str | None = "auto"
-    negative_prompt: str | None = None
-    use_system_prompt: bool | None = None
-    has_image: bool = False
-    has_video: bool = False
-    condition_frame_indexes: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -80,16 +59,9 @@ def round_frames(n: int) -> int:
 
 def resolve(variant: Variant, request: Request) -> Settings:
     notes: list[str] = []
-    r = request
-    if r.has_image and r.has_video:
-        raise InputError("give either an image (image-to-video) or a video (video-to-video), not both")
-    if r.schedule not in SCHEDULES:
-        raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {r.schedule!r}")
-
+    r = request  # already checked for everything that does not depend on the variant
     # Frames decide image vs video; variant defaults follow the requested count, before rounding.
     requested_frames = DEFAULT_FRAMES if r.num_frames is None else int(r.num_frames)
-    if requested_frames < 1:
-        raise InputError(f"num_frames must be at least 1, got {requested_frames}")
     is_image = requested_frames == 1  # defaults follow the request; the mode follows the rounded count
     kind = "image" if is_image else "video"
     num_frames = round_frames(requested_frames)
@@ -100,8 +72,6 @@ def resolve(variant: Variant, request: Request) -> Settings:
 
     width, height = _size(variant, r, is_image, notes)
     fps = DEFAULT_FPS if r.fps is None else float(r.fps)
-    if fps <= 0:
-        raise InputError(f"fps must be positive, got {fps}")
 
     schedule = r.schedule
     if variant.is_distilled:
@@ -125,8 +95,6 @@ def resolve(variant: Variant, request: Request) -> Settings:
             raise InputError("schedule 'distilled' needs a distilled checkpoint (this one is multi-step)")
         schedule = "unipc" if schedule == "auto" else schedule
         steps = DEFAULT_STEPS if r.steps is None else int(r.steps)
-        if steps < 1:
-            raise InputError(f"steps must be at least 1, got {steps}")
         guidance = _default_guidance(variant, kind) if r.guidance_scale is None else float(r.guidance_scale)
         shift = r.flow_shift if r.flow_shift is not None else default_flow_shift(variant, is_image)
         interval = _guidance_interval(r.guidance_interval, is_image)
@@ -161,11 +129,6 @@ def _size(variant: Variant, r: Request, is_image: bool, notes: list[str]) -> tup
         return 1280, 720
     width = 1280 if r.width is None else int(r.width)
     height = 720 if r.height is None else int(r.height)
-    if width % SPATIAL_FACTOR or height % SPATIAL_FACTOR or width <= 0 or height <= 0:
-        raise InputError(
-            f"size {width}x{height} (WxH) must be positive multiples of {SPATIAL_FACTOR}; "
-            f"for example {max(16, width // 16 * 16)}x{max(16, height // 16 * 16)}"
-        )
     if variant.is_edge and (width, height) not in EDGE_SIZES:
         listed = ", ".join(f"{w}x{h}" for w, h in EDGE_SIZES)
         notes.append(f"Edge was trained at 256p and 480p; {width}x{height} may look worse. Trained sizes: {listed}")
@@ -183,14 +146,10 @@ def default_flow_shift(variant: Variant, is_image: bool) -> float:
 
 
 def _guidance_interval(value, is_image: bool) -> tuple[float, float] | None:
+    """The request's interval (already parsed: "auto", None or (low, high))."""
     if value == "auto":
         return IMAGE_GUIDANCE_INTERVAL if is_image else None
-    if value is None or value == "off":
-        return None
-    lo, hi = (float(v) for v in value)
-    if lo > hi:
-        raise InputError(f"guidance_interval ({lo}, {hi}) must be (low, high) in timesteps 0..1000")
-    return lo, hi
+    return value
 
 
 def _mode(r: Request, is_image: bool, latent_frames: int) -> tuple[str, tuple[int, ...]]:
@@ -200,7 +159,7 @@ def _mode(r: Request, is_image: bool, latent_frames: int) -> tuple[str, tuple[in
         return "i2v", (0,)
     if r.has_video:
         frames = tuple(sorted(set(r.condition_frame_indexes if r.condition_frame_indexes is not None else (0, 1))))
-        if not frames or frames[0] < 0 or frames[-1] >= latent_frames:
+        if frames[-1] >= latent_frames:
             raise InputError(
                 f"condition_frame_indexes {list(frames)} must be latent frames in [0, {latent_frames - 1}] "
                 f"({latent_frames} latent frames for this many video frames)"

@@ -175,11 +175,14 @@ class MLP(nn.Module):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D]."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=causal, enable_gqa=True
-    )
-    return out.transpose(0, 1).flatten(1)
+    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D].
+
+    Batched 4-D inputs matter: for 3-D ones PyTorch's CPU dispatch falls back to the math kernel,
+    which materialises the whole Nq x Nk score matrix (a 30k-token prompt: tens of GB).
+    """
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, N, D]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    return out[0].transpose(0, 1).flatten(1)
 
 
 class MoTAttention(nn.Module):
@@ -494,6 +497,18 @@ class Cosmos3Transformer(nn.Module):
             result.action = torch.zeros_like(action.latents, dtype=dtype, device=device)
             result.action[frames] = self.action_proj_out(hidden[start : start + n][frames], action.domain)
         return result
+
+
+MEDIA_PATHWAY = ("_moe_gen", "self_attn.add_", "self_attn.to_add_out", "self_attn.norm_added_")
+
+
+def tower_of(name: str) -> str:
+    """Which part a parameter belongs to: "text tower", "media tower" or "embeddings and heads"."""
+    if name.startswith("embed_tokens."):
+        return "text tower"
+    if not name.startswith("layers."):
+        return "embeddings and heads"
+    return "media tower" if any(marker in name for marker in MEDIA_PATHWAY) else "text tower"
 
 
 def _frames(selected: list[int] | None, count: int) -> list[int]:

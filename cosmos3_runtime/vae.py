@@ -14,6 +14,7 @@ frame size.
 Module and parameter names equal the diffusers checkpoint keys (`vae/diffusion_pytorch_model.safetensors`).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -358,6 +359,28 @@ class TileSpec:
         return sorted(set(starts))
 
 
+Progress = Callable[[int, int], None]  # (units done, total units); raise to stop
+
+
+class _Ticker:
+    """Counts finished units of work and reports them to an optional progress callback."""
+
+    def __init__(self, progress: Progress | None, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def _tile_count(size, tile: TileSpec | None, unit: int) -> int:
+    if tile is None:
+        return 1
+    spec = TileSpec(tile.size * unit, tile.overlap * unit)
+    return len(spec.starts(size[0])) * len(spec.starts(size[1]))
+
+
 def _ramp(length: int, before: int, after: int, device) -> torch.Tensor:
     """Blend weights along one axis: rising over `before` samples, falling over `after`."""
     w = torch.ones(length, device=device)
@@ -415,40 +438,54 @@ class WanVAE(nn.Module):
             )
 
     @torch.no_grad()
-    def encode(self, pixels: torch.Tensor, tile: TileSpec | None = None) -> torch.Tensor:
+    def encode(self, pixels: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None) -> torch.Tensor:
         """Pixels [B, 3, F, H, W] in [-1, 1] -> posterior mean [B, z, 1 + (F-1)//4, H/16, W/16] (raw, not normalized).
 
-        Frames beyond the last 4k+1 are dropped, as in the reference.
+        Frames beyond the last 4k+1 are dropped, as in the reference. `progress(done, total)` runs
+        after every latent frame of every tile; an exception from it stops the encode.
         """
         self._check_pixels(pixels)
         x = pixels.to(device=self.device, dtype=self.dtype)
-        if tile is None:
-            return torch.cat([self._encode_one(item) for item in x.split(1)])
         s = self.config.scale_factor_spatial
-        return torch.cat([self._tiled(item, tile, s, self._encode_one, 1 / s) for item in x.split(1)])
+        tick = _Ticker(progress, x.shape[0] * _tile_count(x.shape[-2:], tile, s) * (1 + (x.shape[2] - 1) // 4))
+        if tile is None:
+            return torch.cat([self._encode_one(item, tick) for item in x.split(1)])
+        return torch.cat([self._tiled(item, tile, s, lambda t: self._encode_one(t, tick), 1 / s) for item in x.split(1)])
 
-    def _encode_one(self, x: torch.Tensor) -> torch.Tensor:
+    def _encode_one(self, x: torch.Tensor, tick) -> torch.Tensor:
         x = patchify(x, self.config.patch_size)
         stream = Stream()
         step = self.config.scale_factor_temporal
         chunks = [x[:, :, :1]] + [x[:, :, i : i + step] for i in range(1, x.shape[2] - step + 1, step)]
-        out = torch.cat([self.encoder(chunk, stream) for chunk in chunks], dim=2)
-        return self.quant_conv(out)[:, : self.config.z_dim]
+        out = []
+        for chunk in chunks:
+            out.append(self.encoder(chunk, stream))
+            tick()
+        return self.quant_conv(torch.cat(out, dim=2))[:, : self.config.z_dim]
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None) -> torch.Tensor:
-        """Raw latents [B, z, T, h, w] -> pixels [B, 3, 1 + 4(T-1), 16h, 16w] clamped to [-1, 1]."""
+    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None) -> torch.Tensor:
+        """Raw latents [B, z, T, h, w] -> pixels [B, 3, 1 + 4(T-1), 16h, 16w] clamped to [-1, 1].
+
+        `progress(done, total)` runs after every latent frame of every tile; an exception from it
+        stops the decode (within one latent frame).
+        """
         if latents.ndim != 5 or latents.shape[1] != self.config.z_dim:
             raise InputError(f"VAE decode expects latents [B, {self.config.z_dim}, T, h, w], got {list(latents.shape)}")
         z = latents.to(device=self.device, dtype=self.dtype)
         s = self.config.scale_factor_spatial
-        decode = self._decode_one if tile is None else lambda item: self._tiled(item, tile, 1, self._decode_one, s)
+        tick = _Ticker(progress, z.shape[0] * _tile_count(z.shape[-2:], tile, 1) * z.shape[2])
+        one = lambda item: self._decode_one(item, tick)  # noqa: E731
+        decode = one if tile is None else lambda item: self._tiled(item, tile, 1, one, s)
         return torch.cat([decode(item) for item in z.split(1)]).clamp_(-1.0, 1.0)
 
-    def _decode_one(self, z: torch.Tensor) -> torch.Tensor:
+    def _decode_one(self, z: torch.Tensor, tick) -> torch.Tensor:
         z = self.post_quant_conv(z)
         stream = Stream()
-        frames = [self.decoder(z[:, :, i : i + 1], stream, first_chunk=i == 0) for i in range(z.shape[2])]
+        frames = []
+        for i in range(z.shape[2]):
+            frames.append(self.decoder(z[:, :, i : i + 1], stream, first_chunk=i == 0))
+            tick()
         return unpatchify(torch.cat(frames, dim=2), self.config.patch_size)
 
     def _tiled(self, x: torch.Tensor, tile: TileSpec, unit: int, run, scale: float) -> torch.Tensor:

@@ -7,6 +7,7 @@ its final dtype (the file itself is only memory-mapped while it is read). Only s
 """
 
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,7 +109,10 @@ def _tensors(path: Path, device: torch.device):
         def read():
             try:
                 return handle.get_tensor(key)
-            except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            except torch.OutOfMemoryError:
+                raise CheckpointError(f"out of memory on {device} while loading {key} from {path}; the weights do "
+                                      "not fit on that device: free memory, or load offloaded or in a smaller dtype") from None
+            except (SafetensorError, OSError, ValueError) as exc:
                 raise CheckpointError(f"{path}: cannot read tensor {key} ({exc}); the file is corrupt") from exc
 
         return read
@@ -116,6 +120,36 @@ def _tensors(path: Path, device: torch.device):
     with handle:
         for key in keys:
             yield key, loader(key)
+
+
+def stored_bytes(folder: Path) -> tuple[dict[str, int], list[str]]:
+    """Bytes per stored dtype of a component's weight files, read from their headers only.
+
+    Returns ({dtype: bytes}, names of listed files that are missing). Nothing is loaded.
+    """
+    index = folder / INDEX_NAME
+    if index.is_file():
+        names = list(dict.fromkeys(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
+    else:
+        names = [WEIGHTS_NAME]
+    totals: dict[str, int] = {}
+    missing = []
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            missing.append(name)
+            continue
+        with open(path, "rb") as f:
+            try:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length))
+            except (struct.error, ValueError) as exc:
+                raise CheckpointError(f"{path} has no readable safetensors header ({exc}); it is corrupt") from exc
+        for key, entry in header.items():
+            if key != "__metadata__":
+                start, end = entry["data_offsets"]
+                totals[entry["dtype"]] = totals.get(entry["dtype"], 0) + end - start
+    return totals, missing
 
 
 def _names(keys: list[str], limit: int = 8) -> str:

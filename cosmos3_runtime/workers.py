@@ -27,6 +27,7 @@ import torch
 
 from .checkpoint import Checkpoint, resolve
 from .errors import Cosmos3Error
+from .request import Request
 
 START_TIMEOUT_S = 600  # loading tens of GB takes a while
 REPLY_TIMEOUT_S = 30  # after one rank failed, how long the others get to report
@@ -78,11 +79,17 @@ def _worker(rank, world, port, device, source, load_options, layout, requests, r
                     if rank == 0:
                         replies.put(("progress", rank, (step, total, latents[:, :, -1:].cpu())))
 
-                result = pipe.generate(**payload, output="latents", callback=agree_and_report, parallel=parallel)
-            elif kind == "decode":
-                result = pipe.decode(*payload)
-            else:
-                result = pipe.encode(payload)
+                prompt, options = payload
+                result = pipe.generate(prompt, callback=agree_and_report, parallel=parallel, **options)
+            else:  # decode / encode on rank 0, with progress and the same cancel flag
+
+                def report(done, total):
+                    if cancel.is_set():
+                        raise Cancelled
+                    replies.put(("progress", rank, (done, total)))
+
+                method = pipe.decode if kind == "decode" else pipe.encode
+                result = method(*payload, progress=report)
             replies.put(("done", rank, result if rank == 0 else None))
         except Cancelled:
             replies.put(("cancelled", rank, None))
@@ -184,22 +191,26 @@ class WorkerPool:
             raise cancelled
         return result
 
-    def generate(self, prompt: str, callback=None, **options):
+    def generate(self, prompt: str, request: Request | None = None, *, callback=None, **options):
         """Same arguments and result as `Cosmos3Pipeline.generate` (latents only: decode with `decode`)."""
-        options.pop("output", None)
         options.pop("parallel", None)
+        request = Request.build(request, **options, output="latents")  # a bad request fails here, in the caller
         self.cancel.clear()
         for requests in self.requests:
-            requests.put(("generate", {"prompt": prompt, **options}))
+            requests.put(("generate", (prompt, request.plain())))
         return self._collect(range(len(self.devices)), timeout=None, on_progress=callback)
 
-    def decode(self, latents: torch.Tensor, tile=None) -> torch.Tensor:
-        self.requests[0].put(("decode", (latents.cpu(), tile)))
-        return self._collect([0], timeout=None)
+    def decode(self, latents: torch.Tensor, tile=None, progress=None) -> torch.Tensor:
+        return self._on_first(("decode", (latents.cpu(), tile)), progress)
 
-    def encode(self, frames: torch.Tensor) -> torch.Tensor:
-        self.requests[0].put(("encode", frames.cpu()))
-        return self._collect([0], timeout=None)
+    def encode(self, frames: torch.Tensor, progress=None) -> torch.Tensor:
+        return self._on_first(("encode", (frames.cpu(),)), progress)
+
+    def _on_first(self, request, progress):
+        """Run a VAE request on rank 0 (`progress(done, total)` relayed; raising from it cancels)."""
+        self.cancel.clear()
+        self.requests[0].put(request)
+        return self._collect([0], timeout=None, on_progress=progress)
 
     def to(self, device) -> "WorkerPool":
         return self  # the workers own their devices

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..cosmos3_runtime import CheckpointError, Cosmos3Pipeline, InputError, load
-from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, resolve_repo
+from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, looks_like_repo_id, resolve_repo
 from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 
@@ -174,7 +174,8 @@ class Cosmos3ModelLoader:
             },
             "optional": {
                 "hf_repo_id": ("STRING", {"default": "", "tooltip": "instead of model_name: a Hugging Face repo id "
-                               "(namespace/repo[/subfolder]) from the local Hugging Face cache"}),  # fmt: skip
+                               "such as nvidia/Cosmos3-Nano (namespace/name[/subfolder]), read from the local Hugging "
+                               "Face cache; not a folder path (put folders in models/cosmos3)"}),  # fmt: skip
                 "allow_download": ("BOOLEAN", {"default": False, "tooltip": "let hf_repo_id download missing files "
                                    "into the Hugging Face cache (tens of GB)"}),  # fmt: skip
                 "gpus": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "GPUs to sample on, starting at "
@@ -184,6 +185,14 @@ class Cosmos3ModelLoader:
                               "2 GPUs), or both (cfg+sequence)"}),  # fmt: skip
             },
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, hf_repo_id=""):
+        repo = (hf_repo_id or "").strip()
+        if repo and not looks_like_repo_id(repo):
+            return (f"hf_repo_id {repo!r} is not a Hugging Face repo id: the form is namespace/name (e.g. "
+                    "nvidia/Cosmos3-Nano); for a folder, put it in models/cosmos3 and pick it in model_name")  # fmt: skip
+        return True
 
     def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False, gpus=1, multi_gpu="sequence"):
         repo = hf_repo_id.strip()

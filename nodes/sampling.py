@@ -4,13 +4,15 @@ Size, frame count and fps are set once, on the sampler (0 = the checkpoint varia
 reach the prompt's metadata, the latent size and, through the decode node's fps output, the video.
 """
 
-import re
-
 from ..cosmos3_runtime import InputError
 from ..cosmos3_runtime.prompts import parse_caption
+from ..cosmos3_runtime.request import (KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
+                                       parse_frame_indexes)  # fmt: skip
 from . import services
 
-AUTO = "0 = automatic (the checkpoint variant's default)"
+
+def auto_help(name: str) -> str:
+    return f"{help_of(name)}; 0 = automatic"
 
 
 class Cosmos3TextEncode:
@@ -27,15 +29,12 @@ class Cosmos3TextEncode:
                 "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False,
                            "tooltip": "prose, or a JSON object (a structured caption: resolution, duration and fps "
                                       "are filled in from the sampler)"}),  # fmt: skip
-                "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": ""}),
-                "system_prompt": (["auto", "on", "off"], {"default": "auto",
-                                  "tooltip": "auto: the checkpoint's default_use_system_prompt"}),  # fmt: skip
-                "resolution_template": ("BOOLEAN", {"default": True, "tooltip": "append 'This video is of HxW "
-                                        "resolution.' to prose prompts (negated on the negative)"}),  # fmt: skip
-                "duration_template": ("BOOLEAN", {"default": True, "tooltip": "append 'The video is N seconds long "
-                                      "and is of F FPS.' to prose video prompts (negated on the negative)"}),  # fmt: skip
-                "json_captions": ("BOOLEAN", {"default": True, "tooltip": "treat a prompt that is a JSON object as "
-                                  "a structured caption; off: every prompt is prose"}),  # fmt: skip
+                "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "",
+                                    "tooltip": help_of("negative_prompt")}),  # fmt: skip
+                "system_prompt": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("use_system_prompt")}),
+                "resolution_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_resolution_template")}),
+                "duration_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_duration_template")}),
+                "json_captions": ("BOOLEAN", {"default": True, "tooltip": help_of("json_captions")}),
             }
         }
 
@@ -44,7 +43,7 @@ class Cosmos3TextEncode:
         text = {
             "prompt": prompt,
             "negative_prompt": negative_prompt,
-            "use_system_prompt": {"auto": None, "on": True, "off": False}[system_prompt],
+            "use_system_prompt": TRI_STATE[system_prompt],
             "add_resolution_template": resolution_template,
             "add_duration_template": duration_template,
             "json_captions": json_captions,
@@ -63,13 +62,10 @@ class Cosmos3Scheduler:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "schedule": (["auto", "unipc", "checkpoint", "distilled"], {"default": "auto",
-                             "tooltip": "auto: fixed sigmas on distilled checkpoints, else flow UniPC; checkpoint: "
-                                        "the shipped scheduler_config.json (Karras sigmas ignore the flow shift)"}),  # fmt: skip
-                "steps": ("INT", {"default": 0, "min": 0, "max": 1000, "tooltip": f"{AUTO}: 35, or the distilled "
-                          "checkpoint's fixed count"}),  # fmt: skip
+                "schedule": (list(SCHEDULES), {"default": "auto", "tooltip": help_of("schedule")}),
+                "steps": ("INT", {"default": 0, "min": 0, "max": 1000, "tooltip": auto_help("steps")}),
                 "flow_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
-                               "tooltip": f"{AUTO}: 3 for images and Edge, 10 for other video"}),  # fmt: skip
+                               "tooltip": auto_help("flow_shift")}),  # fmt: skip
             }
         }
 
@@ -106,30 +102,18 @@ class Cosmos3VideoToVideo:
         return {
             "required": {
                 "video": ("IMAGE", {"tooltip": "the conditioning clip as an IMAGE batch"}),
-                "condition_frames": ("STRING", {"default": "0,1", "tooltip": "latent frames held fixed (latent f "
-                                     "covers video frames up to 4f): '0,1' keeps the first 5 frames"}),  # fmt: skip
-                "keep": (["first", "last"], {"default": "first", "tooltip": "use the start or the end of the clip"}),
+                "condition_frames": ("STRING", {"default": "0,1", "tooltip": help_of("condition_frame_indexes")}),
+                "keep": (list(KEEP), {"default": "first", "tooltip": help_of("condition_video_keep")}),
             }
         }
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, condition_frames):
+        return _problem(lambda: parse_frame_indexes(condition_frames), condition_frames)
+
     def condition(self, video, condition_frames, keep):
-        try:
-            frames = tuple(int(v) for v in re.split(r"[,\s]+", condition_frames.strip()) if v)
-        except ValueError:
-            raise InputError(f"condition_frames {condition_frames!r} must be latent frame numbers like '0,1'") from None
+        frames = parse_frame_indexes(condition_frames)
         return ({"video": video, "condition_frame_indexes": frames, "condition_video_keep": keep},)
-
-
-def parse_guidance_interval(value: str):
-    text = value.strip().lower()
-    if text in ("auto", "off"):
-        return text if text == "auto" else None
-    parts = [p for p in re.split(r"[,\s]+|(?<=\d)-(?=\d)", text) if p]
-    try:
-        low, high = (float(p) for p in parts)
-    except ValueError:
-        raise InputError(f"guidance_interval {value!r} must be 'auto', 'off' or 'LOW,HIGH' (timesteps 0-1000)") from None
-    return low, high
 
 
 class Cosmos3Sampler:
@@ -145,19 +129,17 @@ class Cosmos3Sampler:
             "required": {
                 "model": ("COSMOS3_MODEL",),
                 "text": ("COSMOS3_TEXT",),
-                "width": ("INT", {"default": 0, "min": 0, "max": 8192, "step": 16,
-                          "tooltip": f"multiple of 16; {AUTO}: 832 Edge video, 640 Edge image, else 1280"}),  # fmt: skip
-                "height": ("INT", {"default": 0, "min": 0, "max": 8192, "step": 16,
-                           "tooltip": f"multiple of 16; {AUTO}: 480 Edge video, 640 Edge image, else 720"}),  # fmt: skip
-                "frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": f"1 = an image; video counts "
-                           f"are 1 + 4k (others round down); {AUTO}: 81"}),  # fmt: skip
-                "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5, "tooltip": f"{AUTO}: 24"}),
+                "width": ("INT", {"default": 0, "min": 0, "max": MAX_SIZE, "step": SPATIAL_FACTOR,
+                          "tooltip": auto_help("width")}),  # fmt: skip
+                "height": ("INT", {"default": 0, "min": 0, "max": MAX_SIZE, "step": SPATIAL_FACTOR,
+                           "tooltip": auto_help("height")}),  # fmt: skip
+                "frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": auto_help("num_frames")}),
+                "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5, "tooltip": auto_help("fps")}),
                 "guidance": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 30.0, "step": 0.1, "round": 0.01,
-                             "tooltip": f"classifier-free guidance; {AUTO}: 4, Edge 5 (video) / 7 (image); "
-                                        "distilled checkpoints always use 1"}),  # fmt: skip
-                "guidance_interval": ("STRING", {"default": "auto", "tooltip": "timesteps where guidance applies: "
-                                      "auto ([400, 1000] for images, always for video), off, or LOW,HIGH"}),  # fmt: skip
-                "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True}),
+                             "tooltip": auto_help("guidance_scale")}),  # fmt: skip
+                "guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("guidance_interval")}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True,
+                         "tooltip": help_of("seed")}),  # fmt: skip
             },
             "optional": {
                 "schedule": ("COSMOS3_SCHEDULE", {"tooltip": "default: automatic"}),
@@ -165,29 +147,54 @@ class Cosmos3Sampler:
             },
         }
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, width, height, guidance_interval):
+        """Checked when the prompt is queued, before any model loads (linked values arrive as None)."""
+        widgets = {"width": width, "height": height, "guidance_interval": guidance_interval}
+        return _problem(lambda: Request.build(**sampler_options({k: v for k, v in widgets.items() if v is not None})),
+                        widgets)  # fmt: skip
+
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, schedule=None,
                media=None):  # fmt: skip
-        schedule = schedule or {"schedule": "auto", "steps": None, "flow_shift": None}
-        media = media or {}
+        widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
+                       guidance_interval=guidance_interval, seed=seed)  # fmt: skip
+        prompt = text["prompt"]
+        options = {k: v for k, v in text.items() if k != "prompt"}
+        request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **(media or {}),
+                                output="latents")  # fmt: skip
         progress = None
 
-        def on_step(step, total, latents):
+        def on_step(step, total, denoised):
             nonlocal progress
             progress = progress or services.Progress(total)
-            progress.update(step, latents)
+            progress.update(step, denoised)
 
         with model.use() as pipe:
-            result = pipe.generate(
-                text["prompt"], negative_prompt=text["negative_prompt"], width=width or None, height=height or None,
-                num_frames=frames or None, fps=fps or None, guidance_scale=guidance or None,
-                steps=schedule["steps"], flow_shift=schedule["flow_shift"], schedule=schedule["schedule"],
-                guidance_interval=parse_guidance_interval(guidance_interval), seed=seed,
-                use_system_prompt=text["use_system_prompt"], add_resolution_template=text["add_resolution_template"],
-                add_duration_template=text["add_duration_template"], json_captions=text["json_captions"],
-                output="latents", callback=on_step, **media,
-            )  # fmt: skip
+            result = pipe.generate(prompt, request, callback=on_step)
         s = result.settings
-        summary = (f"{s.mode}: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
-                   f"({s.schedule}), guidance {s.guidance_scale:g}")  # fmt: skip
+        report = [f"{s.mode}: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps",
+                  f"{s.steps} steps ({s.schedule}), guidance {s.guidance_scale:g}"
+                  + (f" in timesteps {s.guidance_interval[0]:g}-{s.guidance_interval[1]:g}" if s.guidance_interval else "")
+                  + (f", flow shift {s.flow_shift:g}" if s.flow_shift is not None else ""),
+                  *s.notes]  # fmt: skip
         latent = {"samples": result.latents, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
-        return {"ui": {"text": [summary, *s.notes]}, "result": (latent,)}
+        return {"ui": {"text": report}, "result": (latent,)}
+
+
+# Sampler widget -> Request field; 0 means "automatic" (None) for the numeric ones.
+SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
+                  "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed"}  # fmt: skip
+ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
+
+
+def sampler_options(widgets: dict) -> dict:
+    return {SAMPLER_FIELDS[k]: (v or None) if k in ZERO_IS_AUTO else v for k, v in widgets.items()}
+
+
+def _problem(check, value) -> bool | str:
+    """VALIDATE_INPUTS result: True, or the error text that the front end shows on the node."""
+    try:
+        check()
+    except InputError as exc:
+        return f"{exc} (got {value!r})"
+    return True

@@ -86,18 +86,30 @@ def check_interrupt() -> None:
 class Progress:
     """ComfyUI's progress bar (every update is also an interrupt point), with latent previews."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, previews: bool = True):
         utils = _comfy("comfy.utils")
         self.bar = utils.ProgressBar(total) if utils is not None else None
         self.total = total
-        self.preview_factors = _preview_factors()
+        self.preview_factors = _preview_factors() if previews else None
 
-    def update(self, step: int, latents: torch.Tensor) -> None:
+    @classmethod
+    def bar(cls):
+        """A `progress(done, total)` callback for work whose total is known only once it starts (VAE)."""
+        progress = None
+
+        def update(done: int, total: int) -> None:
+            nonlocal progress
+            progress = progress or cls(total, previews=False)
+            progress.update(done)
+
+        return update
+
+    def update(self, step: int, latents: torch.Tensor | None = None) -> None:
         check_interrupt()
         if self.bar is None:
             return
         preview = None
-        if self.preview_factors is not None:
+        if self.preview_factors is not None and latents is not None:
             preview = ("JPEG", latent_rgb(latents, *self.preview_factors), _preview_size())
         self.bar.update_absolute(step, self.total, preview)
 

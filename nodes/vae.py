@@ -42,8 +42,7 @@ class Cosmos3VAEDecode:
         latents = latent_samples(samples)
         tile = TileSpec(tile_size, tile_overlap) if tiled else None
         with vae.use() as pipe:
-            frames = pipe.decode(latents, tile=tile)
-        services.check_interrupt()
+            frames = pipe.decode(latents, tile=tile, progress=services.Progress.bar())
         fps = float(samples.get("cosmos3", {}).get("fps", 24.0))
         return (frames, fps)
 
@@ -64,4 +63,4 @@ class Cosmos3VAEEncode:
         if count != images.shape[0]:
             services.log.warning("Cosmos3 VAE encode: %d frames, using the first %d (1 + 4k)", images.shape[0], count)
         with vae.use() as pipe:
-            return ({"samples": pipe.encode(images[:count])},)
+            return ({"samples": pipe.encode(images[:count], progress=services.Progress.bar())},)

@@ -130,7 +130,7 @@ def test_detection_is_cached_until_a_config_changes(tmp_path, monkeypatch):
 
 
 def test_missing_folder(tmp_path):
-    with pytest.raises(CheckpointError, match="does-not-exist does not exist"):
+    with pytest.raises(CheckpointError, match="no such checkpoint folder: .*does-not-exist"):
         cosmos3_runtime.load(tmp_path / "does-not-exist")
 
 
@@ -279,8 +279,14 @@ def test_repo_id_absent_offline_is_a_clear_error(hub_cache):
 
 @pytest.mark.parametrize("name", ["nvidia", "nvidia/../etc", "a//b"])
 def test_names_that_are_neither_folders_nor_repo_ids(name):
-    with pytest.raises(CheckpointError, match="neither an existing folder nor a Hugging Face repo id"):
+    with pytest.raises(CheckpointError, match="no such checkpoint folder"):
         cosmos3_runtime.load(name)
+
+
+def test_a_missing_repo_shaped_path_says_both_what_it_looked_for(hub_cache):
+    with pytest.raises(CheckpointError, match="no folder .*models/Cosmos3-Nano, and as a Hugging Face repo id: "
+                                              "models/Cosmos3-Nano is not in the local Hugging Face cache"):
+        cosmos3_runtime.load("models/Cosmos3-Nano", local_files_only=True)
 
 
 def test_loaded_weights_survive_the_files_being_replaced(broken_copy):

@@ -31,7 +31,7 @@ def test_generate_a_video(tiny_edge, tmp_path):
 def test_errors_exit_with_a_message(tiny_gated, tmp_path, capsys):
     code = main(["generate", "--checkpoint", str(tiny_gated), "--prompt", "x", "--width", "100",
                  "--output", str(tmp_path / "x.png")])  # fmt: skip
-    assert code == 2 and "multiples of 16" in capsys.readouterr().err
+    assert code == 2 and "multiple of 16" in capsys.readouterr().err
     assert main(["info", str(tmp_path / "missing")]) == 2
 
 

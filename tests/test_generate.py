@@ -158,7 +158,7 @@ def test_decode_with_tiles(pipe):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(width=100), "multiples of 16"),
+        (dict(width=100), "multiple of 16"),
         (dict(num_frames=1, image=np.zeros((8, 8, 3), np.uint8)), "num_frames is 1"),
         (dict(image=np.zeros((2, 8, 8, 3), np.uint8)), "one picture"),
         (dict(image=np.zeros((3, 8, 8), np.uint8)), r"channels-last \[H, W, 3\]"),

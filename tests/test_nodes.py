@@ -1,6 +1,7 @@
 """Node-level behaviour without ComfyUI: model folders, bad input, interrupts, caching, helper nodes."""
 
 import json
+import sys
 import logging
 
 import pytest
@@ -63,8 +64,9 @@ def test_names_escaping_the_model_folders_are_refused(nodes, name):
 
 @pytest.mark.parametrize("repo", ["/etc", "../models", "./Cosmos3-Edge", "nvidia/../../etc", "C:\\models", "x"])
 def test_repo_id_field_never_takes_a_path(nodes, repo):
-    with pytest.raises(nodes.loader.CheckpointError, match="neither an existing folder nor a Hugging Face repo id"):
+    with pytest.raises(nodes.loader.CheckpointError, match="is not a Hugging Face repo id: the form is namespace/name"):
         nodes.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default", hf_repo_id=repo)
+    assert "not a Hugging Face repo id" in nodes.Cosmos3ModelLoader.VALIDATE_INPUTS(hf_repo_id=repo)
 
 
 def test_repo_id_field_reads_the_local_hugging_face_cache(nodes, tiny_edge, monkeypatch, tmp_path):
@@ -84,8 +86,19 @@ def test_repo_id_field_reads_the_local_hugging_face_cache(nodes, tiny_edge, monk
 
 def test_sizes_not_multiple_of_16(nodes):
     model, _, _ = load(nodes)
-    with pytest.raises(nodes.sampling.InputError, match="multiples of 16"):
+    with pytest.raises(nodes.sampling.InputError, match="multiple of 16"):
         nodes.Cosmos3Sampler().sample(model, text(nodes), 100, 48, 5, 0.0, 0.0, "auto", 0)
+
+
+def test_sampler_validation_at_queue_time(nodes):
+    """What ComfyUI calls when a prompt is queued, before anything runs or loads."""
+    validate = nodes.Cosmos3Sampler.VALIDATE_INPUTS
+    assert validate(width=0, height=0, guidance_interval="auto") is True
+    assert validate(width=832, height=480, guidance_interval="960-1001") is True
+    assert validate(width=None, height=480, guidance_interval=None) is True  # linked inputs arrive as None
+    assert "width 100 must be a positive multiple of 16" in validate(width=100, height=480, guidance_interval="auto")
+    assert "must be 'auto', 'off' or 'LOW,HIGH'" in validate(width=0, height=0, guidance_interval="sometimes")
+    assert "latent frame numbers" in nodes.Cosmos3VideoToVideo.VALIDATE_INPUTS(condition_frames="first two")
 
 
 def test_malformed_json_caption_is_prose_with_a_warning(nodes, caplog):
@@ -104,7 +117,7 @@ def test_distilled_checkpoint_given_guidance_7(nodes):
     model, _, _ = load(nodes, "Cosmos3-Super-Image2Video-4Step")
     latent, messages = sample(nodes, model, text(nodes), guidance=7.0)
     assert any("guidance 7.0 forced to 1.0" in m for m in messages)
-    assert "4 steps (distilled), guidance 1" in messages[0]
+    assert "4 steps (distilled), guidance 1" in messages[1]
 
 
 def test_interrupt_during_sampling_then_a_successful_run(nodes, monkeypatch):
@@ -163,8 +176,8 @@ def test_scheduler_node_and_guidance_interval_parsing(nodes):
     model, _, _ = load(nodes)
     (schedule,) = nodes.Cosmos3Scheduler().build("checkpoint", 3, 0.0)
     _, messages = sample(nodes, model, text(nodes), schedule=schedule)
-    assert "3 steps (checkpoint)" in messages[0]
-    parse = nodes.sampling.parse_guidance_interval
+    assert "3 steps (checkpoint)" in messages[1]
+    parse = sys.modules[nodes.sampling.Request.__module__].parse_guidance_interval  # the pack's copy of the runtime
     assert parse("auto") == "auto" and parse("off") is None and parse("400, 1000") == (400.0, 1000.0)
     assert parse("960-1001") == (960.0, 1001.0)
     with pytest.raises(nodes.sampling.InputError, match="'auto', 'off' or 'LOW,HIGH'"):

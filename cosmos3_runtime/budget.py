@@ -1,0 +1,105 @@
+"""How much memory a request needs, checked against its device before anything is allocated.
+
+The estimate counts what one generation holds at its peak beyond the loaded weights: the fp32
+sampling state, the per-prompt text K/V caches, the largest transformer activations (text tower
+over the prompt, media tower over the media tokens; attention runs in memory-efficient kernels, so
+no L x L score matrix), and the VAE decode (its largest per-chunk activations and the output
+frames). It is a lower bound of the real peak, so a request it refuses cannot run; one it passes
+can still run out of memory if other programs take the device in the meantime.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+
+GIB = 1024**3
+STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, latents, velocities, UniPC history ...)
+DECODER_LIVE_ACTIVATIONS = 3  # full-resolution decoder tensors alive at once (input, output, causal context)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes a request needs, by part (beyond the weights)."""
+
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{name} {gib(n)}" for name, n in self.parts.items() if n >= GIB // 100)
+        return f"{gib(self.total)} ({shown})"
+
+
+def gib(num_bytes: float) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"
+
+
+def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None) -> Estimate:
+    """The memory of a generation under settings `s`; `vae_config` None: no decode; `tile` a TileSpec or None."""
+    b = torch.finfo(dtype).bits // 8
+    H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                     config.num_key_value_heads, config.head_dim)  # fmt: skip
+    spatial = vae_config.scale_factor_spatial if vae_config is not None else 16
+    h, w = s.height // spatial, s.width // spatial
+    latent = config.latent_channel * s.latent_frames * h * w
+    p = config.latent_patch_size
+    media_tokens = s.latent_frames * -(-h // p) * -(-w // p)
+    mlp_width = I * (3 if config.hidden_act == "silu" else 2)  # gate, up and product / up and its square
+    per_token = (3 * H + mlp_width + (2 * A + 4 * K) * D) * b  # hidden, residual, normed; MLP; q, k, v, out
+    longest_text = max(cond_tokens, uncond_tokens)
+    prompts = cond_tokens + (uncond_tokens if s.guidance_scale != 1.0 else 0)
+    parts = {
+        "latents": STATE_COPIES * latent * 4,
+        "text K/V cache": config.num_hidden_layers * prompts * 2 * K * D * b,
+        "text tower": longest_text * per_token,
+        "media tower": media_tokens * per_token + (longest_text + media_tokens) * 2 * K * D * b,
+        "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
+    }
+    if vae_config is not None:
+        tile_px = tile.size * spatial if tile is not None else None
+        th, tw = (min(s.height, tile_px), min(s.width, tile_px)) if tile_px else (s.height, s.width)
+        patch = vae_config.patch_size
+        chunk = DECODER_LIVE_ACTIVATIONS * vae_config.scale_factor_temporal * vae_config.decoder_dim
+        parts["VAE decode"] = chunk * (th // patch) * (tw // patch) * b
+        parts["decoded frames"] = 2 * 3 * s.num_frames * s.height * s.width * 4  # pixels and the 0..1 copy
+    return Estimate(parts)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation can still get on `device` (None when unknown)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                info = dict(line.split(":", 1) for line in f)
+            return int(info["MemAvailable"].split()[0]) * 1024
+        except (OSError, KeyError, ValueError):
+            pages = getattr(os, "sysconf", lambda _: -1)("SC_AVPHYS_PAGES")
+            return pages * os.sysconf("SC_PAGE_SIZE") if pages > 0 else None
+    return None
+
+
+def check(needed: Estimate, device: torch.device) -> None:
+    """Refuse a request whose estimate exceeds what `device` has free, naming the figures and what to lower."""
+    available = available_bytes(device)
+    if available is None or needed.total <= available:
+        return
+    raise InputError(
+        f"this request needs at least {needed.describe()} on {device}, which has {gib(available)} free; "
+        "lower the size or the frame count, decode tiled (vae_tile), or shorten the prompt "
+        "(check_memory=False skips this check)"
+    )
+
+
+def prompt_too_long(which: str, tokens, limit: int) -> InputError:
+    return InputError(
+        f"the {which} has {tokens} tokens, more than max_prompt_tokens {limit}; shorten it or raise "
+        "max_prompt_tokens (official JSON captions are 1,600-2,900 tokens; text-tower memory and time grow with it)"
+    )

@@ -1,0 +1,232 @@
+"""The generation request: every option of `Cosmos3Pipeline.generate`, defined once.
+
+`Request` holds each option with its default and its help text. `generate(prompt, **options)`
+builds one; the command line derives its flags from the fields (`add_arguments`), the ComfyUI
+sampler and the worker pool build and pass the same object. Constructing a Request checks
+everything that does not depend on the checkpoint (sizes, frame counts, the guidance interval,
+names of choices), so a bad request fails before any weight is read. What depends on the
+checkpoint's variant (defaults, distilled overrides) is resolved by `settings.resolve`.
+"""
+
+import argparse
+import re
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any
+
+from .errors import InputError
+from .vae import TileSpec
+
+SPATIAL_FACTOR = 16  # pixels per latent (Wan 2.2 VAE 16x spatial compression); checked against vae/config.json
+SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
+OUTPUTS = ("frames", "latents")
+KEEP = ("first", "last")
+DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
+MAX_SIZE = 8192  # pixels per side: far above anything Cosmos3 was trained on, below int32 index trouble
+
+
+def option(default, help: str, flag: str | None = None, cli: bool = True, tri_state: bool = False, **argparse_options):
+    """A Request field: its default, help text, and its command-line flag (default --field-name).
+
+    cli=False: no flag. tri_state: a bool-or-None field spelled auto/on/off.
+    """
+    metadata = {"help": help, "flag": flag, "cli": cli, "tri_state": tri_state, "argparse": argparse_options}
+    return field(default=default, metadata=metadata)
+
+
+def parse_guidance_interval(value) -> tuple[float, float] | str | None:
+    """'auto' | 'off' (or None, '') | 'LOW,HIGH' | 'LOW-HIGH' | 'LOW HIGH' | (low, high), in timesteps."""
+    if value is None or isinstance(value, str) and value.strip().lower() in ("", "off", "none"):
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        parts = [p for p in re.split(r"[,\s]+|(?<=\d)-(?=\d)", text) if p]
+    else:
+        parts = list(value) if isinstance(value, (tuple, list)) else [value]
+    try:
+        low, high = (float(p) for p in parts)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"guidance_interval {value!r} must be 'auto', 'off' or 'LOW,HIGH' in timesteps 0-1000 (e.g. 400,1000)"
+        ) from None
+    if not 0 <= low <= high:
+        raise InputError(f"guidance_interval ({low:g}, {high:g}) must be LOW,HIGH with 0 <= LOW <= HIGH (timesteps)")
+    return low, high
+
+
+def parse_frame_indexes(value) -> tuple[int, ...] | None:
+    """Latent frame numbers from '0,1' / '0 1' / a sequence of ints; None stays None."""
+    if value is None:
+        return None
+    parts = [p for p in re.split(r"[,\s]+", value.strip()) if p] if isinstance(value, str) else list(value)
+    try:
+        frames = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise InputError(f"condition_frame_indexes {value!r} must be latent frame numbers like '0,1'") from None
+    if not frames or min(frames) < 0:
+        raise InputError(f"condition_frame_indexes {value!r} must be one or more latent frame numbers >= 0")
+    return frames
+
+
+def parse_tile(value) -> TileSpec | None:
+    """A TileSpec, (size, overlap), None/0 (no tiling), or a tile size in latents (overlap a quarter of it)."""
+    if value is None or isinstance(value, TileSpec):
+        return value
+    if isinstance(value, (tuple, list)):
+        return TileSpec(*value)
+    size = int(value)
+    if size < 0:
+        raise InputError(f"vae_tile {value!r} must be a tile size in latents (0: no tiling)")
+    return TileSpec(size, size // 4) if size else None
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one generation asks for. None (or "auto") means the checkpoint variant's default."""
+
+    negative_prompt: str | None = option(None, "negative prompt: prose or a JSON caption (default: empty)")
+    width: int | None = option(None, "frame width, a multiple of 16 (auto: 832 Edge video, 640 Edge image, else 1280)",
+                               type=int)  # fmt: skip
+    height: int | None = option(None, "frame height, a multiple of 16 (auto: 480 Edge video, 640 Edge image, else 720)",
+                                type=int)  # fmt: skip
+    num_frames: int | None = option(None, "1 for an image; video frame counts are 1 + 4k, others round down "
+                                    "(auto: 81)", flag="--frames", type=int)  # fmt: skip
+    fps: float | None = option(None, "frames per second, stated in the prompt and the video file (auto: 24)", type=float)
+    steps: int | None = option(None, "sampling steps (auto: 35; distilled checkpoints always take their own 4)",
+                               type=int)  # fmt: skip
+    guidance_scale: float | None = option(None, "classifier-free guidance (auto: 4, Edge 5 for video and 7 for "
+                                          "images; distilled: always 1)", flag="--guidance", type=float)  # fmt: skip
+    flow_shift: float | None = option(None, "flow shift of the UniPC grid (auto: 3 for images and Edge, 10 for "
+                                      "other video)", type=float)  # fmt: skip
+    schedule: str = option("auto", "auto (fixed sigmas on distilled checkpoints, else unipc), unipc (shifted flow "
+                           "grid), checkpoint (the shipped scheduler_config.json), distilled", choices=SCHEDULES)  # fmt: skip
+    guidance_interval: Any = option("auto", "timesteps where guidance applies: auto ([400, 1000] for images, every "
+                                    "step for video), off, or LOW,HIGH")  # fmt: skip
+    seed: int = option(0, "noise seed (the same seed gives the same result on every device)", type=int)
+    image: Any = option(None, "image to condition the first frame on (image-to-video); CLI: an image file")
+    video: Any = option(None, "clip to condition the first latent frames on (video-to-video); CLI: a video file")
+    condition_frame_indexes: Any = option(None, "video-to-video: latent frames held to the clip, e.g. 0,1 "
+                                          "(latent f covers video frames up to 4f; auto: 0,1)",
+                                          flag="--condition-frames")  # fmt: skip
+    condition_video_keep: str = option("first", "video-to-video: condition on the first or the last frames of the "
+                                       "clip", flag="--keep", choices=KEEP)  # fmt: skip
+    use_system_prompt: bool | None = option(None, "system prompt on or off (auto: the checkpoint's "
+                                            "default_use_system_prompt)", flag="--system-prompt", tri_state=True)  # fmt: skip
+    add_resolution_template: bool = option(True, "append 'This video is of HxW resolution.' to prose prompts "
+                                           "(negated on the negative)", flag="--resolution-template")  # fmt: skip
+    add_duration_template: bool = option(True, "append 'The video is N seconds long and is of F FPS.' to prose "
+                                         "video prompts (negated on the negative)", flag="--duration-template")  # fmt: skip
+    json_captions: bool = option(True, "read a prompt that is a JSON object as a structured caption (resolution, "
+                                 "duration and fps filled in); off: every prompt is prose")  # fmt: skip
+    max_sequence_length: int | None = option(None, "cut prompts to this many tokens (with a warning; default: no "
+                                             "cut)", type=int)  # fmt: skip
+    max_prompt_tokens: int = option(DEFAULT_MAX_PROMPT_TOKENS, "refuse prompts longer than this many tokens (raise "
+                                    "it for very long captions)", type=int)  # fmt: skip
+    output: str = option("frames", "frames (decoded) or latents (no VAE decode)", cli=False)
+    vae_tile: Any = option(None, "decode in tiles of this many latents, overlap a quarter (0: no tiling)",
+                           flag="--tile", type=int)  # fmt: skip
+    check_memory: bool = option(True, "estimate the memory a request needs and refuse it when the device does not "
+                                "have it")  # fmt: skip
+
+    def __post_init__(self):
+        set_ = object.__setattr__  # frozen: normalise in place once
+        set_(self, "guidance_interval", parse_guidance_interval(self.guidance_interval))
+        set_(self, "condition_frame_indexes", parse_frame_indexes(self.condition_frame_indexes))
+        set_(self, "vae_tile", parse_tile(self.vae_tile))
+        for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS)):
+            if getattr(self, name) not in choices:
+                raise InputError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
+            raise InputError(f"negative_prompt must be a string, got {type(self.negative_prompt).__name__}")
+        for name in ("width", "height"):
+            value = getattr(self, name)
+            if value is not None and (value <= 0 or value % SPATIAL_FACTOR or value > MAX_SIZE):
+                other = self.height if name == "width" else self.width
+                raise InputError(
+                    f"{name} {value} must be a positive multiple of {SPATIAL_FACTOR} up to {MAX_SIZE} (Cosmos3 "
+                    f"latents are 1/{SPATIAL_FACTOR} of the frame); for example {_nearest(value)}"
+                    + ("" if other is None else f" (size asked: {self.width}x{self.height}, WxH)")
+                )
+        positive = {"num_frames": self.num_frames, "steps": self.steps, "max_prompt_tokens": self.max_prompt_tokens,
+                    "max_sequence_length": self.max_sequence_length}  # fmt: skip
+        for name, value in positive.items():
+            if value is not None and value < 1:
+                raise InputError(f"{name} must be at least 1, got {value}")
+        if self.fps is not None and not self.fps > 0:
+            raise InputError(f"fps must be positive, got {self.fps}")
+        if self.image is not None and self.video is not None:
+            raise InputError("give either an image (image-to-video) or a video (video-to-video), not both")
+
+    @property
+    def has_image(self) -> bool:
+        return self.image is not None
+
+    @property
+    def has_video(self) -> bool:
+        return self.video is not None
+
+    @classmethod
+    def build(cls, base: "Request | None" = None, **options) -> "Request":
+        """A Request from keyword options (over `base` if given); unknown names are an error listing the valid ones."""
+        unknown = sorted(set(options) - OPTION_NAMES)
+        if unknown:
+            raise InputError(f"unknown generation option(s) {', '.join(unknown)}; options are "
+                             f"{', '.join(sorted(OPTION_NAMES))}")  # fmt: skip
+        if base is None:
+            return cls(**options)
+        return replace(base, **options) if options else base
+
+
+    def plain(self) -> dict:
+        """The options as builtin values (for another process, which imports the runtime under another name)."""
+        options = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.vae_tile is not None:
+            options["vae_tile"] = (self.vae_tile.size, self.vae_tile.overlap)
+        return options
+
+
+OPTION_NAMES = frozenset(f.name for f in fields(Request))
+HELP = {f.name: f.metadata["help"] for f in fields(Request)}
+
+
+def help_of(name: str) -> str:
+    """The help text of a Request field (the CLI and the ComfyUI tooltips show the same words)."""
+    return HELP[name]
+
+
+def _nearest(value: int) -> int:
+    return min(max(SPATIAL_FACTOR, round(value / SPATIAL_FACTOR) * SPATIAL_FACTOR), MAX_SIZE)
+
+
+# --- the command line's view of the same fields ----------------------------------------------------
+
+TRI_STATE = {"auto": None, "on": True, "off": False}
+
+
+def cli_flag(f) -> str:
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per Request field (except those marked cli=False), with its help text and default."""
+    for f in fields(Request):
+        if not f.metadata["cli"]:
+            continue
+        options = dict(f.metadata["argparse"])
+        default = f.default if f.default is not MISSING else None
+        if f.metadata["tri_state"]:
+            options.update(choices=list(TRI_STATE), default="auto")
+        elif isinstance(default, bool):
+            options.update(action=argparse.BooleanOptionalAction, default=default)
+        else:
+            options.setdefault("default", default)
+        shown = "auto" if options.get("default") is None else options["default"]
+        parser.add_argument(cli_flag(f), dest=f.name, help=f"{f.metadata['help']} [default: {shown}]", **options)
+
+
+def options_from_args(args: argparse.Namespace) -> dict:
+    """Request keyword options from parsed flags (files for image/video are read by the caller)."""
+    cli_fields = [f for f in fields(Request) if f.metadata["cli"]]
+    return {f.name: TRI_STATE[getattr(args, f.name)] if f.metadata["tri_state"] else getattr(args, f.name)
+            for f in cli_fields}  # fmt: skip

@@ -117,7 +117,7 @@ def cmd_demo(args) -> None:
               f"{(time.perf_counter() - start) * 1000:.1f} ms, velocity {tuple(velocity.shape)}")  # fmt: skip
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cosmos3_runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -159,7 +159,11 @@ def main(argv=None) -> int:
 
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true", help="show the traceback of errors")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)  # settings notes, load warnings
     try:
         args.run(args)

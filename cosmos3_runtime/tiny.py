@@ -244,7 +244,7 @@ def make_tiny_checkpoint(
     sound: bool = False,
     seed: int = 0,
     shards: int = 2,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str = torch.bfloat16,
     legacy_class_name: bool = False,
     overrides: dict | None = None,
 ) -> Path:
@@ -270,6 +270,7 @@ def make_tiny_checkpoint(
     }
     (root / "model_index.json").write_text(json.dumps(model_index, indent=2))
     config = {**transformer_config(kind, size, action=action, sound=sound, vocab_size=vocab_size), **(overrides or {})}
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "float32" too (hashable options)
     write_transformer(root / "transformer", config, seed, shards, dtype)
     write_vae(root / "vae", vae_config(seed), seed, dtype)
     (root / "scheduler").mkdir(exist_ok=True)

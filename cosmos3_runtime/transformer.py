@@ -171,7 +171,12 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(torch.relu(self.up_proj(x)).square())
+        return self.down_proj(relu_squared(self.up_proj(x)))
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """Edge's activation; must round exactly like relu(x) * relu(x) in bf16 (the reference's form)."""
+    return torch.relu(x).square()
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:

@@ -221,5 +221,9 @@ class WorkerPool:
                 requests.put(("stop", None))
         for process in self.processes:
             process.join(timeout=10)
-            if process.is_alive():
+            if process.is_alive():  # stuck (in a collective with a dead peer, say): end it and reap it
                 process.terminate()
+                process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()

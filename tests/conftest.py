@@ -1,6 +1,8 @@
 """Shared fixtures: the pack root on sys.path and tiny checkpoints built once per session."""
 
+import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cosmos3_runtime.tiny import make_tiny_checkpoint  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require(module: str, minversion: str | None = None):
+    """Import a test-only reference (diffusers). Locally a missing one skips the tests that need it;
+    under CI=true it fails them, so the parity layer can never silently turn into skips."""
+    if not IN_CI:
+        return pytest.importorskip(module, minversion=minversion)
+    imported = importlib.import_module(module)
+    if minversion is not None:
+        from packaging.version import Version
+
+        assert Version(imported.__version__) >= Version(minversion), f"{module} {imported.__version__} < {minversion}"
+    return imported
 
 
 @pytest.fixture(scope="session")

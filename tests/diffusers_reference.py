@@ -7,9 +7,10 @@ reference side of every parity test is diffusers' code end to end.
 from types import SimpleNamespace
 
 import pytest
+from conftest import require
 import torch
 
-diffusers = pytest.importorskip("diffusers", minversion="0.42.1")
+diffusers = require("diffusers", minversion="0.42.1")
 from diffusers import Cosmos3OmniTransformer  # noqa: E402
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline  # noqa: E402
 

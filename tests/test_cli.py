@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
-from cosmos3_runtime.__main__ import main
+import cosmos3_runtime
+from cosmos3_runtime.__main__ import build_parser, main
 
 
 def test_generate_an_image(tiny_gated, tmp_path, capsys):
@@ -41,3 +43,100 @@ def test_demo_info_and_make_tiny(tmp_path, capsys):
     assert "Edge (dense relu2), distilled 4-step (SDE)" in capsys.readouterr().out
     assert main(["demo", "--checkpoint", str(tmp_path / "t"), "--width", "64", "--height", "48"]) == 0
     assert "one transformer forward" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="session")
+def big_checkpoint(tiny_factory):
+    """About 440 MB of fp32 weights: loading them would show in peak memory and time."""
+    return tiny_factory(kind="gated", size="small", dtype="float32", overrides={"num_hidden_layers": 18})
+
+
+USER_ERRORS = [
+    (["--guidance-interval", "sometimes"], "guidance_interval 'sometimes' must be 'auto', 'off' or 'LOW,HIGH'"),
+    (["--image", "missing.png"], "image file missing.png does not exist"),
+    (["--video", "missing.mp4"], "video file missing.mp4 does not exist"),
+    (["--output", "x.gif"], "unsupported output file type '.gif'"),
+    (["--output", "/no/such/folder/x.mp4"], "output folder /no/such/folder does not exist"),
+    (["--device", "cuda"], "CUDA is not available"),
+    (["--width", "100"], "width 100 must be a positive multiple of 16"),
+    (["--frames", "0"], "num_frames must be at least 1"),
+    (["--checkpoint", "no-such-folder"], "no such checkpoint folder"),
+]
+
+
+def test_user_errors_exit_2_with_one_line_before_any_weight_is_read(big_checkpoint, tmp_path):
+    """Each error: status 2, its message on one line, no traceback, and no weight read (memory, time)."""
+    script = f"""
+import io, json, resource, sys, time, contextlib
+sys.path.insert(0, {str(ROOT)!r})
+from cosmos3_runtime.__main__ import main
+import torch
+baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+results = []
+for extra in {[case for case, _ in USER_ERRORS]!r}:
+    flags = {{"--checkpoint": {str(big_checkpoint)!r}, "--prompt": "a cat", "--output": "out.mp4", extra[0]: extra[1]}}
+    err = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stderr(err):
+        code = main(["generate", *(x for pair in flags.items() for x in pair)])
+    results.append((code, err.getvalue(), time.perf_counter() - start))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({{"results": results, "grown_mib": (peak - baseline) / 1024}}))
+"""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for (code, err, seconds), (case, message) in zip(report["results"], USER_ERRORS):
+        lines = [line for line in err.splitlines() if not line.startswith("WARNING")]
+        assert code == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in err, (case, err)
+        assert seconds < 1.0, (case, seconds)
+    assert report["grown_mib"] < 100, report  # the weights are 440 MB
+
+
+def test_debug_shows_the_traceback(tiny_gated, tmp_path):
+    with pytest.raises(cosmos3_runtime.InputError, match="multiple of 16"):
+        main(["generate", "--checkpoint", str(tiny_gated), "--prompt", "x", "--width", "100", "--debug",
+              "--output", str(tmp_path / "x.png")])  # fmt: skip
+
+
+def test_every_generate_flag_has_help_and_shows_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = capsys.readouterr().out
+    assert "[default: auto]" in text and "auto: 832 Edge video" in text and "--no-resolution-template" in text
+    parser = build_parser()
+    generate = parser._subparsers._group_actions[0].choices["generate"]
+    for action in generate._actions:
+        assert action.help, action.dest
+
+
+def test_request_is_the_only_definition_of_the_options():
+    """The CLI flags, the sampler widgets and the worker pool all come from (or check against) Request."""
+    import inspect
+    from dataclasses import fields
+
+    from cosmos3_runtime import Cosmos3Pipeline, WorkerPool
+    from cosmos3_runtime.request import OPTION_NAMES, Request
+
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    cli = {a.dest for a in generate._actions} - {"help", "checkpoint", "kind", "prompt", "output", "sp",
+                                                  "cfg_parallel", "device", "dtype", "debug"}  # fmt: skip
+    assert cli == {f.name for f in fields(Request) if f.metadata["cli"]}
+    for method in (Cosmos3Pipeline.generate, WorkerPool.generate):
+        assert not set(inspect.signature(method).parameters) & OPTION_NAMES  # options only through **options
+
+
+def test_info_reads_config_files_only(tiny_gated, tmp_path, capsys):
+    import shutil
+
+    folder = shutil.copytree(tiny_gated, tmp_path / "ckpt")
+    for shard in (folder / "transformer").glob("*.safetensors"):
+        shard.unlink()
+    assert main(["info", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "gated (SwiGLU), multi-step" in out and "parameters:" in out and "text tower" in out
+    assert "bf16" in out and "weight file(s) missing" in out

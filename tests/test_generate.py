@@ -93,7 +93,32 @@ def test_cancel_from_callback_then_next_run_is_unaffected(pipe):
         pipe.generate("a dog", num_frames=5, steps=4, seed=1, callback=cancel_at_two, **SMALL)
     assert progress == [(1, 4), (2, 4)]
     again = pipe.generate("a dog", num_frames=5, steps=4, seed=1, **SMALL)
-    assert torch.equal(again.latents, reference.latents)
+    fresh = cosmos3_runtime.load(pipe.checkpoint.root, dtype="fp32").generate("a dog", num_frames=5, steps=4, seed=1,
+                                                                              **SMALL)  # fmt: skip
+    assert torch.equal(again.latents, fresh.latents) and torch.equal(again.frames, fresh.frames)
+    assert torch.equal(reference.latents, fresh.latents)
+
+
+def test_cancel_during_decode_takes_effect_within_one_latent_frame(pipe):
+    latents = torch.randn(1, 48, 4, 3, 4)
+    for tile in (None, cosmos3_runtime.TileSpec(2, 1)):
+        calls = []
+
+        def cancel_at_two(done, total):
+            calls.append((done, total))
+            if done == 2:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            pipe.decode(latents, tile=tile, progress=cancel_at_two)
+        tiles = 1 if tile is None else 2 * 3  # 3x4 latents in tiles of 2 (overlap 1): 2 rows, 3 columns
+        assert calls == [(1, 4 * tiles), (2, 4 * tiles)]  # stopped right after the second latent frame
+    seen = []
+    frames = pipe.decode(latents, progress=lambda done, total: seen.append(done))
+    assert seen == [1, 2, 3, 4] and torch.equal(frames, pipe.decode(latents))  # nothing left behind
+    encoded = []
+    pipe.encode(frames, progress=lambda done, total: encoded.append((done, total)))
+    assert encoded == [(1, 4), (2, 4), (3, 4), (4, 4)]
 
 
 def test_callback_gets_the_denoised_estimate(pipe):

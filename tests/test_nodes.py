@@ -152,10 +152,29 @@ def test_switching_checkpoints_frees_the_previous_one(nodes):
     assert edge.pipeline.variant.is_edge  # an old handle (still cached by ComfyUI) reloads when used
 
 
-def test_offload_mode_runs_and_keeps_the_weights_home(nodes):
+def test_offload_mode_moves_to_the_compute_device_only_while_a_node_runs(nodes, monkeypatch):
+    """A stand-in compute device distinct from the offload device (CPU): every move is recorded, in order."""
+    compute = torch.device("cuda", 3)
+    monkeypatch.setattr(nodes.services, "torch_device", lambda: compute)
     model, vae, info = nodes.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "offload")["result"]
+    pipe = model.pipeline
+    assert "offload" in info and pipe.device.type == "cpu"  # loaded at home, not on the compute device
+    events, real_to = [], type(pipe).to
+
+    def recording_to(self, device):
+        events.append(("to", torch.device(device)))
+        return real_to(self, "cpu")  # the stand-in device has no memory: stay on the CPU, keep the record
+
+    monkeypatch.setattr(type(pipe), "to", recording_to)
+    pipe.transformer.register_forward_pre_hook(lambda *_: events.append(("forward", events[-1][1])))
+    pipe.vae.decoder.register_forward_pre_hook(lambda *_: events.append(("decode", events[-1][1])))
     latent, _ = sample(nodes, model, text(nodes))
-    assert "offload" in info and model.pipeline.device.type == "cpu"
+    nodes.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)
+    kinds = [kind for kind, _ in events]
+    assert kinds[0] == "to" and events[0][1] == compute and "forward" in kinds
+    assert all(device == compute for kind, device in events if kind in ("forward", "decode"))
+    moves = [device for kind, device in events if kind == "to"]
+    assert moves == [compute, torch.device("cpu"), compute, torch.device("cpu")]  # sampler, then decode
     assert latent["samples"].device.type == "cpu"
 
 

@@ -7,12 +7,14 @@ conditioned frames after every step (diffusers' base pipeline lets them drift by
 
 import numpy as np
 import pytest
+from conftest import require
 import torch
 from PIL import Image
 
 import cosmos3_runtime
 
-ref = pytest.importorskip("diffusers_reference")
+require("diffusers", minversion="0.42.1")
+import diffusers_reference as ref  # noqa: E402
 
 TOL = 1e-4
 SIZE = dict(height=48, width=64)

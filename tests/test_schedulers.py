@@ -2,12 +2,13 @@
 
 import numpy as np
 import pytest
+from conftest import require
 import torch
 
 from cosmos3_runtime.schedulers import FlowEuler, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
 from cosmos3_runtime.tiny import DISTILLED_SCHEDULER, DISTILLED_SIGMAS, UNIPC_SCHEDULER
 
-diffusers = pytest.importorskip("diffusers", minversion="0.42.1")
+diffusers = require("diffusers", minversion="0.42.1")
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler  # noqa: E402
 
 FLOW = {**UNIPC_SCHEDULER, "use_karras_sigmas": False}

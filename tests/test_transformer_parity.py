@@ -1,12 +1,14 @@
 """Our transformer against diffusers' Cosmos3OmniTransformer on the same tiny checkpoints (fp32)."""
 
 import pytest
+from conftest import require
 import torch
 
 import cosmos3_runtime
 from cosmos3_runtime.transformer import ActionTokens, SoundTokens
 
-ref = pytest.importorskip("diffusers_reference")
+require("diffusers", minversion="0.42.1")
+import diffusers_reference as ref  # noqa: E402
 
 TOL = 1e-5
 
@@ -124,10 +126,18 @@ def test_norms_are_bit_exact_in_bf16(nemotron):
     assert torch.equal(ours(x), theirs(x))
 
 
-def test_relu_squared_is_bit_identical_to_relu_times_relu_for_every_bf16_value():
+def test_edge_activation_is_bit_identical_to_relu_times_relu_for_every_bf16_value(monkeypatch):
+    from cosmos3_runtime import transformer
+
     x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     x = x[torch.isfinite(x)]
-    assert torch.equal(torch.relu(x).square(), torch.relu(x) * torch.relu(x))
+    assert torch.equal(transformer.relu_squared(x), torch.relu(x) * torch.relu(x))
+    # ... and it is what the Edge MLP applies
+    seen = []
+    monkeypatch.setattr(transformer, "relu_squared", lambda t: seen.append(t) or torch.relu(t) * torch.relu(t))
+    mlp = transformer.MLP(transformer.TransformerConfig(hidden_size=8, intermediate_size=16, hidden_act="relu2"))
+    mlp(torch.randn(3, 8))
+    assert len(seen) == 1 and seen[0].shape == (3, 16)
 
 
 def test_rope_tables_are_bit_exact_in_bf16():

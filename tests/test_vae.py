@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+from conftest import require
 import torch
 
 import cosmos3_runtime
@@ -11,7 +12,7 @@ from cosmos3_runtime import CheckpointError, InputError
 from cosmos3_runtime.tiny import vae_config
 from cosmos3_runtime.vae import TileSpec, VAEConfig, WanVAE
 
-diffusers = pytest.importorskip("diffusers", minversion="0.42.1")
+diffusers = require("diffusers", minversion="0.42.1")
 from diffusers import AutoencoderKLWan  # noqa: E402
 
 TOL = 1e-5

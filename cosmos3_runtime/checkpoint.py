@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointError
+from .schedulers import FLOW_MATCH_EULER
 from .transformer import EDGE_BACKBONE, TransformerConfig
 
 log = logging.getLogger(__name__)
 
 PIPELINE_CLASSES = ("Cosmos3OmniPipeline", "Cosmos3OmniDiffusersPipeline")
-DISTILLED_SCHEDULER = "FlowMatchEulerDiscreteScheduler"
 TOKENIZER_DIRS = ("text_tokenizer", "tokenizer")
 CONFIG_FILES = (
     "model_index.json",
@@ -45,6 +45,7 @@ class Variant:
     has_sound: bool
     default_use_system_prompt: bool
     pipeline_class: str
+    scheduler_class: str  # scheduler/scheduler_config.json _class_name (the 'checkpoint' schedule runs it)
 
     def describe(self) -> str:
         parts = ["Edge (dense relu2)" if self.is_edge else "gated (SwiGLU)"]
@@ -166,6 +167,7 @@ def _detect(root: Path) -> Variant:
         has_sound=bool(config.sound_gen),
         default_use_system_prompt=bool(system_prompt),
         pipeline_class=index["_class_name"],
+        scheduler_class=str(scheduler.get("_class_name", "UniPCMultistepScheduler")),
     )
 
 
@@ -174,7 +176,7 @@ def _distilled_schedule(root: Path, scheduler: dict, modular: dict) -> tuple[tup
     fixed = scheduler.get("fixed_step_sampler_config") or {}
     t_list = _sigma_list(fixed.get("t_list"), root / "scheduler" / "scheduler_config.json", "t_list")
     modular_sigmas = _sigma_list(modular.get("distilled_sigmas"), root / "modular_model_index.json", "distilled_sigmas")
-    is_flow_match = scheduler.get("_class_name") == DISTILLED_SCHEDULER
+    is_flow_match = scheduler.get("_class_name") == FLOW_MATCH_EULER
 
     if is_flow_match and t_list:
         if modular_sigmas and modular_sigmas != t_list:
@@ -187,13 +189,10 @@ def _distilled_schedule(root: Path, scheduler: dict, modular: dict) -> tuple[tup
         sigmas = t_list
     elif modular_sigmas and (is_flow_match or modular.get("is_distilled")):
         sigmas = modular_sigmas
-    elif is_flow_match or modular.get("is_distilled"):
-        raise CheckpointError(
-            f"{root} is a distilled checkpoint ({DISTILLED_SCHEDULER} scheduler or is_distilled) but neither "
-            "scheduler/scheduler_config.json fixed_step_sampler_config.t_list nor modular_model_index.json "
-            "distilled_sigmas lists its sigmas"
-        )
-    else:
+    else:  # only a declared sigma list makes a checkpoint distilled (a plain FlowMatch one is multi-step)
+        if modular.get("is_distilled"):
+            log.warning("%s: modular_model_index.json says is_distilled but lists no distilled_sigmas; sampling it "
+                        "as a multi-step checkpoint", root)  # fmt: skip
         return None, False
     stochastic = fixed.get("sample_type") == "sde" or bool(scheduler.get("stochastic_sampling"))
     return sigmas, stochastic

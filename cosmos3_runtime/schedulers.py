@@ -5,8 +5,9 @@ x0 = x - s v. A `Schedule` is the sigma grid (float32, ending in 0) plus the tim
 given (UniPC: int64, truncated from the float64 grid; Euler: float32 sigma * 1000).
 
 - `unipc_schedule`: the shifted flow grid linspace(1, 1/1000, n+1)[:-1], s -> shift*s / (1 + (shift-1)*s).
-- `checkpoint_schedule`: the shipped UniPC config as diffusers applies it (Karras flow sigmas when
-  `use_karras_sigmas`, in which case the flow shift has no effect).
+- `checkpoint_schedule`: the shipped scheduler config as diffusers applies it: UniPC (Karras flow sigmas
+  when `use_karras_sigmas`, in which case the flow shift has no effect), or FlowMatch Euler for a
+  multi-step checkpoint that ships one without a fixed sigma list.
 - `distilled_schedule`: a distilled checkpoint's fixed sigma list, used as given (shift 1).
 
 `UniPC` is the multistep predictor-corrector (order 2, B(h) variants, x0 form) and `FlowEuler` the
@@ -37,6 +38,17 @@ UNSUPPORTED_UNIPC = {
     "shift_terminal": None,
     "use_exponential_sigmas": False,
     "use_beta_sigmas": False,
+}
+
+
+FLOW_MATCH_EULER = "FlowMatchEulerDiscreteScheduler"
+UNSUPPORTED_FLOW_MATCH = {
+    "use_dynamic_shifting": False,
+    "shift_terminal": None,
+    "use_karras_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_beta_sigmas": False,
+    "invert_sigmas": False,
 }
 
 
@@ -88,8 +100,12 @@ def checkpoint_schedule(config: dict, steps: int, shift: float | None = None, na
     pipeline flag `use_native_flow_schedule`: supply linspace(1 - 1/1000, 0) as the unshifted grid.
     """
     source = "scheduler/scheduler_config.json"
-    if config.get("_class_name", "UniPCMultistepScheduler") != "UniPCMultistepScheduler":
-        raise CheckpointError(f"{source}: the 'checkpoint' schedule needs a UniPCMultistepScheduler config")
+    class_name = config.get("_class_name", "UniPCMultistepScheduler")
+    if class_name == FLOW_MATCH_EULER:
+        return _flow_match_schedule(config, steps, shift, native_flow)
+    if class_name != "UniPCMultistepScheduler":
+        raise CheckpointError(f"{source}: the 'checkpoint' schedule needs a UniPCMultistepScheduler or "
+                              f"{FLOW_MATCH_EULER} config, not {class_name!r}")  # fmt: skip
     for key, default in UNSUPPORTED_UNIPC.items():
         if config.get(key, default) != default:
             raise CheckpointError(f"{source}: {key}={config[key]!r} is not supported (expected {default!r})")
@@ -112,6 +128,26 @@ def checkpoint_schedule(config: dict, steps: int, shift: float | None = None, na
     return _unipc(_flow_grid(steps, shift, supplied), **options)
 
 
+def _flow_match_schedule(config: dict, steps: int, shift: float | None, native_flow: bool) -> Schedule:
+    """A multi-step FlowMatchEulerDiscreteScheduler config (no fixed sigma list), as diffusers' set_timesteps runs it:
+    timesteps linspace(1000, 1, n) (or the native grid), sigmas = t / 1000 shifted, Euler steps on them."""
+    for key, default in UNSUPPORTED_FLOW_MATCH.items():
+        if config.get(key, default) != default:
+            raise CheckpointError(f"scheduler/scheduler_config.json: {key}={config[key]!r} is not supported "
+                                  f"(expected {default!r})")  # fmt: skip
+    n = config.get("num_train_timesteps", TRAIN_TIMESTEPS)
+    shift = config.get("shift", 1.0) if shift is None else shift
+    if native_flow:
+        grid = np.linspace(1.0 - 1.0 / n, 0.0, steps + 1)[:-1].astype(np.float32)
+    else:  # from sigma_max = 1 to the shifted training grid's sigma_min, then shifted once more (as diffusers does)
+        sigma_min = shift * (1 / n) / (1 + (shift - 1) * (1 / n))
+        grid = np.linspace(1.0 * n, sigma_min * n, steps) / n
+    grid = shift * grid / (1 + (shift - 1) * grid)
+    sigmas = torch.from_numpy(grid).to(torch.float32)
+    return Schedule(torch.cat([sigmas, torch.zeros(1)]), sigmas * n, "euler",
+                    stochastic=bool(config.get("stochastic_sampling", False)))  # fmt: skip
+
+
 def _vp_sigma_range(config: dict) -> tuple[float, float]:
     """Karras end points from the training noise table when the config gives none (linear betas)."""
     if config.get("beta_schedule", "linear") != "linear":
@@ -119,7 +155,7 @@ def _vp_sigma_range(config: dict) -> tuple[float, float]:
     n = config.get("num_train_timesteps", TRAIN_TIMESTEPS)
     betas = torch.linspace(config.get("beta_start", 1e-4), config.get("beta_end", 0.02), n, dtype=torch.float32)
     alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
-    sigmas = np.array(((1 - alphas_cumprod) / alphas_cumprod) ** 0.5)
+    sigmas = (((1 - alphas_cumprod) / alphas_cumprod) ** 0.5).numpy()
     return float(sigmas[0]), float(sigmas[-1])
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .checkpoint import Variant
 from .errors import InputError
 from .request import Request
+from .schedulers import FLOW_MATCH_EULER
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class Settings:
     fps: float
     steps: int
     guidance_scale: float
-    flow_shift: float | None  # None: the schedule does not use one (distilled, Karras)
+    flow_shift: float | None  # None: distilled, or the checkpoint schedule with its config's own shift
     schedule: str  # "unipc", "checkpoint" or "distilled"
     guidance_interval: tuple[float, float] | None
     negative_prompt: str
@@ -94,9 +95,14 @@ def resolve(variant: Variant, request: Request) -> Settings:
         if schedule == "distilled":
             raise InputError("schedule 'distilled' needs a distilled checkpoint (this one is multi-step)")
         schedule = "unipc" if schedule == "auto" else schedule
+        if schedule == "checkpoint" and variant.scheduler_class == FLOW_MATCH_EULER:
+            notes.append(f"schedule 'checkpoint': the shipped {FLOW_MATCH_EULER} (this checkpoint declares no "
+                         "fixed sigma list, so it is multi-step), Euler steps on its flow grid")  # fmt: skip
         steps = DEFAULT_STEPS if r.steps is None else int(r.steps)
         guidance = _default_guidance(variant, kind) if r.guidance_scale is None else float(r.guidance_scale)
         shift = r.flow_shift if r.flow_shift is not None else default_flow_shift(variant, is_image)
+        if schedule == "checkpoint":  # the shipped config as it is, unless a shift is asked for explicitly
+            shift = r.flow_shift
         interval = _guidance_interval(r.guidance_interval, is_image)
 
     mode, condition_frames = _mode(r, num_frames == 1, 1 + (num_frames - 1) // TEMPORAL_FACTOR)

@@ -99,10 +99,12 @@ def test_unipc_scheduler_with_stray_t_list_is_not_distilled(tmp_path):
     assert not detect_variant(write_configs(tmp_path, scheduler=scheduler)).is_distilled
 
 
-def test_distilled_without_sigmas_is_an_error(tmp_path):
+def test_flow_match_scheduler_without_a_sigma_list_is_multi_step(tmp_path):
+    """Only a declared sigma list makes a checkpoint distilled (the serving reference's rule)."""
     scheduler = {k: v for k, v in DISTILLED_SCHEDULER.items() if k != "fixed_step_sampler_config"}
-    with pytest.raises(CheckpointError, match="neither .*t_list nor .*distilled_sigmas"):
-        detect_variant(write_configs(tmp_path, scheduler=scheduler))
+    v = detect_variant(write_configs(tmp_path, scheduler=scheduler))
+    assert not v.is_distilled and v.distilled_sigmas is None
+    assert v.scheduler_class == "FlowMatchEulerDiscreteScheduler" and "multi-step" in v.describe()
 
 
 def test_heads_and_system_prompt_flag(tmp_path):

@@ -106,3 +106,28 @@ def test_token_ids_match_diffusers(checkpoint, ours, prompt, negative, frames, s
     )  # fmt: skip
     prompt_options = cosmos3_runtime.prompts.PromptOptions(frames, 480, 832, 24.0, system, json_captions=False)
     assert ours.token_ids(prompt, settings, prompt_options) == tuple(list(ids) for ids in expected)
+
+
+def test_multi_step_flow_match_checkpoint_matches_diffusers(tiny_gated, tmp_path):
+    """A FlowMatch Euler scheduler without a fixed sigma list: multi-step, run as diffusers' task pipeline runs it."""
+    import json
+    import shutil
+
+    from cosmos3_runtime.tiny import DISTILLED_SCHEDULER
+
+    root = shutil.copytree(tiny_gated, tmp_path / "flow-match")
+    config = {k: v for k, v in DISTILLED_SCHEDULER.items() if not k.startswith("fixed_step")}
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({**config, "shift": 3.0,
+                                                                          "stochastic_sampling": False}))  # fmt: skip
+    index = json.loads((root / "model_index.json").read_text())
+    index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
+    (root / "model_index.json").write_text(json.dumps(index))
+    common = dict(prompt="A robot arm stacks two cubes.", negative_prompt="blurry", num_frames=9, **SIZE)
+    with torch.no_grad():
+        expected = ref.omni_pipeline(root)(**common, num_inference_steps=STEPS, guidance_scale=4.0,
+                                           generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video  # fmt: skip
+    got = cosmos3_runtime.load(root, dtype=torch.float32).generate(
+        **common, steps=STEPS, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False, output="latents"
+    )
+    assert "FlowMatchEulerDiscreteScheduler" in got.settings.notes[0]
+    torch.testing.assert_close(got.latents, expected.float(), atol=TOL, rtol=0)

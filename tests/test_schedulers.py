@@ -97,6 +97,26 @@ def test_unsupported_scheduler_options_are_errors():
         checkpoint_schedule({**UNIPC_SCHEDULER, "thresholding": True}, 4)
     with pytest.raises(CheckpointError, match="solver_order 3 is not supported"):
         checkpoint_schedule({**UNIPC_SCHEDULER, "solver_order": 3}, 4)
-    with pytest.raises(CheckpointError, match="needs a UniPCMultistepScheduler config"):
-        checkpoint_schedule(DISTILLED_SCHEDULER, 4)
+    with pytest.raises(CheckpointError, match="needs a UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler"):
+        checkpoint_schedule({"_class_name": "DDIMScheduler"}, 4)
+    with pytest.raises(CheckpointError, match="use_dynamic_shifting=True is not supported"):
+        checkpoint_schedule({**DISTILLED_SCHEDULER, "use_dynamic_shifting": True}, 4)
     checkpoint_schedule({**UNIPC_SCHEDULER, "a_key_from_the_future": 1}, 4)  # unknown keys are ignored
+
+
+@pytest.mark.parametrize("shift, native", [(1.0, False), (3.0, False), (5.0, True)])
+def test_multi_step_flow_match_grid_equals_diffusers(shift, native):
+    """A FlowMatch Euler checkpoint with no fixed sigmas: set_timesteps(n) (or the native grid) as diffusers runs it."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    config = {k: v for k, v in DISTILLED_SCHEDULER.items() if not k.startswith("fixed_step")}
+    config.update(shift=shift, stochastic_sampling=False)
+    reference = FlowMatchEulerDiscreteScheduler.from_config(config)
+    steps = 7
+    if native:
+        reference.set_timesteps(steps, sigmas=np.linspace(1 - 1 / 1000, 0, steps + 1)[:-1])
+    else:
+        reference.set_timesteps(steps)
+    ours = checkpoint_schedule({**config, "_class_name": "FlowMatchEulerDiscreteScheduler"}, steps, native_flow=native)
+    assert ours.stepper == "euler" and not ours.stochastic
+    assert torch.equal(ours.sigmas, reference.sigmas) and torch.equal(ours.timesteps, reference.timesteps)

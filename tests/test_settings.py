@@ -11,7 +11,8 @@ IMAGE, VIDEO = object(), object()  # only their presence matters here
 
 def variant(edge=False, distilled=False, system_prompt=True):
     sigmas = (1.0, 0.9375, 0.8333333333333334, 0.625) if distilled else None
-    return Variant(edge, distilled, sigmas, distilled, False, False, system_prompt, "Cosmos3OmniPipeline")
+    return Variant(edge, distilled, sigmas, distilled, False, False, system_prompt, "Cosmos3OmniPipeline",
+                   "UniPCMultistepScheduler")
 
 
 GATED, EDGE, DISTILLED = variant(), variant(edge=True), variant(distilled=True)
@@ -33,7 +34,8 @@ TABLE = [
     (GATED, {"guidance_interval": (960, 1001)}, dict(guidance_interval=(960.0, 1001.0))),
     (GATED, {"num_frames": 1, "guidance_interval": "off"}, dict(guidance_interval=None)),
     (GATED, {"num_frames": 1, "guidance_interval": None}, dict(guidance_interval=None)),
-    (GATED, {"schedule": "checkpoint"}, dict(schedule="checkpoint", flow_shift=10.0)),
+    (GATED, {"schedule": "checkpoint"}, dict(schedule="checkpoint", flow_shift=None)),  # the config's own
+    (GATED, {"schedule": "checkpoint", "flow_shift": 5.0}, dict(schedule="checkpoint", flow_shift=5.0)),
     (EDGE, {"width": 832}, dict(width=832, height=720)),  # one side given: no Edge default
     (GATED, {"num_frames": 83}, dict(num_frames=81)),
     (GATED, {"num_frames": 6}, dict(num_frames=5)),

@@ -19,7 +19,6 @@ sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents
 from comfy_harness import CORE_NODES, declared_inputs, is_widget, load_json, ui_extra_values  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMN, ROW = 420, 300
 PACK_ID, PACK_VERSION = "cosmos3-nodes", "0.1.0"
 
 
@@ -35,25 +34,97 @@ def is_link(value) -> bool:
     return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
 
 
-def depth(prompt, node_id, memo) -> int:
-    if node_id not in memo:
-        sources = [v[0] for v in prompt[node_id]["inputs"].values() if is_link(v)]
-        memo[node_id] = 1 + max((depth(prompt, s, memo) for s in sources), default=-1)
-    return memo[node_id]
+# Layout: two rows of stages, read left to right then top to bottom; each stage is a titled group.
+TOP_ROW = ("Model", "Input media", "Prompt")
+BOTTOM_ROW = ("Sample", "Output")
+MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt")
+MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo")
+OUTPUT_NODES = ("Cosmos3VAEDecode", "CreateVideo", "SaveVideo", "SaveImage")
+NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
+TITLE_BAR = 30  # drawn above a node's pos
+COLUMN_HEIGHT = 560
+REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
+REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler")
+GROUP_COLORS = {"Model": "#3f789e", "Input media": "#8A8", "Prompt": "#b58b2a", "Sample": "#a1309b", "Output": "#444"}
+CHECKPOINT_REPOS = "https://huggingface.co/nvidia/"  # where the released checkpoints are published
+
+
+def ancestors(prompt: dict, node_id: str) -> set[str]:
+    found, todo = set(), [node_id]
+    while todo:
+        for value in prompt[todo.pop()]["inputs"].values():
+            if is_link(value) and value[0] not in found:
+                found.add(value[0])
+                todo.append(value[0])
+    return found
+
+
+def stages(prompt: dict) -> dict[str, str]:
+    """The stage (group) of every node: media nodes take everything only they use (a generated source clip)."""
+    media = {n for n, node in prompt.items() if node["class_type"] in MEDIA_NODES}
+    media_side = set(media).union(*(ancestors(prompt, n) for n in media))
+    result = {}
+    for node_id, node in prompt.items():
+        kind = node["class_type"]
+        if kind in MODEL_NODES:
+            result[node_id] = "Model"
+        elif node_id in media_side or kind in ("LoadImage", "LoadVideo", "GetVideoComponents"):
+            result[node_id] = "Input media"
+        elif kind in OUTPUT_NODES:
+            result[node_id] = "Output"
+        elif kind == "Cosmos3Sampler":
+            result[node_id] = "Sample"
+        else:
+            result[node_id] = "Prompt"
+    return result
+
+
+def node_height(cls, inputs: int) -> int:
+    kinds = [kind for kind, _, _ in declared_inputs(cls).values()]
+    multiline = sum(options.get("multiline", False) for _, options, _ in declared_inputs(cls).values())
+    widgets = sum(is_widget(kind) for kind in kinds)
+    slots = max(inputs, len(cls.RETURN_TYPES))
+    return 40 + 24 * slots + 28 * widgets + 70 * multiline
+
+
+def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
+    """Node positions and sizes, and the groups around each stage."""
+    stage_of = stages(prompt)
+    placed, groups = {}, []
+    y = MARGIN + GROUP_TITLE
+    for row in (TOP_ROW, BOTTOM_ROW):
+        x, row_bottom = MARGIN, y
+        for stage in row:
+            members = [n for n in prompt if stage_of[n] == stage]
+            if not members:
+                continue
+            # Nodes fill columns of at most COLUMN_HEIGHT; outputs read left to right, one per column.
+            left, top = x, y
+            for node_id in members:
+                cls = registry[prompt[node_id]["class_type"]]
+                height = node_height(cls, input_counts[node_id])
+                height_with_report = TITLE_BAR + height + (REPORT_SPACE if prompt[node_id]["class_type"] in REPORTING else 0)
+                if top > y and (stage == "Output" or top + height_with_report - y > COLUMN_HEIGHT):
+                    x, top = x + NODE_WIDTH + GAP, y
+                placed[node_id] = ([x, top + TITLE_BAR], [NODE_WIDTH, height])
+                top += height_with_report + GAP
+                row_bottom = max(row_bottom, top - GAP)
+            x += NODE_WIDTH + GAP
+            groups.append({"title": stage, "bounding": [left - 16, y - GROUP_TITLE, x - GAP - left + 32,
+                                                        row_bottom - y + GROUP_TITLE + 16],
+                           "color": GROUP_COLORS[stage], "font_size": 22, "flags": {}})  # fmt: skip
+            x += 2 * 16
+        y = row_bottom + GAP + GROUP_TITLE + 16
+    return placed, groups
 
 
 def api_to_ui(prompt: dict, registry: dict, display_names: dict) -> dict:
-    memo: dict = {}
-    order = sorted(prompt, key=lambda n: (depth(prompt, n, memo), int(n)))
-    rows: dict[int, int] = {}
     nodes, links = [], []
     outputs_of = {}
-    for position, node_id in enumerate(order):
+    input_counts = {}
+    for position, node_id in enumerate(prompt):
         node = prompt[node_id]
         cls = registry[node["class_type"]]
-        column = memo[node_id]
-        row = rows.get(column, 0)
-        rows[column] = row + 1
         inputs, values = [], []
         for name, (kind, options, _) in declared_inputs(cls).items():
             value = node["inputs"].get(name)
@@ -72,26 +143,33 @@ def api_to_ui(prompt: dict, registry: dict, display_names: dict) -> dict:
                     entry["link"] = link_id
                     outputs_of.setdefault((value[0], value[1]), []).append(link_id)
                 inputs.append(entry)
+        input_counts[node_id] = len(inputs)
         names = getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)
         outputs = [{"name": names[i], "type": t, "links": None, "slot_index": i} for i, t in enumerate(cls.RETURN_TYPES)]
-        widgets = sum(is_widget(kind) for kind, _, _ in declared_inputs(cls).values())
         core = node["class_type"] in CORE_NODES
+        properties = {"Node name for S&R": node["class_type"], "cnr_id": "comfy-core" if core else PACK_ID,
+                      "ver": None if core else PACK_VERSION}  # fmt: skip
+        if node["class_type"] == "Cosmos3ModelLoader":  # the checkpoint this workflow needs, and where it is
+            name = node["inputs"]["model_name"]
+            properties["models"] = [{"name": name, "url": CHECKPOINT_REPOS + name.split("/")[-1],
+                                     "directory": "cosmos3"}]  # fmt: skip
         nodes.append({
             "id": int(node_id),
             "type": node["class_type"],
-            "pos": [40 + column * COLUMN, 40 + row * ROW],
-            "size": [360, 60 + 26 * (widgets + max(len(inputs), len(outputs)))],
+            "pos": None,
+            "size": None,
             "flags": {},
             "order": position,
             "mode": 0,
             "inputs": inputs,
             "outputs": outputs,
             "title": node.get("_meta", {}).get("title", display_names.get(node["class_type"], node["class_type"])),
-            "properties": {"Node name for S&R": node["class_type"], "cnr_id": "comfy-core" if core else PACK_ID,
-                           "ver": None if core else PACK_VERSION},
+            "properties": properties,
             "widgets_values": values,
         })  # fmt: skip
+    placed, groups = layout(prompt, registry, input_counts)
     for node in nodes:
+        node["pos"], node["size"] = placed[str(node["id"])]
         for output in node["outputs"]:
             output["links"] = outputs_of.get((str(node["id"]), output["slot_index"]))
     return {
@@ -101,12 +179,27 @@ def api_to_ui(prompt: dict, registry: dict, display_names: dict) -> dict:
         "last_link_id": len(links),
         "nodes": nodes,
         "links": links,
-        "groups": [],
+        "groups": groups,
         "config": {},
         "definitions": {"subgraphs": []},
-        "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}},
+        "extra": {"ds": saved_view(groups)},
         "version": 0.4,
     }
+
+
+# A 1600x1000 window: the front end's side bar takes about 60 px on the left, the menu and tab bars
+# about 100 px at the top, the minimap and zoom controls a strip at the bottom.
+SCREEN, CANVAS_ORIGIN, CANVAS_END = (1600, 1000), (70, 110), (20, 70)
+
+
+def saved_view(groups: list) -> dict:
+    """The zoom and offset that show the whole graph inside the free canvas (never zoomed in past 1:1)."""
+    right = max(g["bounding"][0] + g["bounding"][2] for g in groups)
+    bottom = max(g["bounding"][1] + g["bounding"][3] for g in groups)
+    free_w = SCREEN[0] - CANVAS_ORIGIN[0] - CANVAS_END[0]
+    free_h = SCREEN[1] - CANVAS_ORIGIN[1] - CANVAS_END[1]
+    scale = round(min(1.0, free_w / right, free_h / bottom), 2)
+    return {"scale": scale, "offset": [round(CANVAS_ORIGIN[0] / scale), round(CANVAS_ORIGIN[1] / scale)]}
 
 
 def widget_labels(node: dict, registry: dict) -> list[str]:
@@ -125,11 +218,15 @@ def thumbnail(workflow: dict, path: Path, registry: dict) -> None:
     from PIL import Image, ImageDraw, ImageFont
 
     nodes = {n["id"]: n for n in workflow["nodes"]}
-    width = max(n["pos"][0] + n["size"][0] for n in nodes.values()) + 40
-    height = max(n["pos"][1] + 200 for n in nodes.values()) + 40
+    width = max(g["bounding"][0] + g["bounding"][2] for g in workflow["groups"]) + MARGIN
+    height = max(g["bounding"][1] + g["bounding"][3] for g in workflow["groups"]) + MARGIN
     image = Image.new("RGB", (width, height), (32, 34, 38))
     draw = ImageDraw.Draw(image)
     title_font, body_font = ImageFont.load_default(size=22), ImageFont.load_default(size=16)
+    for group in workflow["groups"]:
+        x, y, w, h = group["bounding"]
+        draw.rounded_rectangle([x, y, x + w, y + h], radius=8, fill=(44, 46, 52), outline=group["color"], width=3)
+        draw.text((x + 12, y + 10), group["title"], fill=group["color"], font=title_font)
     for link in workflow["links"]:
         source, target = nodes[link[1]], nodes[link[3]]
         start = (source["pos"][0] + source["size"][0], source["pos"][1] + 40 + 22 * link[2])
@@ -138,14 +235,15 @@ def thumbnail(workflow: dict, path: Path, registry: dict) -> None:
         draw.ellipse([end[0] - 6, end[1] - 6, end[0] + 6, end[1] + 6], fill=(150, 170, 200))
     for node in nodes.values():
         x, y = node["pos"]
+        w = node["size"][0]
         ours = node["properties"]["cnr_id"] == PACK_ID
         lines = widget_labels(node, registry)[:7]
         box_height = 44 + 22 * len(lines)
-        draw.rounded_rectangle([x, y, x + 360, y + box_height], radius=10, fill=(54, 58, 66),
+        draw.rounded_rectangle([x, y, x + w, y + box_height], radius=10, fill=(54, 58, 66),
                                outline=(118, 185, 0) if ours else (120, 120, 130), width=3)  # fmt: skip
-        draw.text((x + 12, y + 10), node["title"], fill=(240, 240, 240), font=title_font)
+        draw.text((x + 12, y + 10), node["title"][:30], fill=(240, 240, 240), font=title_font)
         for i, line in enumerate(lines):
-            draw.text((x + 12, y + 40 + 22 * i), line, fill=(190, 190, 195), font=body_font)
+            draw.text((x + 12, y + 40 + 22 * i), line[:36], fill=(190, 190, 195), font=body_font)
     image.thumbnail((1200, 600))
     image.save(path, quality=88)
 

@@ -72,9 +72,9 @@ class CreateVideo:
     def INPUT_TYPES(cls):
         return {"required": {"images": ("IMAGE",), "fps": ("FLOAT", {"default": 30.0, "min": 1.0, "max": 120.0,
                                                                      "step": 1.0})},
-                "optional": {"audio": ("AUDIO",)}}  # fmt: skip
+                "optional": {"audio": ("AUDIO",), "bit_depth": ("INT", {"default": 8, "min": 8, "max": 10, "step": 2})}}  # fmt: skip
 
-    def execute(self, images, fps, audio=None):
+    def execute(self, images, fps, audio=None, bit_depth=8):
         check_image_batch(images, "CreateVideo.images")
         assert isinstance(fps, float), fps
         return (Video(images, fps),)

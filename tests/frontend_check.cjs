@@ -1,0 +1,52 @@
+// Opens every UI workflow in a running ComfyUI's real front end (headless Chromium) and prints, as one
+// JSON line: the front end's own API conversion of each (app.graphToPrompt), the page errors seen
+// while it loaded, and the report text a workflow with a missing checkpoint gets on its loader.
+// Usage: node frontend_check.cjs URL WORKFLOW_DIR SCREENSHOT_DIR  (NODE_PATH must reach playwright-core;
+// CHROMIUM names the browser). Run by tests/test_comfyui_server.py.
+const fs = require("fs");
+const path = require("path");
+const { chromium } = require("playwright-core");
+
+const [url, workflowDir, shotDir] = process.argv.slice(2);
+
+async function main() {
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ["--no-sandbox"] });
+  const page = await browser.newPage({ viewport: { width: 1600, height: 1000 } });
+  let errors = [];
+  page.on("pageerror", (error) => errors.push(String(error)));
+  page.on("console", (message) => {
+    if (message.type() === "error" && !/favicon|Failed to load resource/.test(message.text())) errors.push(message.text());
+  });
+  await page.goto(url);
+  await page.waitForFunction(() => window.app && window.app.graph && window.app.extensionManager, null, { timeout: 60000 });
+  await page.waitForTimeout(2000);
+  await page.keyboard.press("Escape"); // the first-run template browser
+  await page.waitForTimeout(500);
+  const report = { converted: {}, errors: {}, missing_notice: "" };
+  const names = fs.readdirSync(workflowDir).filter((f) => f.endsWith(".json")).sort();
+  for (const file of names) {
+    const name = path.basename(file, ".json");
+    const workflow = JSON.parse(fs.readFileSync(path.join(workflowDir, file), "utf8"));
+    errors = [];
+    await page.evaluate(async ([w, n]) => { await window.app.loadGraphData(w, true, true, n); }, [workflow, name]);
+    await page.waitForTimeout(1500);
+    await page.screenshot({ path: path.join(shotDir, `${name}.png`) });
+    report.converted[name] = await page.evaluate(async () => (await window.app.graphToPrompt()).output);
+    report.errors[name] = errors;
+  }
+  const missing = JSON.parse(fs.readFileSync(path.join(workflowDir, "cosmos3_edge_t2v.json"), "utf8"));
+  const loader = missing.nodes.find((n) => n.type === "Cosmos3ModelLoader");
+  loader.widgets_values[0] = "Cosmos3-Missing";
+  loader.properties.models = [{ name: "Cosmos3-Missing", url: "https://example.invalid/Cosmos3-Missing", directory: "cosmos3" }];
+  await page.evaluate(async (w) => { await window.app.loadGraphData(w, true, true, "missing"); }, missing);
+  await page.waitForTimeout(1500);
+  await page.screenshot({ path: path.join(shotDir, "missing_checkpoint.png") });
+  report.missing_notice = await page.evaluate((id) => {
+    const node = window.app.graph.getNodeById(id);
+    return node.widgets.find((w) => w.name === "cosmos3_report")?.value ?? "";
+  }, loader.id);
+  await browser.close();
+  console.log(JSON.stringify(report));
+}
+
+main().catch((error) => { console.error(error); process.exit(1); });

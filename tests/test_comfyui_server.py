@@ -1,0 +1,159 @@
+"""Against a real ComfyUI server (tier 3): skipped unless COMFYUI_DIR points at a ComfyUI checkout.
+
+COMFYUI_PYTHON is the interpreter that runs it (default: this one; it needs ComfyUI's requirements).
+The server starts on a free loopback port with a throw-away base directory: the pack linked into its
+custom_nodes/, tiny checkpoints under the names the workflows use in models/cosmos3/, and an
+input/example.png. Every API workflow is queued over HTTP at toy sizes and must succeed; queue-time
+validation must reject bad values with ComfyUI's own error.
+
+With PLAYWRIGHT_CORE (the folder of an installed playwright-core package) and a Chromium on PATH,
+the front end is checked too (tests/frontend_check.cjs): each UI workflow opens without errors, and
+the front end's own graphToPrompt turns it into exactly its API twin; a workflow naming a missing
+checkpoint shows the download notice. Screenshots go to COSMOS3_SCREENSHOTS if set.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import ROOT
+from test_workflows import API, UI, small
+
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+pytestmark = [pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout to run these"),
+              pytest.mark.slow]  # fmt: skip
+
+CHECKPOINTS = {  # model folder names the shipped workflows use
+    "Cosmos3-Edge": dict(kind="edge"),
+    "Cosmos3-Nano": dict(kind="gated"),
+    "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True),
+    "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
+}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _call(url: str, body: dict | None = None, timeout: float = 30):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_factory):
+    base = tmp_path_factory.mktemp("comfyui-base")
+    (base / "custom_nodes").mkdir()
+    (base / "custom_nodes" / "cosmos3").symlink_to(ROOT, target_is_directory=True)
+    for name, options in CHECKPOINTS.items():
+        shutil.copytree(tiny_factory(**options), base / "models" / "cosmos3" / name)
+    (base / "input").mkdir()
+    pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(base / "input" / "example.png")
+    port = _port()
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    log = open(base / "server.log", "w")
+    process = subprocess.Popen([python, "main.py", "--cpu", "--disable-api-nodes", "--listen", "127.0.0.1",
+                                "--port", str(port), "--base-directory", str(base)],
+                               cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if _call(f"{url}/object_info/Cosmos3Sampler", timeout=5)[0] == 200:
+                break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"ComfyUI did not start: {(base / 'server.log').read_text()[-3000:]}")
+        time.sleep(1)
+    yield url, base
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+def _run(url: str, prompt: dict, timeout: float = 300) -> dict:
+    status, reply = _call(f"{url}/prompt", {"prompt": prompt})
+    assert status == 200, reply
+    prompt_id = reply["prompt_id"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, history = _call(f"{url}/history/{prompt_id}")
+        if history and prompt_id in history and history[prompt_id]["status"].get("completed") is not None:
+            return history[prompt_id]
+        time.sleep(0.5)
+    pytest.fail(f"prompt {prompt_id} did not finish in {timeout} s")
+
+
+def test_the_pack_loads_without_import_errors(server):
+    url, base = server
+    log = (base / "server.log").read_text()
+    assert "IMPORT FAILED" not in "\n".join(line for line in log.splitlines() if "cosmos3" in line), log[-3000:]
+    _, info = _call(f"{url}/object_info/Cosmos3ModelLoader")
+    assert set(CHECKPOINTS) <= set(info["Cosmos3ModelLoader"]["input"]["required"]["model_name"][0])
+
+
+@pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
+def test_every_api_workflow_runs_in_the_server(server, path):
+    url, _ = server
+    prompt = small(json.loads(path.read_text()))
+    for node in prompt.values():
+        if node["class_type"] == "SaveVideo":
+            node["inputs"]["filename_prefix"] = f"test/{path.stem}"
+    history = _run(url, prompt)
+    assert history["status"]["status_str"] == "success", history["status"]
+    reports = [text for output in history["outputs"].values() for text in output.get("text", [])]
+    assert any(line.startswith(("t2i", "t2v", "i2v", "v2v")) for line in reports), reports
+
+
+def test_queue_time_validation_rejects_a_bad_size(server):
+    url, _ = server
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2v.json").read_text()))
+    prompt["4"]["inputs"]["width"] = 100
+    status, reply = _call(f"{url}/prompt", {"prompt": prompt})
+    assert status == 400
+    errors = reply["node_errors"]["4"]["errors"]
+    assert errors[0]["type"] == "custom_validation_failed" and "multiple of 16" in errors[0]["details"], errors
+
+
+def test_the_front_end_opens_and_converts_every_ui_workflow(server, tmp_path):
+    modules, chromium = os.environ.get("PLAYWRIGHT_CORE"), shutil.which("chromium") or shutil.which("chromium-browser")
+    if not modules or not chromium or not shutil.which("node"):
+        pytest.skip("set PLAYWRIGHT_CORE and install chromium and node to check the front end")
+    url, _ = server
+    shots = os.environ.get("COSMOS3_SCREENSHOTS", str(tmp_path))
+    env = {**os.environ, "NODE_PATH": str(Path(modules).parent), "CHROMIUM": chromium}
+    done = subprocess.run(["node", str(ROOT / "tests" / "frontend_check.cjs"), url, str(ROOT / "workflows"), shots],
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for path in UI:
+        api = json.loads((path.parent / "api" / path.name).read_text())
+        expected = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
+        got = report["converted"][path.stem]
+        assert {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in got.items()} == expected
+        assert report["errors"][path.stem] == [], report["errors"][path.stem]
+    assert "checkpoint not installed: Cosmos3-Missing" in report["missing_notice"]

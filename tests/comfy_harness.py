@@ -1,4 +1,4 @@
-"""Running workflows without ComfyUI: core-node stand-ins, an API-prompt executor, UI <-> API conversion.
+"""Running workflows without ComfyUI: core-node stand-ins and an API-prompt executor.
 
 The executor follows ComfyUI's rules: every node type must exist; required inputs must be present;
 widget values must have the declared type, lie within min/max and, for combos, be listed; links must
@@ -239,33 +239,6 @@ def execute(prompt: dict, registry: dict) -> dict:
 
 
 # --- UI workflows ----------------------------------------------------------------------------------
-
-
-def ui_to_api(workflow: dict, registry: dict) -> dict:
-    """Convert a UI-format workflow to an API prompt, as the front end's graphToPrompt does."""
-    links = {link[0]: link for link in workflow["links"]}
-    prompt = {}
-    for node in workflow["nodes"]:
-        if node.get("mode", 0) != 0:
-            continue
-        cls = registry[node["type"]]
-        declared = declared_inputs(cls)
-        linked = {i["name"]: i["link"] for i in node.get("inputs", []) if i.get("link") is not None}
-        values = list(node.get("widgets_values", []))
-        inputs = {}
-        for name, (kind, options, _) in declared.items():
-            if is_widget(kind):
-                if not values:
-                    raise WorkflowError(f"node {node['id']} ({node['type']}): widgets_values too short at {name}")
-                inputs[name] = values.pop(0)
-                del values[: ui_extra_values(options)]
-            if name in linked:
-                _, source, slot, _, _, _ = links[linked[name]]
-                inputs[name] = [str(source), slot]
-        if values:
-            raise WorkflowError(f"node {node['id']} ({node['type']}): {len(values)} widgets_values left over")
-        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs}
-    return prompt
 
 
 def load_json(path) -> dict:

@@ -227,3 +227,29 @@ def test_default_negative_prompt_node(nodes, models_dir):
     assets.mkdir()
     (assets / "negative_prompt.json").write_text('{"negative": "blurry, distorted"}\n')
     assert nodes.Cosmos3DefaultNegativePrompt().read(model) == ('{"negative": "blurry, distorted"}',)
+
+
+def test_cancel_during_vae_decode_and_encode_nodes(nodes, monkeypatch):
+    """Every latent frame of a decode (or encode) is an interrupt point with a progress update."""
+    _, vae, _ = load(nodes)
+    latent = {"samples": torch.randn(1, 48, 4, 3, 4)}
+    checks = []
+
+    class Interrupted(BaseException):  # ComfyUI's interrupt derives from BaseException too
+        pass
+
+    def interrupt_on_second(*_):
+        checks.append(1)
+        if len(checks) == 2:
+            raise Interrupted
+
+    monkeypatch.setattr(nodes.services, "check_interrupt", interrupt_on_second)
+    with pytest.raises(Interrupted):
+        nodes.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)
+    assert len(checks) == 2  # stopped after the second of four latent frames
+    checks.clear()
+    with pytest.raises(Interrupted):
+        nodes.Cosmos3VAEEncode().encode(vae, torch.rand(13, 48, 64, 3))
+    monkeypatch.undo()
+    images, _ = nodes.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)  # usable right after
+    assert images.shape == (13, 48, 64, 3)

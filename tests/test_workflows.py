@@ -18,7 +18,6 @@ from comfy_harness import (
     WorkflowError,
     execute,
     load_json,
-    ui_to_api,
     validate,
     widget_names,
 )
@@ -82,10 +81,52 @@ def test_api_workflow_runs_and_saves_frames(registry, path):
     assert "multi-step" in results[loader][0][2] or "distilled" in results[loader][0][2]
 
 
+SOCKETLESS = ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
+
+
+def front_end_conversion(workflow: dict, registry: dict) -> dict:
+    """UI -> API the way the front end's graphToPrompt does it, written from its rules, not from the
+    generator's helpers (tests/build_workflows.py): each widget input (a combo list or a socketless
+    type) takes the next widgets_values entry; `control_after_generate` and upload buttons add one
+    UI-only entry after theirs; a linked input becomes [source id, slot]; muted/bypassed nodes drop."""
+    by_id = {link[0]: link for link in workflow["links"]}
+    prompt = {}
+    for node in workflow["nodes"]:
+        if node["mode"] in (2, 4):
+            continue
+        spec = registry[node["type"]].INPUT_TYPES()
+        queue = list(node["widgets_values"])
+        linked = {}
+        for slot, entry in enumerate(node["inputs"]):
+            if entry["link"] is not None:
+                link = by_id[entry["link"]]
+                if (link[3], link[4]) != (node["id"], slot):
+                    raise WorkflowError(f"link {link[0]} does not end at node {node['id']} slot {slot}")
+                linked[entry["name"]] = [str(link[1]), link[2]]
+        inputs = {}
+        for section in ("required", "optional"):
+            for name, (kind, *rest) in spec.get(section, {}).items():
+                options = rest[0] if rest else {}
+                if isinstance(kind, list) or kind in SOCKETLESS:
+                    if not queue:
+                        raise WorkflowError(f"node {node['id']}: no widget value left for {name}")
+                    inputs[name] = queue.pop(0)
+                    skip = bool(options.get("control_after_generate")) + bool(options.get("image_upload")
+                                                                              or options.get("video_upload"))  # fmt: skip
+                    queue = queue[skip:]
+                if name in linked:
+                    inputs[name] = linked[name]
+        if queue:
+            raise WorkflowError(f"node {node['id']} ({node['type']}): {len(queue)} widgets_values left over")
+        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs}
+    return prompt
+
+
 @pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
 def test_ui_workflow_matches_its_api_twin(registry, path):
+    """(test_comfyui_server.py checks the same with the real front end's graphToPrompt.)"""
     api = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in load_json(path.parent / "api" / path.name).items()}
-    assert ui_to_api(load_json(path), registry) == api
+    assert front_end_conversion(load_json(path), registry) == api
 
 
 def test_widget_order_of_our_nodes(pack):
@@ -118,7 +159,7 @@ def test_a_shifted_widget_is_caught(registry):
         if node["type"] == "Cosmos3Sampler":
             node["widgets_values"].insert(0, 0)
     with pytest.raises(WorkflowError, match="left over"):
-        ui_to_api(workflow, registry)
+        front_end_conversion(workflow, registry)
 
 
 @pytest.mark.parametrize(
@@ -151,3 +192,24 @@ def test_node_definitions_are_well_formed(pack):
                 elif "default" in options and "min" in options:
                     assert options["min"] <= options["default"] <= options["max"], (node_id, name)
         json.dumps(cls.INPUT_TYPES())  # /object_info must serialise
+
+
+@pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
+def test_ui_workflows_name_their_checkpoint_and_fit_the_screen(path):
+    """The loader carries the front end's model metadata (the missing-checkpoint notice reads it), and the
+    saved view shows the whole graph, two rows of groups, at a zoom where the front end still draws text."""
+    workflow = load_json(path)
+    loader = next(n for n in workflow["nodes"] if n["type"] == "Cosmos3ModelLoader")
+    (model,) = loader["properties"]["models"]
+    assert model["name"] == loader["widgets_values"][0] and model["directory"] == "cosmos3"
+    assert model["url"].startswith("https://huggingface.co/nvidia/Cosmos3-")
+    view = workflow["extra"]["ds"]
+    assert 0.6 <= view["scale"] <= 1.0
+    tops = {g["bounding"][1] for g in workflow["groups"]}
+    assert len(tops) == 2
+    for node in workflow["nodes"]:  # every node inside the 1600x1000 window at the saved view
+        x, y = node["pos"]
+        right = (x + node["size"][0] + view["offset"][0]) * view["scale"]
+        bottom = (y + node["size"][1] + view["offset"][1]) * view["scale"]
+        assert (x + view["offset"][0]) * view["scale"] >= 60 and (y - 30 + view["offset"][1]) * view["scale"] >= 100
+        assert right <= 1600 and bottom <= 1000, (node["title"], right, bottom)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
+from .request import SPATIAL_FACTOR
 
 GIB = 1024**3
 STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, latents, velocities, UniPC history ...)
@@ -44,8 +45,7 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)  # fmt: skip
-    spatial = vae_config.scale_factor_spatial if vae_config is not None else 16
-    h, w = s.height // spatial, s.width // spatial
+    h, w = s.height // SPATIAL_FACTOR, s.width // SPATIAL_FACTOR
     latent = config.latent_channel * s.latent_frames * h * w
     p = config.latent_patch_size
     media_tokens = s.latent_frames * -(-h // p) * -(-w // p)
@@ -61,7 +61,7 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
         "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
     }
     if vae_config is not None:
-        tile_px = tile.size * spatial if tile is not None else None
+        tile_px = tile.size * SPATIAL_FACTOR if tile is not None else None
         th, tw = (min(s.height, tile_px), min(s.width, tile_px)) if tile_px else (s.height, s.width)
         patch = vae_config.patch_size
         chunk = DECODER_LIVE_ACTIVATIONS * vae_config.scale_factor_temporal * vae_config.decoder_dim

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import torch
 
+from . import budget
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
-from .errors import InputError
+from .errors import CheckpointError, InputError
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
-from . import budget
 from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
-from .settings import Settings, resolve as resolve_settings
+from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper
 from .vae import Progress, TileSpec, VAEConfig, WanVAE
@@ -196,8 +196,8 @@ class Cosmos3Pipeline:
         prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
                                        r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
         cond_ids, uncond_ids = self.token_ids(prompt, s, prompt_options, r.max_sequence_length, r.max_prompt_tokens)
-        shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // self.spatial_factor,
-                 s.width // self.spatial_factor)  # fmt: skip
+        shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
+                 s.width // SPATIAL_FACTOR)  # fmt: skip
         if r.check_memory:
             budget.check(self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)), self.device)
 
@@ -211,11 +211,6 @@ class Cosmos3Pipeline:
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile)
         return Generation(latents.cpu(), frames, s)
-
-    @property
-    def spatial_factor(self) -> int:
-        """Pixels per latent, from the VAE config (the release: 16)."""
-        return self.vae.config.scale_factor_spatial if self.vae is not None else SPATIAL_FACTOR
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
         decode = r.output == "frames" and self.vae is not None
@@ -336,4 +331,15 @@ def load(
     tokenizer = PromptTokenizer(checkpoint.tokenizer_dir())
     transformer = load_transformer(checkpoint, device, dtype)
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
+    if vae is not None:
+        check_geometry(vae.config, transformer.config, checkpoint.path("vae", "config.json"))
     return Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype)
+
+
+def check_geometry(vae: VAEConfig, transformer, source: Path) -> None:
+    """The latent geometry requests are validated against (before loading) must be this checkpoint's."""
+    expected = (SPATIAL_FACTOR, TEMPORAL_FACTOR, transformer.latent_channel)
+    found = (vae.scale_factor_spatial, vae.scale_factor_temporal, vae.z_dim)
+    if found != expected:
+        raise CheckpointError(f"{source}: spatial/temporal factors and channels {found} differ from Cosmos3's "
+                              f"{expected} (and the transformer's latent_channel); not a Cosmos3 VAE")  # fmt: skip

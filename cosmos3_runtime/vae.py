@@ -447,7 +447,8 @@ class WanVAE(nn.Module):
         self._check_pixels(pixels)
         x = pixels.to(device=self.device, dtype=self.dtype)
         s = self.config.scale_factor_spatial
-        tick = _Ticker(progress, x.shape[0] * _tile_count(x.shape[-2:], tile, s) * (1 + (x.shape[2] - 1) // 4))
+        chunks = 1 + (x.shape[2] - 1) // self.config.scale_factor_temporal
+        tick = _Ticker(progress, x.shape[0] * _tile_count(x.shape[-2:], tile, s) * chunks)
         if tile is None:
             return torch.cat([self._encode_one(item, tick) for item in x.split(1)])
         return torch.cat([self._tiled(item, tile, s, lambda t: self._encode_one(t, tick), 1 / s) for item in x.split(1)])

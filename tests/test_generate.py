@@ -201,3 +201,55 @@ def test_distilled_checkpoint_forces_its_schedule(tiny_factory):
     result = pipe.generate("a cat", num_frames=5, steps=30, guidance_scale=7.0, **SMALL)
     assert (result.settings.steps, result.settings.guidance_scale) == (4, 1.0)
     assert any("forced to 1.0" in note for note in result.settings.notes)
+
+
+def test_oversized_requests_are_refused_with_the_figure_before_allocating(pipe):
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(InputError, match=r"needs at least [\d.]+ GiB .*decoded frames .* GiB free; lower the size"):
+        pipe.generate("a cat", width=8192, height=8192, num_frames=4097)
+    with pytest.raises(InputError, match="the prompt has 200[0-9]{2} tokens, more than max_prompt_tokens 16384"):
+        pipe.generate("cat " * 20000, steps=1, output="latents", **SMALL)
+    with pytest.raises(InputError, match="the negative_prompt has over .* tokens"):
+        pipe.generate("a cat", negative_prompt="x" * 2_000_000, steps=1, output="latents", **SMALL)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB: nothing big was built
+    fresh = cosmos3_runtime.load(pipe.checkpoint.root, dtype="fp32")
+    after = pipe.generate("a cat", num_frames=5, steps=2, seed=4, output="latents", **SMALL)
+    assert torch.equal(after.latents, fresh.generate("a cat", num_frames=5, steps=2, seed=4, output="latents",
+                                                     **SMALL).latents)  # fmt: skip
+
+
+def test_the_memory_check_can_be_turned_off_and_the_estimate_follows_the_request(pipe):
+    from cosmos3_runtime.request import Request
+    from cosmos3_runtime.settings import resolve
+
+    def total(**options):
+        r = Request(**options)
+        return pipe.memory_estimate(resolve(pipe.variant, r), r, 300, 40).total
+
+    assert total(width=1280, height=720, num_frames=81) > total(width=640, height=352, num_frames=81)
+    assert total(num_frames=81, vae_tile=8) < total(num_frames=81)
+    assert total(num_frames=81, output="latents") < total(num_frames=81)
+    assert pipe.generate("a cat", num_frames=1, steps=1, check_memory=False, output="latents", **SMALL).latents.shape
+
+
+def test_long_prompts_use_memory_efficient_text_attention(tiny_gated):
+    """16k text tokens: an L x L score matrix per head would be 1 GiB each; the text tower must stay far below."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    script = f"""
+import resource, sys, torch
+sys.path.insert(0, {str(ROOT)!r})
+import cosmos3_runtime
+pipe = cosmos3_runtime.load({str(tiny_gated)!r}, dtype="fp32")
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+pipe.transformer.encode_text(torch.arange(16384) % 500)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip().splitlines()[-1]) < 256  # MiB

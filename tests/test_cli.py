@@ -64,6 +64,7 @@ USER_ERRORS = [
 ]
 
 
+@pytest.mark.slow
 def test_user_errors_exit_2_with_one_line_before_any_weight_is_read(big_checkpoint, tmp_path):
     """Each error: status 2, its message on one line, no traceback, and no weight read (memory, time)."""
     script = f"""
@@ -93,7 +94,7 @@ print(json.dumps({{"results": results, "grown_mib": (peak - baseline) / 1024}}))
     for (code, err, seconds), (case, message) in zip(report["results"], USER_ERRORS):
         lines = [line for line in err.splitlines() if not line.startswith("WARNING")]
         assert code == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in err, (case, err)
-        assert seconds < 1.0, (case, seconds)
+        assert seconds < 1.5, (case, seconds)
     assert report["grown_mib"] < 100, report  # the weights are 440 MB
 
 

@@ -234,6 +234,7 @@ def test_the_memory_check_can_be_turned_off_and_the_estimate_follows_the_request
     assert pipe.generate("a cat", num_frames=1, steps=1, check_memory=False, output="latents", **SMALL).latents.shape
 
 
+@pytest.mark.slow
 def test_long_prompts_use_memory_efficient_text_attention(tiny_gated):
     """16k text tokens: an L x L score matrix per head would be 1 GiB each; the text tower must stay far below."""
     import subprocess

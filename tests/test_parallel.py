@@ -16,7 +16,8 @@ from conftest import ROOT
 from cosmos3_runtime import InputError, load
 from cosmos3_runtime.parallel import Group
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+pytestmark = [pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built"),
+              pytest.mark.slow]  # separate processes: seconds each
 
 # 80x96 pixels, 9 frames -> 3 x 3 x 3 = 27 media tokens: not a multiple of 2 or 4, so shards are padded.
 ARGS = ["--prompt", "a robot stacks cubes", "--negative-prompt", "blurry", "--frames", "9", "--width", "80",

@@ -86,6 +86,7 @@ def test_a_second_call_is_not_affected_by_the_first(vaes):
     assert torch.equal(ours.decode(z), ours.decode(z))
 
 
+@pytest.mark.slow
 def test_tiled_decode_is_no_further_from_untiled_than_diffusers_tiling(vaes):
     """Random weights see the whole frame, so any tiling changes the output; ours must change it no more
     than diffusers' tiled decode with the same tile geometry, and less with larger tiles."""
@@ -108,6 +109,7 @@ def test_tiled_decode_is_no_further_from_untiled_than_diffusers_tiling(vaes):
     assert errors[1] < errors[0]
 
 
+@pytest.mark.slow
 def test_tiled_encode_is_no_further_from_untiled_than_diffusers_tiling(vaes):
     ours, theirs = vaes
     x = pixels(5, 160, 224, seed=4)

@@ -6,7 +6,8 @@ import torch
 import cosmos3_runtime
 from cosmos3_runtime.workers import WorkerError, WorkerPool
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+pytestmark = [pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built"),
+              pytest.mark.slow]  # separate processes: seconds each
 
 REQUEST = dict(width=80, height=96, num_frames=9, steps=3, seed=5, negative_prompt="blurry", guidance_scale=4.0)
 

@@ -220,9 +220,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif isinstance(default, bool):
             options.update(action=argparse.BooleanOptionalAction, default=default)
         else:
-            options.setdefault("default", default)
-        shown = "auto" if options.get("default") is None else options["default"]
-        parser.add_argument(cli_flag(f), dest=f.name, help=f"{f.metadata['help']} [default: {shown}]", **options)
+            options.update(default=default, metavar=cli_flag(f)[2:].upper().replace("-", "_"))
+        help_text = f.metadata["help"]
+        if options["default"] is not None:
+            help_text += f" [default: {options['default']}]"
+        parser.add_argument(cli_flag(f), dest=f.name, help=help_text, **options)
 
 
 def options_from_args(args: argparse.Namespace) -> dict:

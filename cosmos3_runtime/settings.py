@@ -5,7 +5,7 @@ wins, except on distilled checkpoints, whose step count, guidance 1.0 and fixed 
 the weights. Whenever the runtime changes or ignores something the user asked for, it says so in
 `Settings.notes` (also logged), never silently.
 
-Defaults (see docs/decisions in the README): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge:
+Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge:
 7.0 for images, 5.0 for video), flow shift 3.0 for images and Edge, 10.0 for other video; Edge sizes
 640x640 (image) and 832x480 (video), others 1280x720; CFG on images only inside timesteps
 [400, 1000].

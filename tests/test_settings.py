@@ -1,4 +1,4 @@
-"""Per-variant defaults and overrides (reference §10.1 and decisions.md), table-driven."""
+"""Per-variant defaults and overrides (the serving reference's defaults, our choices where references differ), table-driven."""
 
 import pytest
 

@@ -1,6 +1,6 @@
 // Opens every UI workflow in a running ComfyUI's real front end (headless Chromium) and prints, as one
 // JSON line: the front end's own API conversion of each (app.graphToPrompt), the page errors seen
-// while it loaded, and the report text a workflow with a missing checkpoint gets on its loader.
+// while it loaded, the zoom the template browser's fit-to-view gives it, and the report text a workflow with a missing checkpoint gets on its loader.
 // Usage: node frontend_check.cjs URL WORKFLOW_DIR SCREENSHOT_DIR  (NODE_PATH must reach playwright-core;
 // CHROMIUM names the browser). Run by tests/test_comfyui_server.py.
 const fs = require("fs");
@@ -22,7 +22,7 @@ async function main() {
   await page.waitForTimeout(2000);
   await page.keyboard.press("Escape"); // the first-run template browser
   await page.waitForTimeout(500);
-  const report = { converted: {}, errors: {}, missing_notice: "" };
+  const report = { converted: {}, errors: {}, template_scale: {}, missing_notice: "" };
   const names = fs.readdirSync(workflowDir).filter((f) => f.endsWith(".json")).sort();
   for (const file of names) {
     const name = path.basename(file, ".json");
@@ -33,6 +33,13 @@ async function main() {
     await page.screenshot({ path: path.join(shotDir, `${name}.png`) });
     report.converted[name] = await page.evaluate(async () => (await window.app.graphToPrompt()).output);
     report.errors[name] = errors;
+    // As the template browser opens it: the front end fits the view to the nodes.
+    await page.evaluate(async ([w, n]) => {
+      await window.app.loadGraphData(w, true, true, n, { openSource: "template" });
+    }, [workflow, `${name} (template)`]);
+    await page.waitForTimeout(1000);
+    report.template_scale[name] = await page.evaluate(() => window.app.canvas.ds.scale);
+    if (name === "cosmos3_edge_t2v") await page.screenshot({ path: path.join(shotDir, `${name}_template.png`) });
   }
   const missing = JSON.parse(fs.readFileSync(path.join(workflowDir, "cosmos3_edge_t2v.json"), "utf8"));
   const loader = missing.nodes.find((n) => n.type === "Cosmos3ModelLoader");

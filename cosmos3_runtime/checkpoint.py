@@ -43,6 +43,7 @@ class Variant:
     stochastic_distilled: bool  # distilled steps re-noise (SDE) instead of a deterministic Euler step
     has_action: bool
     has_sound: bool
+    has_sound_tokenizer: bool  # model_index.json names a sound_tokenizer component
     default_use_system_prompt: bool
     pipeline_class: str
     scheduler_class: str  # scheduler/scheduler_config.json _class_name (the 'checkpoint' schedule runs it)
@@ -57,7 +58,7 @@ class Variant:
         if self.has_action:
             parts.append("action head")
         if self.has_sound:
-            parts.append("sound head")
+            parts.append("sound head" if self.has_sound_tokenizer else "sound head (no sound tokenizer)")
         return ", ".join(parts)
 
 
@@ -165,6 +166,7 @@ def _detect(root: Path) -> Variant:
         stochastic_distilled=stochastic,
         has_action=bool(config.action_gen),
         has_sound=bool(config.sound_gen),
+        has_sound_tokenizer=(index.get("sound_tokenizer") or [None, None])[0] is not None,
         default_use_system_prompt=bool(system_prompt),
         pipeline_class=index["_class_name"],
         scheduler_class=str(scheduler.get("_class_name", "UniPCMultistepScheduler")),
@@ -215,7 +217,7 @@ def _sigma_list(value, source: Path, key: str) -> tuple[float, ...] | None:
 COMPONENT_PATTERNS = {
     "config": ["model_index.json", "modular_model_index.json", "*/config.json", "scheduler/*.json", "assets/*"],
     "transformer": ["transformer/*"],
-    "vae": ["vae/*"],
+    "vae": ["vae/*", "sound_tokenizer/*"],  # the sound tokenizer loads with the VAE
     "tokenizer": [f"{d}/*" for d in TOKENIZER_DIRS],
 }
 

@@ -17,6 +17,7 @@ from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
 from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
+from .sound import SoundTrack, load_sound_tokenizer
 from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper
@@ -102,6 +103,9 @@ class Generation:
     latents: torch.Tensor  # normalized latents [1, 48, T, h, w], float32, CPU
     frames: torch.Tensor | None  # [F, H, W, 3] float32 in 0..1, CPU (ComfyUI IMAGE); None for output="latents"
     settings: Settings
+    sound: torch.Tensor | None = None  # [channels, samples] float32 in [-1, 1], CPU (sound=True, output="frames")
+    sample_rate: int | None = None  # of `sound`
+    sound_latents: torch.Tensor | None = None  # [sound_dim, T_s] float32, CPU
 
 
 # (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
@@ -111,10 +115,11 @@ StepCallback = Callable[[int, int, torch.Tensor], None]
 class Cosmos3Pipeline:
     """A loaded checkpoint: its variant, its components, and `generate`."""
 
-    def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype):
+    def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
         self.checkpoint = checkpoint
         self.transformer = transformer
         self.vae = vae
+        self.sound_tokenizer = sound_tokenizer
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
@@ -131,8 +136,9 @@ class Cosmos3Pipeline:
         """Move the weights (and drop cached prompt K/V, which lived on the old device)."""
         device = torch.device(device)
         self.transformer.to(device)
-        if self.vae is not None:
-            self.vae.to(device)
+        for part in (self.vae, self.sound_tokenizer):
+            if part is not None:
+                part.to(device)
         self.device = device
         self._text_cache.clear()
         return self
@@ -206,11 +212,40 @@ class Cosmos3Pipeline:
         noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
         latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
 
-        latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback, parallel)
+        track = None
+        if r.sound:  # its noise comes right after the video's, from the same generator
+            if parallel is not None:
+                raise InputError("sound generation runs on one process; turn sequence and CFG parallelism off")
+            if self.sound_tokenizer is None:
+                raise InputError("sound needs the checkpoint's sound tokenizer: load the pipeline with its VAE "
+                                 "(the sound tokenizer loads with it)")  # fmt: skip
+            track = SoundTrack.for_clip(s.num_frames, s.fps, self.transformer.config.sound_dim, self.sound_tokenizer,
+                                        generator, self.device, self.schedule_for(s))  # fmt: skip
+
+        latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback, parallel, track)
         frames = None
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile)
-        return Generation(latents.cpu(), frames, s)
+        result = Generation(latents.cpu(), frames, s)
+        if track is not None:
+            result.sound_latents = track.latents.cpu()
+            result.sample_rate = self.sound_tokenizer.config.sampling_rate
+            if r.output == "frames":
+                result.sound = self.decode_sound(result.sound_latents, s.num_frames / s.fps if r.sound_trim else None)
+        return result
+
+    @torch.inference_mode()
+    def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
+        """Sound latents [sound_dim, T_s] -> waveform [channels, samples] float32 in [-1, 1] on the CPU.
+
+        `seconds`: trim to that duration, `int(seconds * sample_rate)` samples (None: the full T_s * hop).
+        """
+        if self.sound_tokenizer is None:
+            raise InputError("this checkpoint has no sound tokenizer (sound_tokenizer/ in model_index.json)")
+        waveform = self.sound_tokenizer.decode(sound_latents).float().cpu()
+        if seconds is not None:
+            waveform = waveform[:, : int(seconds * self.sound_tokenizer.config.sampling_rate)]
+        return waveform
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
         decode = r.output == "frames" and self.vae is not None
@@ -248,7 +283,9 @@ class Cosmos3Pipeline:
             return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)
         return unipc_schedule(s.steps, s.flow_shift)
 
-    def _denoise(self, latents, s: Settings, cond_ids, uncond_ids, clean, mask, generator, callback, parallel):
+    def _denoise(self, latents, s: Settings, cond_ids, uncond_ids, clean, mask, generator, callback, parallel,
+                 track: SoundTrack | None = None):  # fmt: skip
+        """The sampling loop over the video latents (and the sound track, when there is one)."""
         schedule = self.schedule_for(s)
         stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
         noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
@@ -259,7 +296,9 @@ class Cosmos3Pipeline:
         uncond = self.text_kv(uncond_ids) if needs_uncond else None
 
         def velocity_for(text):
-            return self.transformer(latents, t, text, noisy, s.fps, sp=sp).vision.float()
+            sound = track.tokens() if track is not None else None
+            out = self.transformer(latents, t, text, noisy, s.fps, sound=sound, sp=sp)
+            return out.vision.float(), (out.sound.float() if track is not None else None)
 
         for i, t in enumerate(schedule.timesteps):
             guidance = s.guidance_scale
@@ -268,19 +307,23 @@ class Cosmos3Pipeline:
             # Each branch runs at its own text length: padding one to the other's would leave zero
             # keys that the (unmasked) media attention still weights.
             if guidance == 1.0:
-                velocity = velocity_for(cond)
+                velocity, sound_velocity = velocity_for(cond)
             else:
-                if cfg is not None:  # one branch per rank group, exchanged, then the serial formula
-                    cond_velocity, uncond_velocity = exchange_branches(cfg, velocity_for((cond, uncond)[cfg.rank]))
+                if cfg is not None:  # one branch per rank group, exchanged, then the serial formula (no sound)
+                    cond_v, uncond_v = exchange_branches(cfg, velocity_for((cond, uncond)[cfg.rank])[0])
+                    cond_s = uncond_s = None
                 else:
-                    cond_velocity, uncond_velocity = velocity_for(cond), velocity_for(uncond)
-                velocity = uncond_velocity + guidance * (cond_velocity - uncond_velocity)
+                    (cond_v, cond_s), (uncond_v, uncond_s) = velocity_for(cond), velocity_for(uncond)
+                velocity = uncond_v + guidance * (cond_v - uncond_v)
+                sound_velocity = None if cond_s is None else uncond_s + guidance * (cond_s - uncond_s)
             if callback is not None:  # the model's current guess of the result: what previews should show
                 denoised = latents - schedule.sigmas[i].to(latents.device) * velocity
             if isinstance(stepper, FlowEuler):
                 latents = stepper.step(velocity, latents, generator)
             else:
                 latents = stepper.step(velocity, latents)
+            if track is not None:
+                track.step(sound_velocity, generator)
             if mask is not None:  # keep conditioned frames exactly at their clean latents
                 latents = mask * clean + (1.0 - mask) * latents
             if callback is not None:
@@ -333,7 +376,14 @@ def load(
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
     if vae is not None:
         check_geometry(vae.config, transformer.config, checkpoint.path("vae", "config.json"))
-    return Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype)
+    sound_tokenizer = None
+    if load_vae_weights and checkpoint.variant.has_sound_tokenizer:
+        folder = checkpoint.path("sound_tokenizer")
+        if not folder.is_dir():
+            raise CheckpointError(f"model_index.json declares a sound_tokenizer but {folder} is missing; download "
+                                  "the checkpoint's sound_tokenizer/ folder again")  # fmt: skip
+        sound_tokenizer = load_sound_tokenizer(folder, device, vae_dtype)
+    return Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
 
 
 def check_geometry(vae: VAEConfig, transformer, source: Path) -> None:

@@ -126,6 +126,10 @@ class Request:
     output: str = option("frames", "frames (decoded) or latents (no VAE decode)", cli=False)
     vae_tile: Any = option(None, "decode in tiles of this many latents, overlap a quarter (0: no tiling)",
                            flag="--tile", type=int)  # fmt: skip
+    sound: bool = option(False, "generate the sound track with the video (checkpoints with a sound head and a sound "
+                         "tokenizer, such as Nano)")  # fmt: skip
+    sound_trim: bool = option(True, "trim the waveform to the video's duration, int(frames / fps * sample_rate) "
+                              "samples; off: the full latent length")  # fmt: skip
     check_memory: bool = option(True, "estimate the memory a request needs and refuse it when the device does not "
                                 "have it")  # fmt: skip
 

@@ -71,6 +71,8 @@ def resolve(variant: Variant, request: Request) -> Settings:
     if num_frames == 1 and (r.has_image or r.has_video):
         raise InputError("num_frames is 1 (text-to-image): image and video conditioning need a video (num_frames >= 5)")
 
+    if r.sound:
+        _check_sound(variant, num_frames)
     width, height = _size(variant, r, is_image, notes)
     fps = DEFAULT_FPS if r.fps is None else float(r.fps)
 
@@ -126,6 +128,19 @@ def resolve(variant: Variant, request: Request) -> Settings:
     for note in notes:
         log.warning(note)
     return settings
+
+
+def _check_sound(variant: Variant, num_frames: int) -> None:
+    if not variant.has_sound:
+        raise InputError("this checkpoint has no sound head (sound_gen in transformer/config.json); sound needs a "
+                         "sound-capable checkpoint such as Cosmos3-Nano")  # fmt: skip
+    if not variant.has_sound_tokenizer:
+        raise InputError("this checkpoint has a sound head but no sound_tokenizer in model_index.json, so its sound "
+                         "cannot be decoded")  # fmt: skip
+    if variant.is_distilled:
+        raise InputError("distilled checkpoints do not generate sound; use a multi-step checkpoint such as Nano")
+    if num_frames == 1:
+        raise InputError("sound needs a video (num_frames >= 5), not a single image")
 
 
 def _size(variant: Variant, r: Request, is_image: bool, notes: list[str]) -> tuple[int, int]:

@@ -201,6 +201,36 @@ def write_vae(folder: Path, config: dict, seed: int, dtype: torch.dtype) -> None
     save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
 
 
+def sound_tokenizer_config(sound_dim: int) -> dict:
+    """The released audio tokenizer's structure at toy widths: 6 samples per latent frame at 150 Hz, so 25
+    latent frames per second as released (1920 samples at 48 kHz)."""
+    return {"_class_name": "Cosmos3AVAEAudioTokenizer", "_diffusers_version": "0.42.1", "model_type": "autoencoder_v2",
+            "sampling_rate": 150, "vocoder_input_dim": sound_dim, "dec_dim": 4, "dec_c_mults": [1, 2],
+            "dec_strides": [2, 3], "dec_out_channels": 2, "stereo": True, "normalize_volume": True, "input_channels": 1,
+            "enc_type": "spec_convnext", "enc_dim": 4, "enc_num_blocks": 1, "enc_n_fft": 4, "enc_hop_length": 1,
+            "enc_latent_dim": 2 * sound_dim, "enc_c_mults": [1, 2], "enc_strides": [2, 3], "dec_type": "oobleck",
+            "bottleneck_type": "vae", "activation": "snakebeta", "snake_logscale": True}  # fmt: skip
+
+
+def write_sound_tokenizer(folder: Path, config: dict, seed: int, dtype: torch.dtype, encoder: bool) -> None:
+    from .sound import SoundConfig, SoundTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    generator = torch.Generator().manual_seed(seed + 2)
+    tensors = {}
+    for name, p in SoundTokenizer(SoundConfig.from_dict(config, "tiny"), with_encoder=encoder).named_parameters():
+        value = torch.randn(p.shape, generator=generator)
+        if name.endswith(("alpha", "beta")) or name.endswith("bias"):
+            value = 0.1 * value
+        elif name.endswith("weight_g"):  # per-channel weight norms: a gain below 1 keeps the waveform unclipped
+            value = 0.4 + 0.05 * value.abs()
+        elif name.endswith("norm.weight"):
+            value = 1.0 + 0.1 * value
+        tensors[name] = value.to(dtype).contiguous()
+    save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
+
+
 def write_tokenizer(folder: Path, vocab_size: int) -> None:
     """A byte-level BPE tokenizer with Qwen's special tokens, trained on a few sentences."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -242,6 +272,7 @@ def make_tiny_checkpoint(
     distilled: bool = False,
     action: bool = False,
     sound: bool = False,
+    sound_encoder: bool = True,
     seed: int = 0,
     shards: int = 2,
     dtype: torch.dtype | str = torch.bfloat16,
@@ -251,6 +282,8 @@ def make_tiny_checkpoint(
     """Write a random checkpoint in the released diffusers layout and return its folder.
 
     `overrides` replaces transformer config values (for example {"num_key_value_heads": 4}).
+    `sound` adds a sound head and a sound tokenizer (decoder-only when `sound_encoder` is False, as early
+    releases shipped it).
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -265,7 +298,7 @@ def make_tiny_checkpoint(
         "vae": ["diffusers", "AutoencoderKLWan"],
         "scheduler": ["diffusers", DISTILLED_SCHEDULER["_class_name"] if distilled else UNIPC_SCHEDULER["_class_name"]],
         "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-        "sound_tokenizer": [None, None],
+        "sound_tokenizer": ["diffusers", "Cosmos3AVAEAudioTokenizer"] if sound else [None, None],
         "safety_checker": [None, None],
     }
     (root / "model_index.json").write_text(json.dumps(model_index, indent=2))
@@ -273,6 +306,9 @@ def make_tiny_checkpoint(
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "float32" too (hashable options)
     write_transformer(root / "transformer", config, seed, shards, dtype)
     write_vae(root / "vae", vae_config(seed), seed, dtype)
+    if sound:
+        write_sound_tokenizer(root / "sound_tokenizer", sound_tokenizer_config(config["sound_dim"]), seed, dtype,
+                              sound_encoder)  # fmt: skip
     (root / "scheduler").mkdir(exist_ok=True)
     scheduler = DISTILLED_SCHEDULER if distilled else UNIPC_SCHEDULER
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2))

@@ -122,17 +122,15 @@ def _tensors(path: Path, device: torch.device):
             yield key, loader(key)
 
 
-def stored_bytes(folder: Path) -> tuple[dict[str, int], list[str]]:
-    """Bytes per stored dtype of a component's weight files, read from their headers only.
-
-    Returns ({dtype: bytes}, names of listed files that are missing). Nothing is loaded.
-    """
+def read_headers(folder: Path) -> tuple[dict[str, dict], list[str]]:
+    """The tensor entries ({name: {dtype, shape, data_offsets}}) of a component's weight files, from their
+    headers only, and the names of listed files that are missing. Nothing is loaded."""
     index = folder / INDEX_NAME
     if index.is_file():
         names = list(dict.fromkeys(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
     else:
         names = [WEIGHTS_NAME]
-    totals: dict[str, int] = {}
+    entries: dict[str, dict] = {}
     missing = []
     for name in names:
         path = folder / name
@@ -145,10 +143,17 @@ def stored_bytes(folder: Path) -> tuple[dict[str, int], list[str]]:
                 header = json.loads(f.read(length))
             except (struct.error, ValueError) as exc:
                 raise CheckpointError(f"{path} has no readable safetensors header ({exc}); it is corrupt") from exc
-        for key, entry in header.items():
-            if key != "__metadata__":
-                start, end = entry["data_offsets"]
-                totals[entry["dtype"]] = totals.get(entry["dtype"], 0) + end - start
+        entries.update((key, entry) for key, entry in header.items() if key != "__metadata__")
+    return entries, missing
+
+
+def stored_bytes(folder: Path) -> tuple[dict[str, int], list[str]]:
+    """Bytes per stored dtype of a component's weight files (headers only), and the missing files."""
+    entries, missing = read_headers(folder)
+    totals: dict[str, int] = {}
+    for entry in entries.values():
+        start, end = entry["data_offsets"]
+        totals[entry["dtype"]] = totals.get(entry["dtype"], 0) + end - start
     return totals, missing
 
 

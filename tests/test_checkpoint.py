@@ -111,7 +111,7 @@ def test_heads_and_system_prompt_flag(tmp_path):
     config = transformer_config("edge", action=True, sound=True)
     v = detect_variant(write_configs(tmp_path, transformer=config, default_use_system_prompt=False))
     assert v.has_action and v.has_sound and not v.default_use_system_prompt
-    assert v.describe() == "Edge (dense relu2), multi-step, action head, sound head"
+    assert v.describe() == "Edge (dense relu2), multi-step, action head, sound head (no sound tokenizer)"
 
 
 def test_detection_is_cached_until_a_config_changes(tmp_path, monkeypatch):

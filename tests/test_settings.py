@@ -11,7 +11,7 @@ IMAGE, VIDEO = object(), object()  # only their presence matters here
 
 def variant(edge=False, distilled=False, system_prompt=True):
     sigmas = (1.0, 0.9375, 0.8333333333333334, 0.625) if distilled else None
-    return Variant(edge, distilled, sigmas, distilled, False, False, system_prompt, "Cosmos3OmniPipeline",
+    return Variant(edge, distilled, sigmas, distilled, False, False, False, system_prompt, "Cosmos3OmniPipeline",
                    "UniPCMultistepScheduler")
 
 

@@ -9,8 +9,8 @@ import time
 import torch
 
 from .checkpoint import Checkpoint, resolve
-from .errors import Cosmos3Error
-from .media import LATENT_TYPE, check_output, read_image, read_video, save
+from .errors import Cosmos3Error, InputError
+from .media import LATENT_TYPE, check_output, read_image, read_video, save, save_wav
 from .parallel import init_from_env
 from .pipeline import load
 from .request import Request, add_arguments, options_from_args
@@ -30,6 +30,10 @@ def cmd_generate(args) -> None:
     options["image"] = read_image(args.image) if args.image else None
     options["video"] = read_video(args.video) if args.video else None
     latents_only = check_output(args.output).suffix.lower() == LATENT_TYPE
+    if args.sound_output and not args.sound:
+        raise InputError("--sound-output needs --sound")
+    if args.sound_output:
+        check_output(args.sound_output, kinds=(".wav",))
     request = Request.build(**options, output="latents" if latents_only else "frames")
     parallel, device = None, args.device
     if args.sp > 1 or args.cfg_parallel:
@@ -61,7 +65,9 @@ def cmd_generate(args) -> None:
             save_file({"latents": result.latents.contiguous()}, args.output)
             paths = [args.output]
         else:
-            paths = save(result.frames, args.output, s.fps)
+            paths = save(result.frames, args.output, s.fps, result.sound, result.sample_rate)
+        if result.sound is not None and args.sound_output:
+            paths.append(save_wav(result.sound, args.sound_output, result.sample_rate))
         for path in paths:
             print(f"wrote {path}")
 
@@ -129,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video, "
                    "out.safetensors for the latents")  # fmt: skip
     add_arguments(p)  # every generation option, from cosmos3_runtime.request.Request
+    p.add_argument("--sound-output", help="with --sound: also write the sound track alone, as a .wav file")
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (under torchrun) [default: 1]")
     p.add_argument("--cfg-parallel", action="store_true", help="run the two CFG branches on separate ranks")
     p.set_defaults(run=cmd_generate)

@@ -20,13 +20,14 @@ VIDEO_CODECS = {".mp4": "libx264", ".mkv": "libx264", ".webm": "libvpx-vp9"}
 LATENT_TYPE = ".safetensors"
 
 
-def check_output(path: str | Path) -> Path:
-    """An output path the CLI can write: a known file type in an existing folder (checked before generating)."""
+def check_output(path: str | Path, kinds: tuple[str, ...] | None = None) -> Path:
+    """An output path the CLI can write: a known file type (`kinds`, default images, video and latents) in an
+    existing, writable folder. Checked before generating."""
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix not in (*IMAGE_TYPES, *VIDEO_CODECS, LATENT_TYPE):
-        raise InputError(f"unsupported output file type {suffix or path.name!r}; use .png, .jpg, .webp (images), "
-                         f".mp4, .mkv, .webm (video) or {LATENT_TYPE} (latents)")  # fmt: skip
+    if suffix not in (kinds or (*IMAGE_TYPES, *VIDEO_CODECS, LATENT_TYPE)):
+        known = ", ".join(kinds) if kinds else f".png, .jpg, .webp (images), .mp4, .mkv, .webm (video) or {LATENT_TYPE} (latents)"
+        raise InputError(f"unsupported output file type {suffix or path.name!r}; use {known}")
     folder = path.parent
     if not folder.is_dir():
         raise InputError(f"output folder {folder} does not exist; create it first")
@@ -35,12 +36,13 @@ def check_output(path: str | Path) -> Path:
     return path
 
 
-def save(frames: torch.Tensor, path: str | Path, fps: float) -> list[Path]:
-    """Save one frame as an image (.png/.jpg/.webp) or a clip as video (.mp4/.mkv/.webm). Returns the written files."""
+def save(frames: torch.Tensor, path: str | Path, fps: float, sound=None, sample_rate=None) -> list[Path]:
+    """Save one frame as an image (.png/.jpg/.webp) or a clip as video (.mp4/.mkv/.webm, with `sound` as its
+    audio track if given). Returns the written files."""
     path = check_output(path)
     if path.suffix.lower() in IMAGE_TYPES:
         return save_images(frames, path)
-    return [save_video(frames, path, fps)]
+    return [save_video(frames, path, fps, sound, sample_rate)]
 
 
 def read_image(path: str | Path):
@@ -86,7 +88,13 @@ def save_images(frames: torch.Tensor, path: Path) -> list[Path]:
     return paths
 
 
-def save_video(frames: torch.Tensor, path: Path, fps: float) -> Path:
+AUDIO_CODECS = {".mp4": "aac", ".mkv": "aac", ".webm": "libopus"}
+MUX_RATE = 48000  # what a waveform at a rate its codec cannot store (toy checkpoints) is resampled to
+
+
+def save_video(frames: torch.Tensor, path: Path, fps: float, sound: torch.Tensor | None = None,
+               sample_rate: int | None = None) -> Path:  # fmt: skip
+    """A clip, with `sound` ([channels, samples] in [-1, 1] at `sample_rate`) as its audio track if given."""
     try:
         import av
     except ImportError as exc:
@@ -97,7 +105,46 @@ def save_video(frames: torch.Tensor, path: Path, fps: float) -> Path:
         stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height = pixels.shape[2], pixels.shape[1]
         stream.pix_fmt = "yuv420p"
+        audio = _add_audio(container, path, sound, sample_rate) if sound is not None else None
         for frame in pixels:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
+        if audio is not None:
+            audio_stream, audio_frames = audio
+            for frame in audio_frames:
+                container.mux(audio_stream.encode(frame))
+            container.mux(audio_stream.encode())
+    return path
+
+
+def _add_audio(container, path: Path, sound: torch.Tensor, sample_rate: int):
+    """The audio stream and its frames (resampled when the codec cannot store `sample_rate`)."""
+    import av
+
+    name = AUDIO_CODECS[path.suffix.lower()]
+    rate = sample_rate if sample_rate in (av.codec.Codec(name, "w").audio_rates or ()) else MUX_RATE
+    layout = "stereo" if sound.shape[0] == 2 else "mono"
+    stream = container.add_stream(name, rate=rate, layout=layout)
+    source = av.AudioFrame.from_ndarray(sound.float().contiguous().numpy(), format="fltp", layout=layout)
+    source.sample_rate = sample_rate
+    resampler = av.AudioResampler(format=stream.format.name, layout=layout, rate=rate, frame_size=stream.frame_size or None)
+    frames = resampler.resample(source) + resampler.resample(None)
+    start = 0
+    for frame in frames:  # timestamps in samples from the start, the audio stream's time base
+        frame.pts, frame.time_base = start, Fraction(1, rate)
+        start += frame.samples
+    return stream, frames
+
+
+def save_wav(sound: torch.Tensor, path: str | Path, sample_rate: int) -> Path:
+    """16-bit PCM WAV of a waveform [channels, samples] in [-1, 1]."""
+    import wave
+
+    path = check_output(path, kinds=(".wav",))
+    pcm = (sound.clamp(-1, 1) * 32767).round().to(torch.int16).t().contiguous().numpy()
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(sound.shape[0])
+        f.setsampwidth(2)
+        f.setframerate(sample_rate)
+        f.writeframes(pcm.tobytes())
     return path

@@ -124,7 +124,7 @@ def test_request_is_the_only_definition_of_the_options():
     from cosmos3_runtime.request import OPTION_NAMES, Request
 
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
-    cli = {a.dest for a in generate._actions} - {"help", "checkpoint", "kind", "prompt", "output", "sp",
+    cli = {a.dest for a in generate._actions} - {"help", "checkpoint", "kind", "prompt", "output", "sound_output", "sp",
                                                   "cfg_parallel", "device", "dtype", "debug"}  # fmt: skip
     assert cli == {f.name for f in fields(Request) if f.metadata["cli"]}
     for method in (Cosmos3Pipeline.generate, WorkerPool.generate):
@@ -141,3 +141,24 @@ def test_info_reads_config_files_only(tiny_gated, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "gated (SwiGLU), multi-step" in out and "parameters:" in out and "text tower" in out
     assert "bf16" in out and "weight file(s) missing" in out
+
+
+def test_generate_with_sound_writes_an_audio_track_and_a_wav(tiny_factory, tmp_path, capsys):
+    import wave
+
+    av = pytest.importorskip("av")
+    nano = tiny_factory(kind="gated", sound=True)
+    out, wav = tmp_path / "rain.mp4", tmp_path / "rain.wav"
+    assert main(["generate", "--checkpoint", str(nano), "--prompt", "rain on a roof", "--frames", "25", "--fps", "24",
+                 "--width", "64", "--height", "48", "--steps", "2", "--sound", "--output", str(out),
+                 "--sound-output", str(wav)]) == 0  # fmt: skip
+    with av.open(str(out)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(audio=0))
+        rate = stream.rate
+    assert stream.codec_context.name == "aac" and abs(samples / rate - 25 / 24) < 0.05  # AAC pads to whole frames
+    with wave.open(str(wav)) as f:
+        assert (f.getnchannels(), f.getframerate(), f.getnframes()) == (2, 150, int(25 / 24 * 150))
+    assert main(["generate", "--checkpoint", str(nano), "--prompt", "x", "--sound-output", str(wav),
+                 "--output", str(out)]) == 2  # fmt: skip
+    assert "--sound-output needs --sound" in capsys.readouterr().err

@@ -202,13 +202,13 @@ def write_vae(folder: Path, config: dict, seed: int, dtype: torch.dtype) -> None
 
 
 def sound_tokenizer_config(sound_dim: int) -> dict:
-    """The released audio tokenizer's structure at toy widths: 6 samples per latent frame at 150 Hz, so 25
-    latent frames per second as released (1920 samples at 48 kHz)."""
+    """The released audio tokenizer's structure at toy widths: 320 samples per latent frame at 8 kHz (a rate
+    AAC can store), so 25 latent frames per second as released (1920 samples at 48 kHz)."""
     return {"_class_name": "Cosmos3AVAEAudioTokenizer", "_diffusers_version": "0.42.1", "model_type": "autoencoder_v2",
-            "sampling_rate": 150, "vocoder_input_dim": sound_dim, "dec_dim": 4, "dec_c_mults": [1, 2],
-            "dec_strides": [2, 3], "dec_out_channels": 2, "stereo": True, "normalize_volume": True, "input_channels": 1,
+            "sampling_rate": 8000, "vocoder_input_dim": sound_dim, "dec_dim": 4, "dec_c_mults": [1, 2, 2],
+            "dec_strides": [4, 8, 10], "dec_out_channels": 2, "stereo": True, "normalize_volume": True, "input_channels": 1,
             "enc_type": "spec_convnext", "enc_dim": 4, "enc_num_blocks": 1, "enc_n_fft": 4, "enc_hop_length": 1,
-            "enc_latent_dim": 2 * sound_dim, "enc_c_mults": [1, 2], "enc_strides": [2, 3], "dec_type": "oobleck",
+            "enc_latent_dim": 2 * sound_dim, "enc_c_mults": [1, 2, 2], "enc_strides": [4, 8, 10], "dec_type": "oobleck",
             "bottleneck_type": "vae", "activation": "snakebeta", "snake_logscale": True}  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from . import services
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
 from .sampling import Cosmos3ImageToVideo, Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode, Cosmos3VideoToVideo
-from .vae import Cosmos3VAEDecode, Cosmos3VAEEncode
+from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 
 services.register_model_folder()
 
@@ -23,6 +23,7 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3VideoToVideo": Cosmos3VideoToVideo,
     "Cosmos3JSONCaption": Cosmos3JSONCaption,
     "Cosmos3DefaultNegativePrompt": Cosmos3DefaultNegativePrompt,
+    "Cosmos3SoundDecode": Cosmos3SoundDecode,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3ModelLoader": "Cosmos3 Model Loader",
@@ -35,4 +36,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3VideoToVideo": "Cosmos3 Video to Video",
     "Cosmos3JSONCaption": "Cosmos3 JSON Caption",
     "Cosmos3DefaultNegativePrompt": "Cosmos3 Default Negative Prompt",
+    "Cosmos3SoundDecode": "Cosmos3 Sound Decode",
 }

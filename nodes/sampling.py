@@ -140,6 +140,8 @@ class Cosmos3Sampler:
                 "guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("guidance_interval")}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True,
                          "tooltip": help_of("seed")}),  # fmt: skip
+                "sound": ("BOOLEAN", {"default": False, "tooltip": help_of("sound") + "; decode it with Cosmos3 "
+                          "Sound Decode"}),  # fmt: skip
             },
             "optional": {
                 "schedule": ("COSMOS3_SCHEDULE", {"tooltip": "default: automatic"}),
@@ -154,10 +156,10 @@ class Cosmos3Sampler:
         return _problem(lambda: Request.build(**sampler_options({k: v for k, v in widgets.items() if v is not None})),
                         widgets)  # fmt: skip
 
-    def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, schedule=None,
-               media=None):  # fmt: skip
+    def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
+               schedule=None, media=None):  # fmt: skip
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
-                       guidance_interval=guidance_interval, seed=seed)  # fmt: skip
+                       guidance_interval=guidance_interval, seed=seed, sound=sound)  # fmt: skip
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
         request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **(media or {}),
@@ -178,12 +180,16 @@ class Cosmos3Sampler:
                   + (f", flow shift {s.flow_shift:g}" if s.flow_shift is not None else ""),
                   *s.notes]  # fmt: skip
         latent = {"samples": result.latents, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
+        if result.sound_latents is not None:
+            latent["cosmos3"].update(sound_latents=result.sound_latents, sample_rate=result.sample_rate)
+            report.append(f"sound: {result.sound_latents.shape[1]} latent frames at {result.sample_rate} Hz")
         return {"ui": {"text": report}, "result": (latent,)}
 
 
 # Sampler widget -> Request field; 0 means "automatic" (None) for the numeric ones.
 SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
-                  "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed"}  # fmt: skip
+                  "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
+                  "sound": "sound"}  # fmt: skip
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
 
 

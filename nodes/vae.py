@@ -3,6 +3,7 @@
 import torch
 
 from ..cosmos3_runtime import InputError
+from ..cosmos3_runtime.request import help_of
 from ..cosmos3_runtime.settings import round_frames
 from ..cosmos3_runtime.vae import TileSpec
 from . import services
@@ -64,3 +65,33 @@ class Cosmos3VAEEncode:
             services.log.warning("Cosmos3 VAE encode: %d frames, using the first %d (1 + 4k)", images.shape[0], count)
         with vae.use() as pipe:
             return ({"samples": pipe.encode(images[:count], progress=services.Progress.bar())},)
+
+
+class Cosmos3SoundDecode:
+    DESCRIPTION = ("Decodes the sound a Cosmos3 sampler generated with its video (sound on) to ComfyUI AUDIO: connect "
+                   "it to Create Video's audio, or to an audio preview.")  # fmt: skip
+    CATEGORY = "cosmos3"
+    RETURN_TYPES = ("AUDIO",)
+    RETURN_NAMES = ("audio",)
+    FUNCTION = "decode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": ("COSMOS3_VAE",),
+                "samples": ("LATENT",),
+                "trim": ("BOOLEAN", {"default": True, "tooltip": help_of("sound_trim")}),
+            }
+        }
+
+    def decode(self, vae, samples, trim):
+        meta = samples.get("cosmos3", {})
+        if meta.get("sound_latents") is None:
+            raise InputError("this LATENT carries no sound: turn on 'sound' in the Cosmos3 Sampler (a checkpoint "
+                             "with a sound head, such as Nano)")  # fmt: skip
+        seconds = meta["num_frames"] / meta["fps"] if trim else None
+        with vae.use() as pipe:
+            waveform = pipe.decode_sound(meta["sound_latents"], seconds)
+        services.check_interrupt()
+        return ({"waveform": waveform.unsqueeze(0), "sample_rate": int(meta["sample_rate"])},)

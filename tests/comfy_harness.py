@@ -60,8 +60,8 @@ class LoadImage:
 class Video:
     """Stand-in for comfy_api's VideoFromComponents."""
 
-    def __init__(self, images, fps):
-        self.images, self.fps = images, fps
+    def __init__(self, images, fps, audio=None):
+        self.images, self.fps, self.audio = images, fps, audio
 
 
 class CreateVideo:
@@ -77,7 +77,11 @@ class CreateVideo:
     def execute(self, images, fps, audio=None, bit_depth=8):
         check_image_batch(images, "CreateVideo.images")
         assert isinstance(fps, float), fps
-        return (Video(images, fps),)
+        if audio is not None:  # ComfyUI's AUDIO: {"waveform": [B, C, N] float, "sample_rate": int}
+            waveform = audio["waveform"]
+            assert waveform.ndim == 3 and waveform.dtype == torch.float32 and isinstance(audio["sample_rate"], int)
+            assert waveform.abs().max() <= 1 and waveform.device.type == "cpu"
+        return (Video(images, fps, audio),)
 
 
 class SaveVideo:

@@ -75,7 +75,7 @@ def models_dir(tmp_path, monkeypatch, tiny_factory):
     root = tmp_path / "models" / "cosmos3"
     layout = {
         "Cosmos3-Edge": dict(kind="edge"),
-        "Cosmos3-Nano": dict(kind="gated"),
+        "Cosmos3-Nano": dict(kind="gated", sound=True),
         "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True),
         "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
         "nvidia/Cosmos3-Edge-Policy-DROID": dict(kind="edge", action=True),

@@ -253,3 +253,19 @@ def test_cancel_during_vae_decode_and_encode_nodes(nodes, monkeypatch):
     monkeypatch.undo()
     images, _ = nodes.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)  # usable right after
     assert images.shape == (13, 48, 64, 3)
+
+
+def test_sound_through_the_sampler_and_sound_decode(nodes):
+    model, vae, _ = load(nodes, "Cosmos3-Nano")
+    latent, report = sample(nodes, model, text(nodes), frames=9, sound=True)
+    assert latent["cosmos3"]["sound_latents"].shape[0] == 16 and any(line.startswith("sound:") for line in report)
+    (audio,) = nodes.Cosmos3SoundDecode().decode(vae, latent, True)
+    assert audio["sample_rate"] == 8000 and audio["waveform"].shape == (1, 2, int(9 / 24 * 8000))
+    (full,) = nodes.Cosmos3SoundDecode().decode(vae, latent, False)
+    assert full["waveform"].shape[2] == latent["cosmos3"]["sound_latents"].shape[1] * 320
+    silent, _ = sample(nodes, model, text(nodes), frames=9)
+    with pytest.raises(nodes.vae.InputError, match="carries no sound: turn on 'sound'"):
+        nodes.Cosmos3SoundDecode().decode(vae, silent, True)
+    edge, _, _ = load(nodes, "Cosmos3-Edge")
+    with pytest.raises(nodes.sampling.InputError, match="no sound head"):
+        sample(nodes, edge, text(nodes), frames=9, sound=True)

@@ -84,7 +84,7 @@ def test_sampler_node_reports_progress_through_comfyui(pack, comfy, models_dir, 
     pack.loader.release_all()
     model, _, _ = pack.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default")["result"]
     text = pack.Cosmos3TextEncode().encode("a cat", "", "auto", True, True, True)["result"][0]
-    pack.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 0, {"schedule": "auto", "steps": 4,
+    pack.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 0, schedule={"schedule": "auto", "steps": 4,
                                                                                  "flow_shift": None})  # fmt: skip
     (bar,) = FakeProgressBar.instances
     assert bar.total == 4 and [u[0] for u in bar.updates] == [1, 2, 3, 4]

@@ -43,10 +43,10 @@ def test_tokenizer_decode_and_encode_match_diffusers(nano):
     theirs = reference_tokenizer(nano / "sound_tokenizer")
     latents = torch.randn(16, 37, generator=torch.Generator().manual_seed(0))
     waveform = ours.decode(latents)
-    assert waveform.shape == (2, 37 * 6)
+    assert waveform.shape == (2, 37 * 320)
     assert 0.01 < (waveform.abs() < 1).float().mean()  # not all clamped: the comparison means something
     torch.testing.assert_close(waveform, theirs.decode(latents), atol=1e-5, rtol=0)
-    audio = torch.rand(2, 225, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    audio = torch.rand(2, 3000, generator=torch.Generator().manual_seed(1)) * 2 - 1
     with torch.no_grad():
         expected = theirs.encode(audio.unsqueeze(0)).latent_dist.mode()[0]
     torch.testing.assert_close(ours.encode(audio), expected, atol=1e-5, rtol=0)
@@ -60,7 +60,7 @@ def test_decoder_only_tokenizer_loads_and_decodes(tiny_factory):
     torch.testing.assert_close(ours.decode(latents), reference_tokenizer(root / "sound_tokenizer").decode(latents),
                                atol=1e-5, rtol=0)  # fmt: skip
     with pytest.raises(InputError, match="decoder-only"):
-        ours.encode(torch.zeros(2, 60))
+        ours.encode(torch.zeros(2, 640))
 
 
 def test_missing_or_corrupt_tokenizer_is_a_clear_error(nano, tmp_path):
@@ -82,8 +82,8 @@ def picture(seed):
 
 @pytest.mark.parametrize(
     "frames, fps, extra",
-    [(9, 24.0, {}), (13, 16.0, {}), (9, 25.0, {"image": picture(3)})],  # 56 / 121 / 54 samples at 150 Hz
-    ids=["t2v-partial-sound-frame", "t2v-16fps", "i2v"],  # 56 samples: 9.33 sound frames of 6
+    [(9, 24.0, {}), (13, 16.0, {}), (9, 25.0, {"image": picture(3)})],  # 3000 / 6500 / 2880 samples at 8 kHz
+    ids=["t2v-partial-sound-frame", "t2v-16fps", "i2v"],  # 3000 samples: 9.375 sound frames of 320
 )
 def test_generation_with_sound_matches_diffusers(nano, pipe, frames, fps, extra):
     common = dict(prompt="Rain on a tin roof.", negative_prompt="silence", num_frames=frames, fps=fps, **SIZE,
@@ -102,11 +102,11 @@ def test_generation_with_sound_matches_diffusers(nano, pipe, frames, fps, extra)
     torch.testing.assert_close(got.sound_latents, seen["latents"].float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.sound, expected.sound.float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.frames, torch.from_numpy(expected.video), atol=TOL, rtol=0)
-    assert got.sample_rate == 150 and got.sound.shape[1] == got.sound_latents.shape[1] * 6
+    assert got.sample_rate == 8000 and got.sound.shape[1] == got.sound_latents.shape[1] * 320
     assert got.sound.abs().max() > 0.01
     trimmed = pipe.generate(**common, steps=3, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False,
                             sound=True)  # fmt: skip
-    assert trimmed.sound.shape == (2, samples_for(frames, fps, 150)) == (2, int(frames / fps * 150))
+    assert trimmed.sound.shape == (2, samples_for(frames, fps, 8000)) == (2, int(frames / fps * 8000))
     assert torch.equal(trimmed.sound, got.sound[:, : trimmed.sound.shape[1]])
 
 

@@ -77,6 +77,8 @@ def test_api_workflow_runs_and_saves_frames(registry, path):
         assert video.images.shape == (13, 48, 64, 3) and latent.shape == (1, 48, 4, 3, 4)
         expected_fps = prompt[samplers[0]]["inputs"]["fps"] or 24.0
         assert video.fps == expected_fps  # set once on the sampler, carried to the video
+        if prompt[samplers[0]]["inputs"]["sound"]:  # the sound track, trimmed to the clip, reaches Create Video
+            assert video.audio["waveform"].shape == (1, 2, int(13 / expected_fps * video.audio["sample_rate"]))
     loader = next(n for n, node in prompt.items() if node["class_type"] == "Cosmos3ModelLoader")
     assert "multi-step" in results[loader][0][2] or "distilled" in results[loader][0][2]
 
@@ -136,13 +138,14 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3TextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template", "duration_template",
                               "json_captions"],
         "Cosmos3Scheduler": ["schedule", "steps", "flow_shift"],
-        "Cosmos3Sampler": ["width", "height", "frames", "fps", "guidance", "guidance_interval", "seed"],
+        "Cosmos3Sampler": ["width", "height", "frames", "fps", "guidance", "guidance_interval", "seed", "sound"],
         "Cosmos3VAEDecode": ["tiled", "tile_size", "tile_overlap"],
         "Cosmos3VAEEncode": [],
         "Cosmos3ImageToVideo": [],
         "Cosmos3VideoToVideo": ["condition_frames", "keep"],
         "Cosmos3JSONCaption": ["temporal_caption", "subjects", "extra_json"],
         "Cosmos3DefaultNegativePrompt": [],
+        "Cosmos3SoundDecode": ["trim"],
     }  # fmt: skip
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
 
@@ -150,7 +153,7 @@ def test_widget_order_of_our_nodes(pack):
 def test_sampler_widgets_values_carry_the_seed_control(registry):
     workflow = load_json(ROOT / "workflows" / "cosmos3_edge_t2v.json")
     sampler = next(n for n in workflow["nodes"] if n["type"] == "Cosmos3Sampler")
-    assert sampler["widgets_values"][-2:] == [42, "fixed"]
+    assert sampler["widgets_values"][-3:] == [42, "fixed", False]  # seed, its control value, sound
 
 
 def test_a_shifted_widget_is_caught(registry):

@@ -9,6 +9,7 @@
 from .checkpoint import Checkpoint, Variant, detect_variant
 from .errors import CheckpointError, Cosmos3Error, InputError
 from .pipeline import Cosmos3Pipeline, Generation, load
+from .request import Request
 from .transformer import Cosmos3Transformer, TextKV, TransformerConfig
 from .vae import TileSpec
 from .workers import WorkerPool
@@ -21,6 +22,7 @@ __all__ = [
     "Cosmos3Transformer",
     "Generation",
     "InputError",
+    "Request",
     "TextKV",
     "TileSpec",
     "TransformerConfig",

@@ -13,12 +13,16 @@ worker fails on its own (out of memory on one GPU, say), the pool is shut down a
 the next pool starts fresh.
 """
 
+import atexit
 import importlib
 import os
 import queue
+import shutil
 import socket
 import sys
+import tempfile
 import time
+import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -98,23 +102,60 @@ def _worker(rank, world, port, device, source, load_options, layout, requests, r
     dist.destroy_process_group()
 
 
-@contextmanager
-def _importable_worker():
-    """The worker entry point as `cosmos3_runtime.workers._worker`, importable in a fresh interpreter.
+_runtime_home: str | None = None
+
+
+def _runtime_only_folder() -> str:
+    """A folder that holds nothing but `cosmos3_runtime` (a link to this package), for the workers' sys.path.
 
     Inside ComfyUI this module lives in the pack's package (named after its folder), which a spawned
-    process cannot import. The runtime never imports ComfyUI, so the workers import it as a top-level
-    package instead: its folder is on sys.path while the processes start (spawn copies sys.path).
+    process cannot import; the runtime never imports ComfyUI, so the workers import it as a top-level
+    package instead. The pack's own folder must not go on sys.path for that: its `nodes/` package would
+    shadow the host's `nodes` module (ComfyUI's nodes.py).
     """
-    folder = str(Path(__file__).resolve().parents[1])
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
+    global _runtime_home
+    if _runtime_home is None:
+        home = tempfile.mkdtemp(prefix="cosmos3-workers-")
+        package = Path(__file__).resolve().parent
+        try:
+            (Path(home) / "cosmos3_runtime").symlink_to(package, target_is_directory=True)
+        except OSError:  # no symlinks here (Windows without the privilege): a copy of the sources
+            shutil.copytree(package, Path(home) / "cosmos3_runtime", ignore=shutil.ignore_patterns("__pycache__"))
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+        _runtime_home = home
+    return _runtime_home
+
+
+@contextmanager
+def _spawning(log_path: str):
+    """The worker entry point, with what `spawn` hands a child set up so that the host is never re-run.
+
+    `spawn` starts each child by re-running the parent's main script (ComfyUI's main.py) unless the
+    parent's `__main__` has no file; for the starts, `__main__` is a bare module. The children's
+    stderr goes to `log_path` (a child that dies before it can report leaves its traceback there).
+    """
+    folder = _runtime_only_folder()
+    sys.path.insert(0, folder)
+    host_main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    saved_stderr = os.dup(2)
+    with open(log_path, "ab") as log:
+        os.dup2(log.fileno(), 2)
     try:
         yield importlib.import_module("cosmos3_runtime.workers")._worker
     finally:
-        if added:
-            sys.path.remove(folder)
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+        sys.modules["__main__"] = host_main
+        sys.path.remove(folder)
+
+
+def _tail(path: str, chars: int = 4000) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return text[-chars:].strip()
 
 
 class WorkerPool:
@@ -132,7 +173,9 @@ class WorkerPool:
         self.cancel = context.Event()
         port = _free_port()
         layout = (sp, cfg_parallel)
-        with _importable_worker() as worker:
+        handle, self.log_path = tempfile.mkstemp(prefix="cosmos3-workers-", suffix=".log")
+        os.close(handle)
+        with _spawning(self.log_path) as worker:
             self.processes = [
                 context.Process(target=worker, args=(rank, len(devices), port, device, str(self.checkpoint.root),
                                                      load_options, layout, self.requests[rank], self.replies,
@@ -165,10 +208,12 @@ class WorkerPool:
                 dead = [r for r in waiting if not self.processes[r].is_alive()]
                 late = deadline is not None and time.monotonic() > deadline
                 if dead or late or (failures and time.monotonic() > failed_at + REPLY_TIMEOUT_S):
+                    output = _tail(self.log_path)
                     self.close()
                     reason = f"workers {dead} died" if dead else f"workers {sorted(waiting)} stopped answering"
                     raise WorkerError(f"{reason} ({'; '.join(failures.values()) or 'no error reported'}); "
-                                      "the worker pool was shut down") from None  # fmt: skip
+                                      "the worker pool was shut down"
+                                      + (f". Their output ended with:\n{output}" if output else "")) from None  # fmt: skip
                 continue
             if kind == "progress":
                 if on_progress is not None and cancelled is None:
@@ -227,3 +272,4 @@ class WorkerPool:
             if process.is_alive():
                 process.kill()
                 process.join()
+        Path(self.log_path).unlink(missing_ok=True)

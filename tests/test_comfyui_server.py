@@ -159,3 +159,15 @@ def test_the_front_end_opens_and_converts_every_ui_workflow(server, tmp_path):
         assert report["errors"][path.stem] == [], report["errors"][path.stem]
         assert report["template_scale"][path.stem] >= 0.6  # opened from the template browser: text still drawn
     assert "checkpoint not installed: Cosmos3-Missing" in report["missing_notice"]
+
+
+def test_two_worker_processes_start_inside_comfyui(server):
+    """gpus = 2 on a CPU server: two worker processes (gloo) that must not re-run ComfyUI's main.py."""
+    url, _ = server
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2i.json").read_text()))
+    prompt["1"]["inputs"]["gpus"] = 2
+    history = _run(url, prompt)
+    errors = [data.get("exception_message") for event, data in history["status"]["messages"] if event == "execution_error"]
+    assert history["status"]["status_str"] == "success", errors
+    prompt["1"]["inputs"]["gpus"] = 1  # and back: the pool is closed, one process again
+    assert _run(url, prompt)["status"]["status_str"] == "success"

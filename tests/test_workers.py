@@ -81,3 +81,47 @@ def test_loader_node_with_two_gpus(pack, models_dir):
     assert not any(p.is_alive() for p in workers)
     with pytest.raises(pack.loader.InputError, match="'cfg' needs 2"):
         pack.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default", gpus=3, multi_gpu="cfg")
+
+
+def test_a_pool_starts_under_a_host_script_with_its_own_nodes_module(tiny_gated, tmp_path):
+    """ComfyUI's situation: the parent's main script has top-level code and a top-level module `nodes`
+    (ComfyUI's nodes.py) that the pack's `nodes/` package must not shadow in the workers."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    (tmp_path / "nodes.py").write_text("HOST_NODES = True\n")
+    (tmp_path / "host_main.py").write_text(f"""
+import importlib.util, os, sys
+with open("main_runs.txt", "a") as f:  # the host's main must run once, never again in a worker
+    f.write("ran\\n")
+import nodes
+assert nodes.HOST_NODES
+spec = importlib.util.spec_from_file_location("cosmos3_host_pack", {str(ROOT / "__init__.py")!r},
+                                              submodule_search_locations=[{str(ROOT)!r}])
+pack = importlib.util.module_from_spec(spec)
+sys.modules["cosmos3_host_pack"] = pack
+spec.loader.exec_module(pack)
+workers = importlib.import_module("cosmos3_host_pack.cosmos3_runtime.workers")
+pool = workers.WorkerPool({str(tiny_gated)!r}, ["cpu", "cpu"], sp=2, dtype="fp32", local_files_only=True)
+result = pool.generate("a cat", width=64, height=48, num_frames=5, steps=1)
+pool.close()
+print("generated", tuple(result.latents.shape))
+
+
+class Unreadable:  # fails while a worker unpickles its arguments, before it can report anything
+    def __reduce__(self):
+        return (int, ("not a number",))
+
+
+try:
+    workers.WorkerPool({str(tiny_gated)!r}, ["cpu", "cpu"], sp=2, dtype=Unreadable(), local_files_only=True)
+except workers.WorkerError as exc:
+    print("error:", exc)
+""")
+    done = subprocess.run([sys.executable, "host_main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "generated (1, 48, 2, 3, 4)" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "main_runs.txt").read_text() == "ran\n"
+    assert "died" in done.stdout and "invalid literal for int() with base 10: 'not a number'" in done.stdout

@@ -207,7 +207,7 @@ class Cosmos3Pipeline:
         if r.check_memory:
             budget.check(self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)), self.device)
 
-        clean, mask = self._conditioning(s, shape, r.image, r.video, r.condition_video_keep)
+        clean, mask = self._conditioning(s, shape, r)
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
         noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
         latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
@@ -252,28 +252,47 @@ class Cosmos3Pipeline:
         return budget.estimate(self.transformer.config, self.vae.config if decode else None, s, cond_tokens,
                                uncond_tokens, self.dtype, r.vae_tile)  # fmt: skip
 
-    def _conditioning(self, s: Settings, shape, image, video, keep: str):
+    def _conditioning(self, s: Settings, shape, r: Request):
         """Clean conditioning latents and the mask [T, 1, 1] of conditioned frames (None, None for T2I/T2V)."""
         if s.mode in ("t2i", "t2v"):
             return None, None
         if self.vae is None:
             raise InputError("image and video conditioning need the VAE; load the pipeline with its VAE")
-        if s.mode == "i2v":
-            pixels = preprocess_image(image, s.height, s.width).unsqueeze(2)  # [1, 3, 1, H, W]
+        needed = s.condition_frames[-1] * TEMPORAL_FACTOR + 1  # causal VAE: latent f only sees pixel frames <= 4f
+        if r.condition_latents is not None:  # already encoded (a ComfyUI LATENT): raw VAE latents
+            encoded = self._latent_condition(r.condition_latents, s, shape, r.condition_video_keep)
         else:
-            frames = preprocess_video(video, s.height, s.width)
-            needed = s.condition_frames[-1] * 4 + 1  # causal VAE: latent f only sees pixel frames <= 4f
-            frames = frames[:, :, :needed] if keep == "first" else frames[:, :, -needed:]
-            if frames.shape[2] < needed:  # repeat the last frame, as the reference fills short clips
-                tail = frames[:, :, -1:].expand(-1, -1, needed - frames.shape[2], -1, -1)
-                frames = torch.cat([frames, tail], dim=2)
-            pixels = frames
-        encoded = self.vae.normalize(self.vae.encode(pixels.to(self.device))).float()
+            if s.mode == "i2v":
+                pixels = preprocess_image(r.image, s.height, s.width).unsqueeze(2)  # [1, 3, 1, H, W]
+            else:
+                frames = preprocess_video(r.video, s.height, s.width)
+                frames = frames[:, :, :needed] if r.condition_video_keep == "first" else frames[:, :, -needed:]
+                if frames.shape[2] < needed:  # repeat the last frame, as the reference fills short clips
+                    tail = frames[:, :, -1:].expand(-1, -1, needed - frames.shape[2], -1, -1)
+                    frames = torch.cat([frames, tail], dim=2)
+                pixels = frames
+            encoded = self.vae.normalize(self.vae.encode(pixels.to(self.device))).float()
         clean = torch.zeros(shape, dtype=torch.float32, device=self.device)
         clean[:, :, : encoded.shape[2]] = encoded
         mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=self.device)
         mask[list(s.condition_frames)] = 1.0
         return clean, mask
+
+    def _latent_condition(self, raw: torch.Tensor, s: Settings, shape, keep: str) -> torch.Tensor:
+        """Normalized conditioning latents from raw VAE latents [1, 48, T', h, w] (first or last latent frames)."""
+        if not isinstance(raw, torch.Tensor) or raw.ndim != 5 or tuple(raw.shape[:2]) != shape[:2]:
+            got = list(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
+            raise InputError(f"condition_latents must be raw VAE latents [1, {shape[1]}, T, h, w], got {got}")
+        if tuple(raw.shape[3:]) != shape[3:]:
+            h, w = raw.shape[3:]
+            raise InputError(f"the conditioning latents are {w * SPATIAL_FACTOR}x{h * SPATIAL_FACTOR} (WxH) and the "
+                             f"request is {s.width}x{s.height}; set width and height to the clip's size")  # fmt: skip
+        count = s.condition_frames[-1] + 1
+        if raw.shape[2] < count:
+            raise InputError(f"condition frames {list(s.condition_frames)} need {count} latent frames; the "
+                             f"conditioning latents have {raw.shape[2]}")  # fmt: skip
+        raw = raw[:, :, :count] if keep == "first" else raw[:, :, -count:]
+        return self.vae.normalize(raw.to(self.device)).float()
 
     def schedule_for(self, s: Settings) -> Schedule:
         if s.schedule == "distilled":
@@ -331,26 +350,36 @@ class Cosmos3Pipeline:
         return latents
 
     @torch.inference_mode()
-    def encode(self, frames: torch.Tensor, progress: Progress | None = None) -> torch.Tensor:
-        """Frames [F, H, W, 3] in 0..1 (an IMAGE batch) -> normalized latents [1, 48, 1 + (F-1)//4, H/16, W/16] on the CPU.
+    def encode(self, frames: torch.Tensor, progress: Progress | None = None, raw: bool = False) -> torch.Tensor:
+        """Frames [F, H, W, 3] in 0..1 (an IMAGE batch) -> latents [1, 48, 1 + (F-1)//4, H/16, W/16] on the CPU.
 
-        `progress(done, total)` runs after every latent frame; raise from it to cancel.
+        Normalized (the transformer's space), or with `raw` the VAE's posterior mean (what ComfyUI's
+        LATENT holds). `progress(done, total)` runs after every latent frame; raise from it to cancel.
         """
         if self.vae is None:
             raise InputError("encoding needs the VAE; load the pipeline with its VAE")
         pixels = frames[..., :3].permute(3, 0, 1, 2).unsqueeze(0).to(self.device) * 2 - 1
-        return self.vae.normalize(self.vae.encode(pixels, progress=progress)).float().cpu()
+        encoded = self.vae.encode(pixels, progress=progress)
+        return (encoded if raw else self.vae.normalize(encoded)).float().cpu()
 
     @torch.inference_mode()
-    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None) -> torch.Tensor:
-        """Normalized latents [1, 48, T, h, w] -> frames [F, H, W, 3] float32 in 0..1 on the CPU.
-
-        `progress(done, total)` runs after every latent frame of every tile; raise from it to cancel.
+    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
+               raw: bool = False) -> torch.Tensor:  # fmt: skip
+        """Latents [1, 48, T, h, w] (normalized, or with `raw` the VAE's own) -> frames [F, H, W, 3] float32 in
+        0..1 on the CPU. `progress(done, total)` runs after every latent frame of every tile; raise to cancel.
         """
         if self.vae is None:
             raise InputError("decoding needs the VAE; load the pipeline with its VAE")
-        pixels = self.vae.decode(self.vae.denormalize(latents.to(self.device)), tile=tile, progress=progress).float()
+        z = latents.to(self.device)
+        pixels = self.vae.decode(z if raw else self.vae.denormalize(z), tile=tile, progress=progress).float()
         return (pixels / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()
+
+    @torch.inference_mode()
+    def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalized latents -> the VAE's raw latents (float32, CPU), as the decoder sees them."""
+        if self.vae is None:
+            raise InputError("converting latents needs the VAE config; load the pipeline with its VAE")
+        return self.vae.denormalize(latents.to(self.device)).float().cpu()
 
 
 def load(

@@ -106,6 +106,8 @@ class Request:
     seed: int = option(0, "noise seed (the same seed gives the same result on every device)", type=int)
     image: Any = option(None, "image to condition the first frame on (image-to-video); CLI: an image file")
     video: Any = option(None, "clip to condition the first latent frames on (video-to-video); CLI: a video file")
+    condition_latents: Any = option(None, "video-to-video from an encoded clip: raw VAE latents [1, 48, T, h, w] (a "
+                                    "ComfyUI LATENT) instead of `video`", cli=False)  # fmt: skip
     condition_frame_indexes: Any = option(None, "video-to-video: latent frames held to the clip, e.g. 0,1 "
                                           "(latent f covers video frames up to 4f; auto: 0,1)",
                                           flag="--condition-frames")  # fmt: skip
@@ -159,8 +161,8 @@ class Request:
                 raise InputError(f"{name} must be at least 1, got {value}")
         if self.fps is not None and not self.fps > 0:
             raise InputError(f"fps must be positive, got {self.fps}")
-        if self.image is not None and self.video is not None:
-            raise InputError("give either an image (image-to-video) or a video (video-to-video), not both")
+        if sum(x is not None for x in (self.image, self.video, self.condition_latents)) > 1:
+            raise InputError("give one of an image (image-to-video), a video or condition latents (video-to-video)")
 
     @property
     def has_image(self) -> bool:
@@ -168,7 +170,7 @@ class Request:
 
     @property
     def has_video(self) -> bool:
-        return self.video is not None
+        return self.video is not None or self.condition_latents is not None
 
     @classmethod
     def build(cls, base: "Request | None" = None, **options) -> "Request":

@@ -85,15 +85,17 @@ def _worker(rank, world, port, device, source, load_options, layout, requests, r
 
                 prompt, options = payload
                 result = pipe.generate(prompt, callback=agree_and_report, parallel=parallel, **options)
-            else:  # decode / encode on rank 0, with progress and the same cancel flag
+            else:  # VAE work on rank 0: decode / encode report progress and honour the same cancel flag
+                args, options = payload
 
                 def report(done, total):
                     if cancel.is_set():
                         raise Cancelled
                     replies.put(("progress", rank, (done, total)))
 
-                method = pipe.decode if kind == "decode" else pipe.encode
-                result = method(*payload, progress=report)
+                if kind in ("decode", "encode"):
+                    options = {**options, "progress": report}
+                result = getattr(pipe, kind)(*args, **options)
             replies.put(("done", rank, result if rank == 0 else None))
         except Cancelled:
             replies.put(("cancelled", rank, None))
@@ -245,11 +247,14 @@ class WorkerPool:
             requests.put(("generate", (prompt, request.plain())))
         return self._collect(range(len(self.devices)), timeout=None, on_progress=callback)
 
-    def decode(self, latents: torch.Tensor, tile=None, progress=None) -> torch.Tensor:
-        return self._on_first(("decode", (latents.cpu(), tile)), progress)
+    def decode(self, latents: torch.Tensor, tile=None, progress=None, raw: bool = False) -> torch.Tensor:
+        return self._on_first(("decode", ((latents.cpu(), tile), {"raw": raw})), progress)
 
-    def encode(self, frames: torch.Tensor, progress=None) -> torch.Tensor:
-        return self._on_first(("encode", (frames.cpu(),)), progress)
+    def encode(self, frames: torch.Tensor, progress=None, raw: bool = False) -> torch.Tensor:
+        return self._on_first(("encode", ((frames.cpu(),), {"raw": raw})), progress)
+
+    def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        return self._on_first(("raw_latents", ((latents.cpu(),), {})), None)
 
     def _on_first(self, request, progress):
         """Run a VAE request on rank 0 (`progress(done, total)` relayed; raising from it cancels)."""

@@ -7,7 +7,8 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 from . import services
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
-from .sampling import Cosmos3ImageToVideo, Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode, Cosmos3VideoToVideo
+from .sampling import (Cosmos3ImageToVideo, Cosmos3LatentToVideo, Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode,
+                       Cosmos3VideoToVideo)  # fmt: skip
 from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 
 services.register_model_folder()
@@ -24,6 +25,7 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3JSONCaption": Cosmos3JSONCaption,
     "Cosmos3DefaultNegativePrompt": Cosmos3DefaultNegativePrompt,
     "Cosmos3SoundDecode": Cosmos3SoundDecode,
+    "Cosmos3LatentToVideo": Cosmos3LatentToVideo,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3ModelLoader": "Cosmos3 Model Loader",
@@ -37,4 +39,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3JSONCaption": "Cosmos3 JSON Caption",
     "Cosmos3DefaultNegativePrompt": "Cosmos3 Default Negative Prompt",
     "Cosmos3SoundDecode": "Cosmos3 Sound Decode",
+    "Cosmos3LatentToVideo": "Cosmos3 Latent to Video",
 }

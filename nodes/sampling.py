@@ -173,13 +173,14 @@ class Cosmos3Sampler:
 
         with model.use() as pipe:
             result = pipe.generate(prompt, request, callback=on_step)
+            raw = pipe.raw_latents(result.latents)  # ComfyUI's LATENT holds the VAE's own latents
         s = result.settings
         report = [f"{s.mode}: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps",
                   f"{s.steps} steps ({s.schedule}), guidance {s.guidance_scale:g}"
                   + (f" in timesteps {s.guidance_interval[0]:g}-{s.guidance_interval[1]:g}" if s.guidance_interval else "")
                   + (f", flow shift {s.flow_shift:g}" if s.flow_shift is not None else ""),
                   *s.notes]  # fmt: skip
-        latent = {"samples": result.latents, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
+        latent = {"samples": raw, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
         if result.sound_latents is not None:
             latent["cosmos3"].update(sound_latents=result.sound_latents, sample_rate=result.sample_rate)
             report.append(f"sound: {result.sound_latents.shape[1]} latent frames at {result.sample_rate} Hz")
@@ -191,6 +192,33 @@ SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", 
                   "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
                   "sound": "sound"}  # fmt: skip
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
+
+
+class Cosmos3LatentToVideo:
+    DESCRIPTION = ("Condition the first latent frames of the video on an encoded clip: a LATENT from Cosmos3 VAE Encode "
+                   "or ComfyUI's own VAE Encode with the Wan 2.2 VAE (the sampler's size must be the clip's).")  # fmt: skip
+    CATEGORY = "cosmos3/conditioning"
+    RETURN_TYPES = ("COSMOS3_MEDIA",)
+    RETURN_NAMES = ("media",)
+    FUNCTION = "condition"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "samples": ("LATENT", {"tooltip": help_of("condition_latents")}),
+                "condition_frames": ("STRING", {"default": "0,1", "tooltip": help_of("condition_frame_indexes")}),
+                "keep": (list(KEEP), {"default": "first", "tooltip": help_of("condition_video_keep")}),
+            }
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, condition_frames):
+        return _problem(lambda: parse_frame_indexes(condition_frames), condition_frames)
+
+    def condition(self, samples, condition_frames, keep):
+        return ({"condition_latents": samples["samples"], "condition_frame_indexes": parse_frame_indexes(condition_frames),
+                 "condition_video_keep": keep},)  # fmt: skip
 
 
 def sampler_options(widgets: dict) -> dict:

@@ -43,13 +43,13 @@ class Cosmos3VAEDecode:
         latents = latent_samples(samples)
         tile = TileSpec(tile_size, tile_overlap) if tiled else None
         with vae.use() as pipe:
-            frames = pipe.decode(latents, tile=tile, progress=services.Progress.bar())
+            frames = pipe.decode(latents, tile=tile, progress=services.Progress.bar(), raw=True)
         fps = float(samples.get("cosmos3", {}).get("fps", 24.0))
         return (frames, fps)
 
 
 class Cosmos3VAEEncode:
-    DESCRIPTION = "Encodes an IMAGE batch (frames in order) to normalized Cosmos3 latents."
+    DESCRIPTION = "Encodes an IMAGE batch (frames in order) to a LATENT of raw Wan 2.2 latents, as ComfyUI's VAE Encode."
     CATEGORY = "cosmos3"
     RETURN_TYPES = ("LATENT",)
     RETURN_NAMES = ("latent",)
@@ -64,7 +64,7 @@ class Cosmos3VAEEncode:
         if count != images.shape[0]:
             services.log.warning("Cosmos3 VAE encode: %d frames, using the first %d (1 + 4k)", images.shape[0], count)
         with vae.use() as pipe:
-            return ({"samples": pipe.encode(images[:count], progress=services.Progress.bar())},)
+            return ({"samples": pipe.encode(images[:count], progress=services.Progress.bar(), raw=True)},)
 
 
 class Cosmos3SoundDecode:

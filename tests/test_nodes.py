@@ -269,3 +269,46 @@ def test_sound_through_the_sampler_and_sound_decode(nodes):
     edge, _, _ = load(nodes, "Cosmos3-Edge")
     with pytest.raises(nodes.sampling.InputError, match="no sound head"):
         sample(nodes, edge, text(nodes), frames=9, sound=True)
+
+
+def test_latent_holds_raw_vae_latents_like_comfyui(nodes, models_dir):
+    """LATENT = the VAE's posterior mean (core ComfyUI's convention); decoding it gives the frames of before."""
+    from conftest import require
+
+    require("diffusers", minversion="0.42.1")
+    from diffusers import AutoencoderKLWan
+
+    import cosmos3_runtime
+
+    model, vae, _ = load(nodes, "Cosmos3-Nano")
+    images = torch.rand(5, 48, 64, 3, generator=torch.Generator().manual_seed(0))
+    (encoded,) = nodes.Cosmos3VAEEncode().encode(vae, images)
+    reference = AutoencoderKLWan.from_pretrained(str(models_dir / "Cosmos3-Nano" / "vae"), torch_dtype=torch.float32)
+    with torch.no_grad():
+        mean = reference.encode(images.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1).latent_dist.mean
+    torch.testing.assert_close(encoded["samples"], mean, atol=1e-5, rtol=0)
+
+    latent, _ = sample(nodes, model, text(nodes), frames=9)
+    frames, _ = nodes.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)
+    pipe = cosmos3_runtime.load(models_dir / "Cosmos3-Nano", dtype="fp32")
+    direct = pipe.generate("a cat", width=64, height=48, num_frames=9, seed=1, negative_prompt="")
+    assert torch.equal(frames, direct.frames)  # same frames as decoding the sampler's own latents
+    assert torch.equal(latent["samples"], pipe.raw_latents(direct.latents))
+    assert not torch.allclose(latent["samples"], direct.latents)  # raw, not the transformer's normalized space
+
+
+def test_an_encoded_latent_conditions_the_sampler(nodes):
+    """A LATENT from a VAE Encode (ours here; core's Wan 2.2 VAE Encode gives the same layout) as video-to-video."""
+    model, vae, _ = load(nodes, "Cosmos3-Nano")
+    clip = torch.rand(9, 48, 64, 3, generator=torch.Generator().manual_seed(2))
+    (encoded,) = nodes.Cosmos3VAEEncode().encode(vae, clip)
+    (media,) = nodes.Cosmos3LatentToVideo().condition(encoded, "0,1", "first")
+    from_latents, report = sample(nodes, model, text(nodes), frames=13, media=media)
+    (pixels_media,) = nodes.Cosmos3VideoToVideo().condition(clip, "0,1", "first")
+    from_pixels, _ = sample(nodes, model, text(nodes), frames=13, media=pixels_media)
+    assert report[0].startswith("v2v")
+    torch.testing.assert_close(from_latents["samples"], from_pixels["samples"], atol=1e-5, rtol=0)
+    small, _ = sample(nodes, model, text(nodes), frames=5)
+    (media,) = nodes.Cosmos3LatentToVideo().condition(small, "0,1", "first")
+    with pytest.raises(nodes.sampling.InputError, match="condition frames \\[0, 1\\] need 2 latent frames"):
+        sample(nodes, model, text(nodes), frames=13, media={**media, "condition_latents": small["samples"][:, :, :1]})

@@ -73,7 +73,7 @@ def test_frame_rounding_and_edge_sizes_are_reported():
     "v, fields, message",
     [
         (GATED, {"width": 1000, "height": 720}, r"width 1000 must be a positive multiple of 16 .* for example 992 \(size asked: 1000x720"),
-        (GATED, {"image": IMAGE, "video": VIDEO}, "either an image .* or a video"),
+        (GATED, {"image": IMAGE, "video": VIDEO}, "give one of an image .* a video or condition latents"),
         (GATED, {"image": IMAGE, "num_frames": 1}, "num_frames is 1"),
         (GATED, {"video": VIDEO, "num_frames": 9, "condition_frame_indexes": (3,)}, r"\[0, 2\]"),
         (GATED, {"fps": 0}, "fps must be positive"),

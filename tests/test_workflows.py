@@ -146,6 +146,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3JSONCaption": ["temporal_caption", "subjects", "extra_json"],
         "Cosmos3DefaultNegativePrompt": [],
         "Cosmos3SoundDecode": ["trim"],
+        "Cosmos3LatentToVideo": ["condition_frames", "keep"],
     }  # fmt: skip
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
 

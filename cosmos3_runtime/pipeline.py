@@ -4,6 +4,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +14,10 @@ from . import budget
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError
+from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
+from .quantize import quantize_fp8
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
 from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
 from .sound import SoundTrack, load_sound_tokenizer
@@ -116,6 +119,8 @@ class Cosmos3Pipeline:
     """A loaded checkpoint: its variant, its components, and `generate`."""
 
     def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
+        self.text_offload: TextOffload | None = None
+        self.block_swap: BlockSwap | None = None
         self.checkpoint = checkpoint
         self.transformer = transformer
         self.vae = vae
@@ -133,15 +138,34 @@ class Cosmos3Pipeline:
         return f"Cosmos3Pipeline({str(self.checkpoint.root)!r}, {self.variant.describe()}, {self.dtype}, {self.device})"
 
     def to(self, device: str | torch.device) -> "Cosmos3Pipeline":
-        """Move the weights (and drop cached prompt K/V, which lived on the old device)."""
+        """Move the weights (and drop cached prompt K/V, which lived on the old device).
+
+        Offloaded parts (`use_low_vram`) stay where they live; only the rest moves.
+        """
         device = torch.device(device)
-        self.transformer.to(device)
+        held = set()
+        for part in (self.text_offload, self.block_swap):
+            held.update(map(id, part.held()) if part is not None else ())
+        for p in self.transformer.parameters():
+            if id(p) not in held:
+                p.data = p.data.to(device)
         for part in (self.vae, self.sound_tokenizer):
             if part is not None:
                 part.to(device)
         self.device = device
+        if self.block_swap is not None:
+            self.block_swap.device = device
         self._text_cache.clear()
         return self
+
+    def use_low_vram(self, offload_text: bool = False, blocks_to_swap: int = 0, home: str = "cpu") -> None:
+        """Text tower on `home` between prompts, and/or the media pathway of `blocks_to_swap` layers streamed
+        from CPU memory (see `offload`). Results stay bit-identical."""
+        if offload_text:
+            self.text_offload = TextOffload(self.transformer, torch.device(home))
+        if blocks_to_swap:
+            self.block_swap = BlockSwap(self.transformer, blocks_to_swap, self.device)
+            self.transformer.streamer = self.block_swap
 
     def text_kv(self, ids: list[int]) -> TextKV:
         """The prompt's per-layer text K/V, computed once and kept for the last two prompts (cond, uncond)."""
@@ -149,7 +173,9 @@ class Cosmos3Pipeline:
         if key in self._text_cache:
             self._text_cache.move_to_end(key)
         else:
-            self._text_cache[key] = self.transformer.encode_text(torch.tensor(ids, dtype=torch.long))
+            on_device = self.text_offload.on(self.device) if self.text_offload is not None else nullcontext()
+            with on_device:  # an offloaded text tower visits the compute device for this prompt only
+                self._text_cache[key] = self.transformer.encode_text(torch.tensor(ids, dtype=torch.long))
             while len(self._text_cache) > TEXT_CACHE_SIZE:
                 self._text_cache.popitem(last=False)
         return self._text_cache[key]
@@ -389,19 +415,34 @@ def load(
     vae_dtype: str | torch.dtype | None = None,
     load_vae_weights: bool = True,
     local_files_only: bool | None = None,
+    offload_text: bool = False,
+    blocks_to_swap: int = 0,
+    quantize: str | None = None,
 ) -> Cosmos3Pipeline:
     """Load a Cosmos3 checkpoint from a folder or a Hugging Face repo id (`namespace/repo[/subfolder]`).
 
     `dtype` is the transformer's precision, `vae_dtype` the VAE's (default: the same).
-    `load_vae_weights=False` skips the VAE (for latent-only work).
+    `load_vae_weights=False` skips the VAE (for latent-only work). Low VRAM: `offload_text=True` keeps
+    the text tower in CPU memory except while a prompt is encoded; `blocks_to_swap=N` streams the media
+    pathway of N layers from CPU memory during each forward (both bit-identical); `quantize="fp8"`
+    stores the transformer's linear weights as fp8 with per-channel scales (about half the memory).
+    With any of them the weights are read into CPU memory first and only what stays on the device
+    is moved there.
     """
+    if quantize not in (None, "fp8"):
+        raise InputError(f"quantize must be None or 'fp8', got {quantize!r}")
+    if blocks_to_swap < 0:
+        raise InputError(f"blocks_to_swap must be 0 or more, got {blocks_to_swap}")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     vae_dtype = dtype if vae_dtype is None else resolve_dtype(vae_dtype, device)
     components = ("transformer", "tokenizer", "vae") if load_vae_weights else ("transformer", "tokenizer")
     checkpoint = Checkpoint(resolve(path, components=components, local_files_only=local_files_only))
     tokenizer = PromptTokenizer(checkpoint.tokenizer_dir())
-    transformer = load_transformer(checkpoint, device, dtype)
+    low_vram = offload_text or blocks_to_swap or quantize
+    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype)
+    if quantize == "fp8":
+        quantize_fp8(transformer)
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
     if vae is not None:
         check_geometry(vae.config, transformer.config, checkpoint.path("vae", "config.json"))
@@ -412,7 +453,11 @@ def load(
             raise CheckpointError(f"model_index.json declares a sound_tokenizer but {folder} is missing; download "
                                   "the checkpoint's sound_tokenizer/ folder again")  # fmt: skip
         sound_tokenizer = load_sound_tokenizer(folder, device, vae_dtype)
-    return Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
+    pipe = Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
+    if low_vram:
+        pipe.use_low_vram(offload_text, blocks_to_swap)  # swapped and offloaded parts stay in CPU memory
+        pipe.to(device)  # the rest goes to the device
+    return pipe
 
 
 def check_geometry(vae: VAEConfig, transformer, source: Path) -> None:

@@ -354,6 +354,7 @@ class Cosmos3Transformer(nn.Module):
         self.proj_in = nn.Linear(config.patch_latent_dim, H)
         self.proj_out = nn.Linear(H, config.patch_latent_dim)
         self.time_embedder = TimestepEmbedder(H)
+        self.streamer = None  # optional: .before(i) / .after(i) around media layer i (block swap, host streaming)
         if config.sound_gen:
             self.audio_proj_in = nn.Linear(config.sound_dim, H)
             self.audio_proj_out = nn.Linear(H, config.sound_dim)
@@ -366,11 +367,13 @@ class Cosmos3Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """The activations' dtype (a norm gain's: linear weights may be stored in fp8)."""
+        return self.norm_moe_gen.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        """Where the media tower runs (the text tower may be offloaded elsewhere between prompts)."""
+        return self.norm_moe_gen.weight.device
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
@@ -380,8 +383,9 @@ class Cosmos3Transformer(nn.Module):
     @torch.no_grad()
     def encode_text(self, input_ids: torch.Tensor) -> TextKV:
         """Run the text tower once for a prompt; input_ids [L]."""
-        input_ids = input_ids.to(self.device).reshape(-1)
-        cos, sin = self.rope(text_positions(input_ids.numel(), device=self.device))
+        device = self.embed_tokens.weight.device
+        input_ids = input_ids.to(device).reshape(-1)
+        cos, sin = self.rope(text_positions(input_ids.numel(), device=device))
         x = self.embed_tokens(input_ids)
         keys, values = [], []
         for layer in self.layers:
@@ -473,8 +477,12 @@ class Cosmos3Transformer(nn.Module):
             check_heads(sp, c.num_attention_heads, c.num_key_value_heads)
             shards = SequenceShards(sp, hidden.shape[0])
             hidden, cos, sin = shards.shard(hidden), shards.shard(cos), shards.shard(sin)
-        for layer, k, v in zip(self.layers, text.keys, text.values):
+        for i, (layer, k, v) in enumerate(zip(self.layers, text.keys, text.values)):
+            if self.streamer is not None:
+                self.streamer.before(i)
             hidden = layer.media(hidden, cos, sin, k, v, shards)
+            if self.streamer is not None:
+                self.streamer.after(i)
         hidden = self.norm_moe_gen(hidden)
 
         n_vision = vision.shape[0] * vision.shape[1]

@@ -1,0 +1,117 @@
+"""Low-VRAM placement of the transformer: the text tower off the GPU between prompts, and block swap.
+
+- Text offload: the text tower (embeddings and every layer's text pathway) lives on the offload device
+  and visits the compute device only while a prompt is encoded. Its per-layer K/V stay on the compute
+  device, so sampling never needs it: results are bit-identical.
+- Block swap: the media pathway of `count` layers lives in (pinned) CPU memory. Each one is copied to
+  the compute device just before its layer runs, the next one already on its way on a side stream
+  (CUDA) while the current layer computes, and dropped right after: at most two swapped layers are on
+  the compute device at any time. Same weights, same kernels: bit-identical results.
+
+Both work through the transformer's layer hook (`Cosmos3Transformer.streamer`), so they also serve
+as the seam where a host (ComfyUI) plugs in its own weight streaming.
+"""
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from .transformer import tower_of
+
+
+def _parameters(model: nn.Module, tower: str, layer: int | None = None):
+    prefix = "" if layer is None else f"layers.{layer}."
+    for name, p in model.named_parameters():
+        if name.startswith(prefix) and tower_of(name) == tower:
+            yield p
+
+
+class TextOffload:
+    """Keeps the text tower on `home` except inside `on(device)`."""
+
+    def __init__(self, model: nn.Module, home: torch.device):
+        self.model, self.home = model, torch.device(home)
+        self.on_compute = False
+        self._move(self.home)
+
+    def held(self) -> list[nn.Parameter]:
+        return list(_parameters(self.model, "text tower"))
+
+    def _move(self, device: torch.device) -> None:
+        for p in self.held():
+            p.data = p.data.to(device)
+
+    @contextmanager
+    def on(self, device: torch.device):
+        self._move(device)
+        self.on_compute = True
+        try:
+            yield
+        finally:
+            self._move(self.home)
+            self.on_compute = False
+
+
+class BlockSwap:
+    """Streams the media-pathway weights of the first `count` layers from CPU memory, one layer ahead."""
+
+    def __init__(self, model: nn.Module, count: int, device: torch.device):
+        self.device = torch.device(device)
+        self.swapped = list(range(min(count, len(model.layers))))
+        pin = self.device.type == "cuda"
+        self.home: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}
+        for i in self.swapped:
+            pairs = []
+            for p in _parameters(model, "media tower", i):
+                cpu = p.data.to("cpu")
+                p.data = cpu.pin_memory() if pin else cpu
+                pairs.append((p, p.data))
+            self.home[i] = pairs
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.ready: dict[int, torch.cuda.Event | None] = {}  # layers copied (or being copied) to the device
+        self.most_resident = 0  # the largest number of swapped layers on the device at once (for tests)
+
+    def _fetch(self, i: int) -> None:
+        if i in self.ready:
+            return
+        if self.stream is None:
+            for p, cpu in self.home[i]:
+                p.data = cpu.to(self.device)
+            self.ready[i] = None
+        else:
+            with torch.cuda.stream(self.stream):
+                for p, cpu in self.home[i]:
+                    p.data = cpu.to(self.device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            self.ready[i] = event
+        self.most_resident = max(self.most_resident, len(self.ready))
+
+    def before(self, i: int) -> None:
+        """Layer i is about to run: its weights on the device, the next swapped layer's on their way."""
+        if i not in self.home:
+            return
+        self._fetch(i)
+        event = self.ready[i]
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+            for p, _ in self.home[i]:
+                p.data.record_stream(torch.cuda.current_stream(self.device))  # not reused before the layer ran
+        later = [j for j in self.swapped if j > i]
+        if later:
+            self._fetch(later[0])
+
+    def after(self, i: int) -> None:
+        """Layer i has run: back to its CPU copy (the device memory is freed)."""
+        if i not in self.home:
+            return
+        for p, cpu in self.home[i]:
+            p.data = cpu
+        self.ready.pop(i, None)
+
+    def held(self) -> list[nn.Parameter]:
+        return [p for pairs in self.home.values() for p, _ in pairs]
+
+    def resident(self) -> list[int]:
+        return sorted(self.ready)

@@ -1,0 +1,62 @@
+"""fp8 weights: float8_e4m3fn with one scale per output channel, made at load time from bf16 checkpoints.
+
+Each quantized linear keeps `weight` [out, in] in float8_e4m3fn and `scale` [out] in float32
+(amax of the row / 448, the format's largest value); the forward upcasts the weight to the
+activations' dtype, multiplies by the scale and runs a normal matmul, so the arithmetic is the bf16
+model's with rounded weights. Weight memory is about half of bf16. The time embedder stays fp32.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+KEEP = ("time_embedder",)  # kept in full precision (fp32 by design)
+
+
+class Fp8Linear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.data.float()
+        scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+        self.weight = nn.Parameter((w / scale[:, None]).to(FP8), requires_grad=False)
+        self.scale = nn.Parameter(scale, requires_grad=False)
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.to(x.dtype) * self.scale.to(x.dtype)[:, None]
+        return F.linear(x, weight, self.bias)
+
+
+class Fp8Embedding(nn.Module):
+    """Token embeddings with one scale per row (per token), upcast on lookup."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        w = embedding.weight.data.float()
+        scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+        self.weight = nn.Parameter((w / scale[:, None]).to(FP8), requires_grad=False)
+        self.scale = nn.Parameter(scale, requires_grad=False)
+        self.dtype = embedding.weight.dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].to(self.dtype) * self.scale[ids].to(self.dtype)[:, None]
+
+
+def quantize_fp8(model: nn.Module) -> None:
+    """Replace every nn.Linear and nn.Embedding of `model` (except KEEP) by its fp8 form, one at a time, in place."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if full.startswith(KEEP):
+                continue
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, Fp8Linear(child))
+            elif isinstance(child, nn.Embedding):
+                setattr(module, child_name, Fp8Embedding(child))
+
+
+def weight_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -1,0 +1,85 @@
+"""Low-VRAM loading: text tower offload and block swap (bit-identical), fp8 weights (bounded error, half the bytes)."""
+
+import pytest
+import torch
+
+import cosmos3_runtime
+from cosmos3_runtime.quantize import Fp8Linear, weight_bytes
+from cosmos3_runtime.transformer import tower_of
+
+REQUEST = dict(width=64, height=48, num_frames=9, steps=3, seed=1, output="latents", negative_prompt="blurry")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_gated):
+    return cosmos3_runtime.load(tiny_gated, dtype="bf16", device="cpu").generate("a cat", **REQUEST).latents
+
+
+@pytest.mark.parametrize("options", [dict(offload_text=True), dict(blocks_to_swap=1),
+                                     dict(offload_text=True, blocks_to_swap=2)], ids=str)  # fmt: skip
+def test_offload_text_and_block_swap_are_bit_identical(tiny_gated, reference, options):
+    pipe = cosmos3_runtime.load(tiny_gated, dtype="bf16", device="cpu", **options)
+    assert torch.equal(pipe.generate("a cat", **REQUEST).latents, reference)
+
+
+def test_block_swap_keeps_at_most_two_swapped_layers_on_the_device(tiny_factory):
+    """The placement is the bookkeeping's: which swapped layers have device copies, checked at every layer."""
+    root = tiny_factory(kind="edge", overrides={"num_hidden_layers": 4})
+    pipe = cosmos3_runtime.load(root, dtype="fp32", device="cpu", offload_text=True, blocks_to_swap=3)
+    swap, seen = pipe.block_swap, []
+    original = type(pipe.transformer.layers[0]).media
+
+    def media(layer, *args, **kwargs):
+        i = list(pipe.transformer.layers).index(layer)
+        seen.append((i, swap.resident(), pipe.text_offload.on_compute))
+        return original(layer, *args, **kwargs)
+
+    type(pipe.transformer.layers[0]).media = media
+    try:
+        pipe.generate("a cat", **{**REQUEST, "steps": 1})
+    finally:
+        type(pipe.transformer.layers[0]).media = original
+    assert [i for i, _, _ in seen] == [0, 1, 2, 3] * 2  # one step, CFG: two forwards
+    for i, resident, text_on_device in seen:
+        assert len(resident) <= 2 and (i not in swap.swapped or i in resident) and not text_on_device
+    assert [r for i, r, _ in seen[:4]] == [[0, 1], [1, 2], [2], []]  # the next one prefetched, the last dropped
+    assert swap.resident() == [] and swap.most_resident == 2
+    for p in swap.held() + pipe.text_offload.held():  # back in CPU memory after the run
+        assert p.device.type == "cpu"
+
+
+def test_the_text_tower_visits_the_device_only_while_encoding(tiny_gated):
+    pipe = cosmos3_runtime.load(tiny_gated, dtype="fp32", device="cpu", offload_text=True)
+    during = []
+    pipe.transformer.embed_tokens.register_forward_pre_hook(lambda *_: during.append(pipe.text_offload.on_compute))
+    pipe.generate("a cat", **REQUEST)
+    assert during == [True, True] and not pipe.text_offload.on_compute  # cond and uncond prompts
+    names = {name for name, _ in pipe.transformer.named_parameters() if tower_of(name) == "text tower"}
+    assert "embed_tokens.weight" in names and "layers.0.self_attn.to_k.weight" in names
+    assert not any("moe_gen" in name or ".add_" in name for name in names)
+
+
+def test_fp8_weights(tiny_factory, tiny_gated, reference):
+    """Error against bf16 (stated in the README) and the bytes it saves, on released-like proportions."""
+    small = tiny_factory(kind="edge", size="small")
+    bf16 = cosmos3_runtime.load(small, dtype="bf16", device="cpu")
+    fp8 = cosmos3_runtime.load(small, dtype="bf16", device="cpu", quantize="fp8")
+    assert weight_bytes(fp8.transformer) <= 0.55 * weight_bytes(bf16.transformer)
+    assert all(not isinstance(m, Fp8Linear) for m in fp8.transformer.time_embedder.modules())  # kept fp32
+    latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
+    text = bf16.transformer.encode_text(torch.arange(40) % 500)
+    text8 = fp8.transformer.encode_text(torch.arange(40) % 500)
+    v16 = bf16.transformer(latents, torch.tensor(900), text).vision.float()
+    v8 = fp8.transformer(latents, torch.tensor(900), text8).vision.float()
+    relative = (v8 - v16).abs() / v16.abs().max()
+    assert relative.max() < 0.1 and relative.mean() < 0.02, (relative.max(), relative.mean())
+    tiny8 = cosmos3_runtime.load(tiny_gated, dtype="bf16", device="cpu", quantize="fp8")
+    end = tiny8.generate("a cat", **REQUEST).latents
+    assert (end - reference).abs().mean() < 0.1 * reference.abs().mean()  # end to end, 3 steps
+
+
+def test_bad_low_vram_options(tiny_gated):
+    with pytest.raises(cosmos3_runtime.InputError, match="quantize must be None or 'fp8'"):
+        cosmos3_runtime.load(tiny_gated, quantize="int4")
+    with pytest.raises(cosmos3_runtime.InputError, match="blocks_to_swap must be 0 or more"):
+        cosmos3_runtime.load(tiny_gated, blocks_to_swap=-1)

@@ -45,7 +45,7 @@ def cmd_generate(args) -> None:
             say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
                 "the output is noise.")  # fmt: skip
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
-        pipe = load(args.checkpoint, device=device, dtype=args.dtype)
+        pipe = load(args.checkpoint, device=device, dtype=args.dtype, **low_vram_options(args))
         say(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
         start = time.perf_counter()
 
@@ -70,6 +70,10 @@ def cmd_generate(args) -> None:
             paths.append(save_wav(result.sound, args.sound_output, result.sample_rate))
         for path in paths:
             print(f"wrote {path}")
+
+
+def low_vram_options(args) -> dict:
+    return {"offload_text": args.offload_text, "blocks_to_swap": args.blocks_to_swap, "quantize": args.quantize}
 
 
 def cmd_info(args) -> None:
@@ -103,7 +107,7 @@ def cmd_demo(args) -> None:
             print("No checkpoint given: building a tiny RANDOM checkpoint (real layout, meaningless weights).")
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
         start = time.perf_counter()
-        pipe = load(args.checkpoint, device=args.device, dtype=args.dtype)
+        pipe = load(args.checkpoint, device=args.device, dtype=args.dtype, **low_vram_options(args))
         print(f"loaded {pipe.checkpoint.root} in {time.perf_counter() - start:.2f}s")
         print(f"variant: {pipe.variant.describe()}")
         model = pipe.transformer
@@ -156,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     for loading in (generate, sub.choices["demo"]):
         loading.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
         loading.add_argument("--dtype", default=None, help="auto, bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)")
+        loading.add_argument("--offload-text", action="store_true", help="keep the text tower in CPU memory except "
+                             "while a prompt is encoded (bit-identical)")  # fmt: skip
+        loading.add_argument("--blocks-to-swap", type=int, default=0, help="stream this many layers from CPU memory "
+                             "during each forward (bit-identical) [default: 0]")  # fmt: skip
+        loading.add_argument("--quantize", choices=["fp8"], default=None, help="store the transformer's weights as "
+                             "fp8 with per-channel scales (about half the memory)")  # fmt: skip
 
     p = sub.add_parser("make-tiny", help="write a tiny random checkpoint in the released layout")
     p.add_argument("folder")

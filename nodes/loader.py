@@ -68,6 +68,14 @@ class ModelSpec:
     local_files_only: bool = True
     gpus: int = 1
     multi_gpu: str = "sequence"
+    offload_text: bool = False
+    blocks_to_swap: int = 0
+    quantize: str | None = None
+
+    @property
+    def runtime_placement(self) -> bool:
+        """The runtime places the transformer itself (text offload, block swap): ComfyUI must not move it whole."""
+        return self.offload_text or self.blocks_to_swap > 0
 
     def compute_device(self):
         return services.torch_device() if self.device != "cpu" else services.offload_device()
@@ -90,7 +98,9 @@ def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
         home = services.offload_device() if spec.device == "offload" else compute
         if home.type != "cpu" and os.path.isdir(spec.source):
             services.free_memory(_folder_bytes(spec.source), home)
-        _loaded[spec] = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only)
+        _loaded[spec] = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
+                             offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap,
+                             quantize=spec.quantize)  # fmt: skip
     return _loaded[spec]
 
 
@@ -99,6 +109,7 @@ def release_all() -> None:
         if isinstance(loaded, WorkerPool):
             loaded.close()
     _loaded.clear()
+    services.forget_managed()
     services.empty_cache()
 
 
@@ -129,10 +140,11 @@ def _folder_bytes(folder: str) -> int:
 
 @dataclass(frozen=True)
 class ModelHandle:
-    """The COSMOS3_MODEL / COSMOS3_VAE value passed between nodes."""
+    """The COSMOS3_MODEL (part "model": transformer and VAE) or COSMOS3_VAE (part "vae") passed between nodes."""
 
     spec: ModelSpec
     name: str
+    part: str = "model"
 
     @property
     def pipeline(self) -> Cosmos3Pipeline | WorkerPool:
@@ -140,17 +152,34 @@ class ModelHandle:
 
     @contextmanager
     def use(self):
-        """The pipeline on its compute device for the duration of a node (offloaded models move back after)."""
+        """The pipeline with this handle's part on its compute device for the duration of a node.
+
+        In ComfyUI the transformer and the VAE (with the sound tokenizer) are models of its memory
+        manager: loaded through it (evicting other models as needed), evicted by it and by /free. The
+        VAE nodes load only the VAE. `device: offload` moves them for the node and back after; with
+        text offload or block swap the runtime places the transformer itself.
+        """
         pipe = self.pipeline
-        if self.spec.device != "offload" or isinstance(pipe, WorkerPool):
+        if isinstance(pipe, WorkerPool):  # the workers own their devices
             yield pipe
             return
-        pipe.to(self.spec.compute_device())
-        try:
-            yield pipe
-        finally:
-            pipe.to(services.offload_device())
-            services.empty_cache()
+        if self.spec.device == "offload":
+            moving = [pipe] if self.part == "model" else [m for m in (pipe.vae, pipe.sound_tokenizer) if m is not None]
+            for item in moving:
+                item.to(self.spec.compute_device())
+            try:
+                yield pipe
+            finally:
+                for item in moving:
+                    item.to(services.offload_device())
+                services.empty_cache()
+            return
+        parts = [pipe.vae, pipe.sound_tokenizer]
+        if self.part == "model" and not self.spec.runtime_placement:
+            parts.append(pipe.transformer)
+        if services.load_managed(parts, self.spec.compute_device(), services.offload_device()):
+            pipe.device = pipe.transformer.device  # where ComfyUI put the transformer
+        yield pipe
 
 
 class Cosmos3ModelLoader:
@@ -183,6 +212,12 @@ class Cosmos3ModelLoader:
                 "multi_gpu": (list(MULTI_GPU_LAYOUTS), {"default": "sequence", "tooltip": "with several GPUs: split "
                               "the video tokens (sequence), run the two guidance branches side by side (cfg, "
                               "2 GPUs), or both (cfg+sequence)"}),  # fmt: skip
+                "offload_text": ("BOOLEAN", {"default": False, "tooltip": "keep the text tower in RAM except while "
+                                 "a prompt is encoded (same results, less VRAM)"}),  # fmt: skip
+                "blocks_to_swap": ("INT", {"default": 0, "min": 0, "max": 128, "tooltip": "stream this many "
+                                   "transformer layers from RAM during sampling (same results, less VRAM, slower)"}),  # fmt: skip
+                "quantize": (["none", "fp8"], {"default": "none", "tooltip": "fp8: transformer weights in fp8 with "
+                             "per-channel scales (about half the VRAM; small differences)"}),  # fmt: skip
             },
         }
 
@@ -194,7 +229,8 @@ class Cosmos3ModelLoader:
                     "nvidia/Cosmos3-Nano); for a folder, put it in models/cosmos3 and pick it in model_name")  # fmt: skip
         return True
 
-    def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False, gpus=1, multi_gpu="sequence"):
+    def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False, gpus=1, multi_gpu="sequence",
+             offload_text=False, blocks_to_swap=0, quantize="none"):  # fmt: skip
         repo = hf_repo_id.strip()
         if repo:  # a repo id only: never a path, so a workflow cannot point outside the model folders
             source, name, local_only = str(resolve_repo(repo, local_files_only=not allow_download)), repo, True
@@ -202,13 +238,17 @@ class Cosmos3ModelLoader:
             raise CheckpointError("no checkpoint selected: put diffusers-layout Cosmos3 folders in ComfyUI/models/cosmos3/")
         else:
             source, name, local_only = checkpoint_path(model_name), model_name, True
-        spec = ModelSpec(source, dtype, device, local_only, gpus, multi_gpu)
+        spec = ModelSpec(source, dtype, device, local_only, gpus, multi_gpu, offload_text, blocks_to_swap,
+                         None if quantize == "none" else quantize)  # fmt: skip
         handle = ModelHandle(spec, name)
         pipe = handle.pipeline
         where = f"{gpus} GPUs ({multi_gpu})" if gpus > 1 else spec.device
+        low_vram = [f for f, on in (("text offloaded", offload_text), (f"{blocks_to_swap} blocks swapped", blocks_to_swap),
+                                    (quantize, quantize != "none")) if on]  # fmt: skip
+        where += "".join(f", {item}" for item in low_vram)
         info = f"{name}: {pipe.variant.describe()} ({pipe.dtype}, {where})"
         services.log.info("Cosmos3 loaded %s", info)
-        return {"ui": {"text": [info]}, "result": (handle, handle, info)}
+        return {"ui": {"text": [info]}, "result": (handle, ModelHandle(spec, name, part="vae"), info)}
 
 
 class Cosmos3DefaultNegativePrompt:

@@ -76,6 +76,48 @@ def empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
+class ManagedPart(torch.nn.Module):
+    """One part of a Cosmos3 pipeline as a model of ComfyUI's memory manager (it moves and evicts it)."""
+
+    def __init__(self, modules: list, device: torch.device):
+        super().__init__()
+        self.modules_ = torch.nn.ModuleList(modules)
+        self.device = device  # the patcher keeps this up to date
+
+
+_managed: dict[tuple[int, ...], object] = {}  # ComfyUI patchers of the loaded pipeline's parts
+
+
+def load_managed(modules: list, load_device: torch.device, offload_device: torch.device) -> bool:
+    """Have ComfyUI load `modules` (one model each) onto `load_device`, unloading other models as needed.
+
+    True when ComfyUI did it; False outside ComfyUI (the modules stay where they are).
+    """
+    patcher_module, mm = _comfy("comfy.model_patcher"), _comfy("comfy.model_management")
+    if patcher_module is None or mm is None:
+        return False
+    patchers = []
+    for module in (m for m in modules if m is not None):
+        key = (id(module),)
+        if key not in _managed:
+            part = ManagedPart([module], next(module.parameters()).device)
+            _managed[key] = patcher_module.CoreModelPatcher(part, load_device=load_device, offload_device=offload_device)
+        patchers.append(_managed[key])
+    mm.load_models_gpu(patchers)
+    return True
+
+
+def forget_managed() -> None:
+    """The pipeline was released: unload and drop its patchers."""
+    mm = _comfy("comfy.model_management")
+    if mm is not None and _managed:
+        patchers = set(map(id, _managed.values()))
+        for loaded in [m for m in mm.current_loaded_models if id(m.model) in patchers]:
+            loaded.model_unload()
+            mm.current_loaded_models.remove(loaded)
+    _managed.clear()
+
+
 def check_interrupt() -> None:
     """Raise ComfyUI's interrupt exception when the user pressed Cancel (never swallowed here)."""
     mm = _comfy("comfy.model_management")

@@ -171,3 +171,21 @@ def test_two_worker_processes_start_inside_comfyui(server):
     assert history["status"]["status_str"] == "success", errors
     prompt["1"]["inputs"]["gpus"] = 1  # and back: the pool is closed, one process again
     assert _run(url, prompt)["status"]["status_str"] == "success"
+
+
+def test_free_unloads_and_the_next_run_reloads_with_the_same_output(server):
+    url, base = server
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2i.json").read_text()))
+    saves = [n for n in prompt.values() if n["class_type"] == "SaveImage"]
+    images = []
+    for attempt in ("before", "after"):
+        saves[0]["inputs"]["filename_prefix"] = f"free/{attempt}"
+        history = _run(url, prompt)
+        assert history["status"]["status_str"] == "success"
+        (image,) = [i for out in history["outputs"].values() for i in out.get("images", [])]
+        pixels = np.asarray(Image.open(base / "output" / image["subfolder"] / image["filename"]).convert("RGB"))
+        images.append(pixels)  # (the files differ: each embeds its own prompt)
+        if attempt == "before":
+            assert _call(f"{url}/free", {"unload_models": True, "free_memory": True})[0] == 200
+            time.sleep(2)  # the prompt worker acts on the flags between prompts
+    assert np.array_equal(images[0], images[1])

@@ -78,3 +78,33 @@ def test_core_stand_ins_declare_the_real_inputs(comfyui, node_id):
             assert used <= set(real[name]), (node_id, name, used)
         else:
             assert kind == real[name], (node_id, name)
+
+
+def test_comfyui_memory_manager_loads_evicts_and_reloads_our_models(comfyui, tiny_factory, tmp_path):
+    """The transformer and the VAE are models of ComfyUI's memory manager: loaded through it, unloaded by
+    unload_all_models (what /free with unload_models calls), and loaded again for the next run, same output."""
+    import shutil
+
+    import comfy.model_management as mm
+    import folder_paths
+    import torch
+
+    shutil.copytree(tiny_factory(kind="edge"), tmp_path / "Cosmos3-Edge")
+    folder_paths.add_model_folder_path("cosmos3", str(tmp_path))
+    nodes = comfyui.nodes
+    model, vae, _ = nodes.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default")["result"]
+    text = nodes.Cosmos3TextEncode().encode("a cat", "", "auto", True, True, True)["result"][0]
+
+    def ours():
+        return [m for m in mm.current_loaded_models if type(m.model.model).__name__ == "ManagedPart"]
+
+    first = nodes.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 1)["result"][0]
+    assert len(ours()) == 2  # the VAE (with the sound tokenizer) and the transformer
+    mm.unload_all_models()
+    assert ours() == []
+    (frames, _) = nodes.Cosmos3VAEDecode().decode(vae, first, False, 32, 8)
+    assert len(ours()) == 1  # a VAE node loads only the VAE
+    again = nodes.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 1)["result"][0]
+    assert torch.equal(first["samples"], again["samples"]) and len(ours()) == 2
+    nodes.loader.release_all()
+    assert ours() == []

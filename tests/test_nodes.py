@@ -161,11 +161,25 @@ def test_offload_mode_moves_to_the_compute_device_only_while_a_node_runs(nodes, 
     assert "offload" in info and pipe.device.type == "cpu"  # loaded at home, not on the compute device
     events, real_to = [], type(pipe).to
 
+    inside = []
+
     def recording_to(self, device):
         events.append(("to", torch.device(device)))
-        return real_to(self, "cpu")  # the stand-in device has no memory: stay on the CPU, keep the record
+        inside.append(True)
+        try:
+            return real_to(self, "cpu")  # the stand-in device has no memory: stay on the CPU, keep the record
+        finally:
+            inside.pop()
+
+    real_vae_to = type(pipe.vae).to
+
+    def recording_vae_to(self, device):
+        if not inside:  # (the pipeline's own move moves its VAE too)
+            events.append(("vae to", torch.device(device)))
+        return real_vae_to(self, "cpu")
 
     monkeypatch.setattr(type(pipe), "to", recording_to)
+    monkeypatch.setattr(type(pipe.vae), "to", recording_vae_to)
     pipe.transformer.register_forward_pre_hook(lambda *_: events.append(("forward", events[-1][1])))
     pipe.vae.decoder.register_forward_pre_hook(lambda *_: events.append(("decode", events[-1][1])))
     latent, _ = sample(nodes, model, text(nodes))
@@ -173,8 +187,9 @@ def test_offload_mode_moves_to_the_compute_device_only_while_a_node_runs(nodes, 
     kinds = [kind for kind, _ in events]
     assert kinds[0] == "to" and events[0][1] == compute and "forward" in kinds
     assert all(device == compute for kind, device in events if kind in ("forward", "decode"))
-    moves = [device for kind, device in events if kind == "to"]
-    assert moves == [compute, torch.device("cpu"), compute, torch.device("cpu")]  # sampler, then decode
+    moves = [(kind, device) for kind, device in events if kind in ("to", "vae to")]
+    cpu = torch.device("cpu")  # the sampler moves the pipeline, the decode node only the VAE
+    assert moves == [("to", compute), ("to", cpu), ("vae to", compute), ("vae to", cpu)]
     assert latent["samples"].device.type == "cpu"
 
 

@@ -134,7 +134,8 @@ def test_ui_workflow_matches_its_api_twin(registry, path):
 def test_widget_order_of_our_nodes(pack):
     """widgets_values follow these orders; changing one breaks saved workflows (append new widgets only)."""
     expected = {
-        "Cosmos3ModelLoader": ["model_name", "dtype", "device", "hf_repo_id", "allow_download", "gpus", "multi_gpu"],
+        "Cosmos3ModelLoader": ["model_name", "dtype", "device", "hf_repo_id", "allow_download", "gpus", "multi_gpu",
+                               "offload_text", "blocks_to_swap", "quantize"],
         "Cosmos3TextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template", "duration_template",
                               "json_captions"],
         "Cosmos3Scheduler": ["schedule", "steps", "flow_shift"],

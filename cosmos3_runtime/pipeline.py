@@ -23,7 +23,7 @@ from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
 from .sound import SoundTrack, load_sound_tokenizer
 from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
-from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper
+from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper, linear_layers
 from .vae import Progress, TileSpec, VAEConfig, WanVAE
 from .weights import load_weights
 
@@ -76,9 +76,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return resolved
 
 
-def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Cosmos3Transformer:
+def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+                     linear_class: type | None = None) -> Cosmos3Transformer:  # fmt: skip
     config = checkpoint.transformer_config()
-    with torch.device("meta"):
+    with torch.device("meta"), linear_layers(linear_class):
         model = Cosmos3Transformer(config)
     load_weights(
         model,
@@ -418,6 +419,7 @@ def load(
     offload_text: bool = False,
     blocks_to_swap: int = 0,
     quantize: str | None = None,
+    linear_class: type | None = None,
 ) -> Cosmos3Pipeline:
     """Load a Cosmos3 checkpoint from a folder or a Hugging Face repo id (`namespace/repo[/subfolder]`).
 
@@ -427,7 +429,8 @@ def load(
     pathway of N layers from CPU memory during each forward (both bit-identical); `quantize="fp8"`
     stores the transformer's linear weights as fp8 with per-channel scales (about half the memory).
     With any of them the weights are read into CPU memory first and only what stays on the device
-    is moved there.
+    is moved there. `linear_class`: a host's nn.Linear subclass for the transformer's linear layers
+    (ComfyUI passes its cast-weight layers, so its memory manager can stream them per layer).
     """
     if quantize not in (None, "fp8"):
         raise InputError(f"quantize must be None or 'fp8', got {quantize!r}")
@@ -440,7 +443,7 @@ def load(
     checkpoint = Checkpoint(resolve(path, components=components, local_files_only=local_files_only))
     tokenizer = PromptTokenizer(checkpoint.tokenizer_dir())
     low_vram = offload_text or blocks_to_swap or quantize
-    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype)
+    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class)
     if quantize == "fp8":
         quantize_fp8(transformer)
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None

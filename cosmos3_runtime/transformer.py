@@ -16,6 +16,8 @@ C latent channels, p latent patch size.
 
 import logging
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -152,6 +154,25 @@ class NemotronRMSNorm(nn.Module):
         return (self.weight.float() * x32).to(x.dtype)
 
 
+_linear_class: ContextVar[type[nn.Linear]] = ContextVar("linear_class", default=nn.Linear)
+
+
+def linear(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
+    """The model's linear layers: nn.Linear, or the host's subclass set with `linear_layers` (ComfyUI's
+    cast-weight layers, which its memory manager can stream per layer)."""
+    return _linear_class.get()(in_features, out_features, bias=bias)
+
+
+@contextmanager
+def linear_layers(cls: type[nn.Linear] | None):
+    """Build models whose linear layers (all but the fp32 time embedder) are `cls` (None: nn.Linear)."""
+    token = _linear_class.set(cls or nn.Linear)
+    try:
+        yield
+    finally:
+        _linear_class.reset(token)
+
+
 def make_norm(config: TransformerConfig, dim: int) -> nn.Module:
     return (NemotronRMSNorm if config.is_dense else RMSNorm)(dim, config.rms_norm_eps)
 
@@ -164,9 +185,9 @@ class MLP(nn.Module):
         hidden, inner = config.hidden_size, config.intermediate_size
         self.gated = not config.is_dense
         if self.gated:
-            self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
+            self.gate_proj = linear(hidden, inner, bias=False)
+        self.up_proj = linear(hidden, inner, bias=False)
+        self.down_proj = linear(inner, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
@@ -201,18 +222,18 @@ class MoTAttention(nn.Module):
         identity = nn.Identity
         # Text pathway. The last layer only has to produce K/V for the media queries.
         if text_output:
-            self.to_q = nn.Linear(H, A * D, bias=bias)
-            self.to_out = nn.Linear(A * D, H, bias=bias)
+            self.to_q = linear(H, A * D, bias=bias)
+            self.to_out = linear(A * D, H, bias=bias)
             self.norm_q = make_norm(config, D) if config.qk_norm_for_text else identity()
-        self.to_k = nn.Linear(H, K * D, bias=bias)
-        self.to_v = nn.Linear(H, K * D, bias=bias)
+        self.to_k = linear(H, K * D, bias=bias)
+        self.to_v = linear(H, K * D, bias=bias)
         self.norm_k = make_norm(config, D) if config.qk_norm_for_text else identity()
         self.k_norm_und_for_gen = make_norm(config, D) if config.has_und_k_norm_for_gen else identity()
         # Media pathway.
-        self.add_q_proj = nn.Linear(H, A * D, bias=bias)
-        self.add_k_proj = nn.Linear(H, K * D, bias=bias)
-        self.add_v_proj = nn.Linear(H, K * D, bias=bias)
-        self.to_add_out = nn.Linear(A * D, H, bias=bias)
+        self.add_q_proj = linear(H, A * D, bias=bias)
+        self.add_k_proj = linear(H, K * D, bias=bias)
+        self.add_v_proj = linear(H, K * D, bias=bias)
+        self.to_add_out = linear(A * D, H, bias=bias)
         self.norm_added_q = make_norm(config, D)
         self.norm_added_k = make_norm(config, D)
 
@@ -351,13 +372,13 @@ class Cosmos3Transformer(nn.Module):
         last = config.num_hidden_layers - 1
         self.layers = nn.ModuleList(DecoderLayer(config, text_output=i < last) for i in range(config.num_hidden_layers))
         self.norm_moe_gen = make_norm(config, H)
-        self.proj_in = nn.Linear(config.patch_latent_dim, H)
-        self.proj_out = nn.Linear(H, config.patch_latent_dim)
+        self.proj_in = linear(config.patch_latent_dim, H)
+        self.proj_out = linear(H, config.patch_latent_dim)
         self.time_embedder = TimestepEmbedder(H)
         self.streamer = None  # optional: .before(i) / .after(i) around media layer i (block swap, host streaming)
         if config.sound_gen:
-            self.audio_proj_in = nn.Linear(config.sound_dim, H)
-            self.audio_proj_out = nn.Linear(H, config.sound_dim)
+            self.audio_proj_in = linear(config.sound_dim, H)
+            self.audio_proj_out = linear(H, config.sound_dim)
             self.audio_modality_embed = nn.Parameter(torch.zeros(H))
         if config.action_gen:
             n = config.num_embodiment_domains

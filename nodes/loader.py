@@ -100,7 +100,8 @@ def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
             services.free_memory(_folder_bytes(spec.source), home)
         _loaded[spec] = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
                              offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap,
-                             quantize=spec.quantize)  # fmt: skip
+                             quantize=spec.quantize,
+                             linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class())  # fmt: skip
     return _loaded[spec]
 
 

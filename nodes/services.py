@@ -88,6 +88,13 @@ class ManagedPart(torch.nn.Module):
 _managed: dict[tuple[int, ...], object] = {}  # ComfyUI patchers of the loaded pipeline's parts
 
 
+def linear_class():
+    """ComfyUI's cast-weight Linear (its memory manager can then load a model partially and stream the rest
+    per layer in lowvram modes), or None outside ComfyUI."""
+    ops = _comfy("comfy.ops")
+    return ops.disable_weight_init.Linear if ops is not None else None
+
+
 def load_managed(modules: list, load_device: torch.device, offload_device: torch.device) -> bool:
     """Have ComfyUI load `modules` (one model each) onto `load_device`, unloading other models as needed.
 

@@ -108,3 +108,28 @@ def test_comfyui_memory_manager_loads_evicts_and_reloads_our_models(comfyui, tin
     assert torch.equal(first["samples"], again["samples"]) and len(ours()) == 2
     nodes.loader.release_all()
     assert ours() == []
+
+
+def test_linear_layers_are_comfyui_cast_weight_layers_and_stream_per_layer(comfyui, tiny_factory, tmp_path):
+    """With ComfyUI's cast-weight layers its memory manager can load our transformer partially (lowvram)
+    and stream the rest per layer; the result stays the same."""
+    import comfy.model_management as mm
+    import comfy.ops
+    import torch
+
+    import cosmos3_runtime
+
+    root = tiny_factory(kind="gated")
+    ours = cosmos3_runtime.load(root, dtype="fp32", linear_class=comfyui.nodes.services.linear_class())
+    plain = cosmos3_runtime.load(root, dtype="fp32")
+    linears = [m for m in ours.transformer.modules() if isinstance(m, torch.nn.Linear)]
+    assert sum(isinstance(m, comfy.ops.disable_weight_init.Linear) for m in linears) == len(linears) - 2  # time embedder
+    request = dict(width=64, height=48, num_frames=5, steps=2, seed=3, output="latents")
+    expected = plain.generate("a cat", **request).latents
+    part = comfyui.nodes.services.ManagedPart([ours.transformer], torch.device("cpu"))
+    patcher = comfy.model_patcher.CoreModelPatcher(part, load_device=mm.get_torch_device(),
+                                                   offload_device=torch.device("cpu"))  # fmt: skip
+    patcher.load(mm.get_torch_device(), lowvram_model_memory=1)  # as good as nothing fits: stream every layer
+    streamed = [m for m in linears if getattr(m, "comfy_cast_weights", False)]
+    assert streamed, "ComfyUI streams nothing"
+    assert torch.equal(ours.generate("a cat", **request).latents, expected)

@@ -1,0 +1,186 @@
+"""What each low-VRAM option keeps on the compute device, on the released Edge / Nano shapes (random weights).
+
+    python benchmarks/bench_memory.py                         # computed table: every variant, 8-24 GB fits
+    python benchmarks/bench_memory.py --measure --variant edge --device cuda   # measured on a GPU
+
+Options compared: default, offload_text, blocks_to_swap, fp8 and all three combined.
+- Computed (any machine, nothing allocated): weight bytes each option leaves on the compute device,
+  counted from the model's parameters on the meta device under that option's placement, plus the
+  activations of the request from the runtime's own estimate (`budget.estimate`).
+- Measured (`--measure`, CUDA): peak `torch.cuda.max_memory_allocated` and time per step (both CFG
+  forwards) with random bf16 weights in the released shapes, each option against the default from
+  the same run. A CPU cannot tell compute from offload memory, so `--measure` on CPU only times the
+  options on a reduced depth (`--layers`) and says so.
+Not a test: numbers depend on the machine.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from cosmos3_runtime import budget  # noqa: E402
+from cosmos3_runtime.offload import BlockSwap, TextOffload  # noqa: E402
+from cosmos3_runtime.quantize import quantize_fp8  # noqa: E402
+from cosmos3_runtime.transformer import Cosmos3Transformer, TransformerConfig, tower_of  # noqa: E402
+from cosmos3_runtime.vae import VAEConfig  # noqa: E402
+
+RELEASED = {  # the released transformer configs (reference: Nano, Edge; heads left out)
+    "edge": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=9216, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
+                 use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8),
+    "nano": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=12288, vocab_size=151936),
+}  # fmt: skip
+REQUESTS = {"edge": (832, 480, 81), "nano": (1280, 720, 81)}
+GIB = 2**30
+
+
+def options(swap: int) -> dict[str, dict]:
+    return {
+        "default": {},
+        "offload_text": dict(offload_text=True),
+        f"blocks_to_swap={swap}": dict(blocks_to_swap=swap),
+        "fp8": dict(fp8=True),
+        f"combined (text, {swap} blocks, fp8)": dict(offload_text=True, blocks_to_swap=swap, fp8=True),
+    }
+
+
+def computed_weights(config: TransformerConfig, option: dict) -> int:
+    """Bytes of weights on the compute device under an option (bf16; fp8 weights one byte plus a scale per row)."""
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config)
+    swapped = set(range(option.get("blocks_to_swap", 0)))
+    total, swapped_bytes = 0, {}
+    for name, p in model.named_parameters():
+        tower = tower_of(name)
+        if option.get("offload_text") and tower == "text tower":
+            continue
+        size = p.numel() * (4 if name.startswith("time_embedder") else 2)
+        if option.get("fp8") and p.ndim == 2 and not name.startswith("time_embedder"):
+            size = p.numel() + p.shape[0] * 4  # fp8 values and a float32 scale per row
+        layer = int(name.split(".")[1]) if name.startswith("layers.") else None
+        if tower == "media tower" and layer in swapped:
+            swapped_bytes[layer] = swapped_bytes.get(layer, 0) + size
+        else:
+            total += size
+    resident = sorted(swapped_bytes.values())[-2:] if swapped_bytes else []  # the running layer and the next
+    return total + sum(resident)
+
+
+def activations(config: TransformerConfig, size: tuple[int, int, int], text_tokens: int = 300) -> int:
+    width, height, frames = size
+    settings = SimpleNamespace(width=width, height=height, num_frames=frames, latent_frames=1 + (frames - 1) // 4,
+                               guidance_scale=4.0)  # fmt: skip
+    return budget.estimate(config, VAEConfig(latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48), settings,
+                           text_tokens, text_tokens, torch.bfloat16, tile=None).total  # fmt: skip
+
+
+def computed_table(swap: int) -> None:
+    print("Computed (nothing allocated): GiB on the compute device = weights + activations of the default request")
+    print("(activations include the VAE decode of the whole clip untiled; tiled decoding lowers them further)\n")
+    for variant, raw in RELEASED.items():
+        config = TransformerConfig(**raw)
+        act = activations(config, REQUESTS[variant])
+        w, h, f = REQUESTS[variant]
+        print(f"{variant}: {w}x{h}x{f}, activations {act / GIB:.1f} GiB")
+        print("| option | weights GiB | total GiB | fits in |")
+        print("|---|---|---|---|")
+        for label, option in options(swap).items():
+            weights = computed_weights(config, option)
+            total = weights + act
+            fits = [f"{g} GB" for g in (8, 12, 16, 24) if total <= g * 1e9 * 0.92]  # leave the CUDA context room
+            print(f"| {label} | {weights / GIB:.1f} | {total / GIB:.1f} | {', '.join(fits) or 'none of 8-24 GB'} |")
+        print()
+
+
+def random_model(config: TransformerConfig, device: str) -> Cosmos3Transformer:
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config)
+    model = model.to_empty(device=device).to(torch.bfloat16)
+    generator = torch.Generator(device).manual_seed(0)
+    for p in model.parameters():
+        p.data.normal_(0, 0.02, generator=generator)
+    model.time_embedder.float()
+    return model.eval()
+
+
+def measure(variant: str, device: str, swap: int, layers: int | None, size, steps: int) -> None:
+    raw = dict(RELEASED[variant])
+    if device == "cpu":
+        raw["num_hidden_layers"] = layers or 2
+        print(f"CPU: one device holds everything, so memory per device cannot be measured here; timing only, "
+              f"{raw['num_hidden_layers']} layers")  # fmt: skip
+    config = TransformerConfig(**raw)
+    w, h, f = size
+    latents = torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
+    ids = torch.arange(300) % config.vocab_size
+    results = {}
+    for label, option in options(swap).items():
+        model = random_model(config, "cpu")
+        if option.get("fp8"):
+            quantize_fp8(model)
+        text_offload = TextOffload(model, torch.device("cpu")) if option.get("offload_text") else None
+        if option.get("blocks_to_swap"):
+            model.streamer = BlockSwap(model, option["blocks_to_swap"], torch.device(device))
+        held = {id(p) for part in (text_offload, model.streamer) if part is not None for p in part.held()}
+        for p in model.parameters():
+            if id(p) not in held:
+                p.data = p.data.to(device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        with torch.inference_mode():
+            if text_offload is not None:
+                with text_offload.on(torch.device(device)):
+                    text = model.encode_text(ids)
+            else:
+                text = model.encode_text(ids)
+            start = None
+            for step in range(steps + 1):  # the first step warms up
+                if step == 1:
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    start = time.perf_counter()
+                for _ in range(2):  # conditional and unconditional forwards
+                    model(latents, torch.tensor(900), text)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / steps
+        peak = torch.cuda.max_memory_allocated() / GIB if device == "cuda" else float("nan")
+        results[label] = (peak, seconds)
+        del model, text
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    base_peak, base_time = results["default"]
+    print(f"{variant} {w}x{h}x{f}, {steps} steps, device {device}")
+    print("| option | peak GiB | vs default | s per step | vs default |")
+    print("|---|---|---|---|---|")
+    for label, (peak, seconds) in results.items():
+        memory = f"{peak:.2f} | {peak / base_peak:.2f}x" if device == "cuda" else "n/a | n/a"
+        print(f"| {label} | {memory} | {seconds:.3f} | {seconds / base_time:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measure", action="store_true")
+    parser.add_argument("--variant", choices=sorted(RELEASED), default="edge")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--blocks-to-swap", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=None, help="CPU timing: depth of the reduced model")
+    parser.add_argument("--size", default=None, help="WxHxF (default: the variant's default video)")
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    computed_table(args.blocks_to_swap)
+    if args.measure:
+        size = tuple(int(v) for v in args.size.split("x")) if args.size else REQUESTS[args.variant]
+        measure(args.variant, args.device, args.blocks_to_swap, args.layers, size, args.steps)
+
+
+if __name__ == "__main__":
+    main()

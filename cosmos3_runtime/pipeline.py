@@ -25,7 +25,7 @@ from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper, linear_layers
 from .vae import Progress, TileSpec, VAEConfig, WanVAE
-from .weights import load_weights
+from .weights import load_weights, stored_bytes
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
                      linear_class: type | None = None) -> Cosmos3Transformer:  # fmt: skip
+    stored, _ = stored_bytes(checkpoint.path("transformer"))
+    if any(name.startswith("F8") for name in stored):  # casting them would silently drop their scales
+        raise CheckpointError(f"{checkpoint.path('transformer')} holds pre-quantized fp8 (ModelOpt) weights, which "
+                              "this runtime does not read yet; use the bf16 release with quantize='fp8'")  # fmt: skip
     config = checkpoint.transformer_config()
     with torch.device("meta"), linear_layers(linear_class):
         model = Cosmos3Transformer(config)

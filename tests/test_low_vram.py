@@ -83,3 +83,18 @@ def test_bad_low_vram_options(tiny_gated):
         cosmos3_runtime.load(tiny_gated, quantize="int4")
     with pytest.raises(cosmos3_runtime.InputError, match="blocks_to_swap must be 0 or more"):
         cosmos3_runtime.load(tiny_gated, blocks_to_swap=-1)
+
+
+def test_pre_quantized_fp8_checkpoints_are_refused_not_misread(tiny_gated, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    root = shutil.copytree(tiny_gated, tmp_path / "modelopt")
+    shard = sorted((root / "transformer").glob("*.safetensors"))[0]
+    tensors = load_file(str(shard))
+    name = next(n for n in tensors if n.endswith("to_k.weight"))
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    save_file(tensors, str(shard))
+    with pytest.raises(cosmos3_runtime.CheckpointError, match="pre-quantized fp8 \\(ModelOpt\\) weights"):
+        cosmos3_runtime.load(root)

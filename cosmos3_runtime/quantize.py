@@ -15,13 +15,17 @@ FP8_MAX = torch.finfo(FP8).max  # 448
 KEEP = ("time_embedder",)  # kept in full precision (fp32 by design)
 
 
+def per_row_fp8(weight: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
+    """(fp8 values, float32 scale per row) of a 2-D weight: each row's largest magnitude maps to 448."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+    return nn.Parameter((w / scale[:, None]).to(FP8), requires_grad=False), nn.Parameter(scale, requires_grad=False)
+
+
 class Fp8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        w = linear.weight.data.float()
-        scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
-        self.weight = nn.Parameter((w / scale[:, None]).to(FP8), requires_grad=False)
-        self.scale = nn.Parameter(scale, requires_grad=False)
+        self.weight, self.scale = per_row_fp8(linear.weight.data)
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
@@ -35,10 +39,7 @@ class Fp8Embedding(nn.Module):
 
     def __init__(self, embedding: nn.Embedding):
         super().__init__()
-        w = embedding.weight.data.float()
-        scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
-        self.weight = nn.Parameter((w / scale[:, None]).to(FP8), requires_grad=False)
-        self.scale = nn.Parameter(scale, requires_grad=False)
+        self.weight, self.scale = per_row_fp8(embedding.weight.data)
         self.dtype = embedding.weight.dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -90,18 +90,21 @@ class Cosmos3ImageToVideo:
         return ({"image": image[:1]},)
 
 
-class Cosmos3VideoToVideo:
-    DESCRIPTION = "Condition the first latent frames of the video on a clip (frames resized to the sampler's size)."
+class ClipCondition:
+    """Video-to-video conditioning: a clip (SOURCE input) and which of its latent frames are held fixed."""
+
     CATEGORY = "cosmos3/conditioning"
     RETURN_TYPES = ("COSMOS3_MEDIA",)
     RETURN_NAMES = ("media",)
     FUNCTION = "condition"
+    SOURCE: tuple[str, str, str, str]  # (input name, type, tooltip, Request field it fills)
 
     @classmethod
     def INPUT_TYPES(cls):
+        name, kind, tooltip, _ = cls.SOURCE
         return {
             "required": {
-                "video": ("IMAGE", {"tooltip": "the conditioning clip as an IMAGE batch"}),
+                name: (kind, {"tooltip": tooltip}),
                 "condition_frames": ("STRING", {"default": "0,1", "tooltip": help_of("condition_frame_indexes")}),
                 "keep": (list(KEEP), {"default": "first", "tooltip": help_of("condition_video_keep")}),
             }
@@ -111,9 +114,26 @@ class Cosmos3VideoToVideo:
     def VALIDATE_INPUTS(cls, condition_frames):
         return _problem(lambda: parse_frame_indexes(condition_frames), condition_frames)
 
+    def media(self, clip, condition_frames: str, keep: str):
+        return ({self.SOURCE[3]: clip, "condition_frame_indexes": parse_frame_indexes(condition_frames),
+                 "condition_video_keep": keep},)  # fmt: skip
+
+
+class Cosmos3VideoToVideo(ClipCondition):
+    DESCRIPTION = "Condition the first latent frames of the video on a clip (frames resized to the sampler's size)."
+    SOURCE = ("video", "IMAGE", "the conditioning clip as an IMAGE batch", "video")
+
     def condition(self, video, condition_frames, keep):
-        frames = parse_frame_indexes(condition_frames)
-        return ({"video": video, "condition_frame_indexes": frames, "condition_video_keep": keep},)
+        return self.media(video, condition_frames, keep)
+
+
+class Cosmos3LatentToVideo(ClipCondition):
+    DESCRIPTION = ("Condition the first latent frames of the video on an encoded clip: a LATENT from Cosmos3 VAE Encode "
+                   "or ComfyUI's own VAE Encode with the Wan 2.2 VAE (the sampler's size must be the clip's).")  # fmt: skip
+    SOURCE = ("samples", "LATENT", help_of("condition_latents"), "condition_latents")
+
+    def condition(self, samples, condition_frames, keep):
+        return self.media(samples["samples"], condition_frames, keep)
 
 
 class Cosmos3Sampler:
@@ -192,33 +212,6 @@ SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", 
                   "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
                   "sound": "sound"}  # fmt: skip
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
-
-
-class Cosmos3LatentToVideo:
-    DESCRIPTION = ("Condition the first latent frames of the video on an encoded clip: a LATENT from Cosmos3 VAE Encode "
-                   "or ComfyUI's own VAE Encode with the Wan 2.2 VAE (the sampler's size must be the clip's).")  # fmt: skip
-    CATEGORY = "cosmos3/conditioning"
-    RETURN_TYPES = ("COSMOS3_MEDIA",)
-    RETURN_NAMES = ("media",)
-    FUNCTION = "condition"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "samples": ("LATENT", {"tooltip": help_of("condition_latents")}),
-                "condition_frames": ("STRING", {"default": "0,1", "tooltip": help_of("condition_frame_indexes")}),
-                "keep": (list(KEEP), {"default": "first", "tooltip": help_of("condition_video_keep")}),
-            }
-        }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, condition_frames):
-        return _problem(lambda: parse_frame_indexes(condition_frames), condition_frames)
-
-    def condition(self, samples, condition_frames, keep):
-        return ({"condition_latents": samples["samples"], "condition_frame_indexes": parse_frame_indexes(condition_frames),
-                 "condition_video_keep": keep},)  # fmt: skip
 
 
 def sampler_options(widgets: dict) -> dict:

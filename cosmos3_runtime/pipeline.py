@@ -17,7 +17,7 @@ from .errors import CheckpointError, InputError
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
-from .quantize import quantize_fp8
+from .quantize import expect_stored_fp8, quantize_fp8
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
 from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
 from .sound import SoundTrack, load_sound_tokenizer
@@ -25,7 +25,7 @@ from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper, linear_layers
 from .vae import Progress, TileSpec, VAEConfig, WanVAE
-from .weights import load_weights, stored_bytes
+from .weights import load_weights, read_headers
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +78,19 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
                      linear_class: type | None = None) -> Cosmos3Transformer:  # fmt: skip
-    stored, _ = stored_bytes(checkpoint.path("transformer"))
-    if any(name.startswith("F8") for name in stored):  # casting them would silently drop their scales
-        raise CheckpointError(f"{checkpoint.path('transformer')} holds pre-quantized fp8 (ModelOpt) weights, which "
-                              "this runtime does not read yet; use the bf16 release with quantize='fp8'")  # fmt: skip
     config = checkpoint.transformer_config()
+    rename = checkpoint_key_mapper(config)
+    headers, _ = read_headers(checkpoint.path("transformer"))
+    fp8_weights = {rename(key) for key, entry in headers.items() if entry["dtype"] == "F8_E4M3"}  # ModelOpt fp8
     with torch.device("meta"), linear_layers(linear_class):
         model = Cosmos3Transformer(config)
+        expect_stored_fp8(model, fp8_weights)
     load_weights(
         model,
         checkpoint.path("transformer"),
         dtype,
         device,
-        rename=checkpoint_key_mapper(config),
+        rename=rename,
         keep_fp32=("time_embedder.",),
     )
     return model

@@ -1,4 +1,5 @@
-"""fp8 weights: float8_e4m3fn with one scale per output channel, made at load time from bf16 checkpoints.
+"""fp8 weights: float8_e4m3fn with one scale per output channel, made at load time from bf16 checkpoints
+(or read from ModelOpt fp8 checkpoints, whose per-tensor scale is broadcast to the rows).
 
 Each quantized linear keeps `weight` [out, in] in float8_e4m3fn and `scale` [out] in float32
 (amax of the row / 448, the format's largest value); the forward upcasts the weight to the
@@ -23,9 +24,16 @@ def per_row_fp8(weight: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
 
 
 class Fp8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, stored: bool = False):
+        """From a full-precision linear, or (`stored`) an empty shell for fp8 weights and scales read from a
+        pre-quantized checkpoint (ModelOpt: a per-tensor scale, broadcast to the rows)."""
         super().__init__()
-        self.weight, self.scale = per_row_fp8(linear.weight.data)
+        if stored:
+            shape = linear.weight.shape
+            self.weight = nn.Parameter(torch.empty(shape, dtype=FP8, device="meta"), requires_grad=False)
+            self.scale = nn.Parameter(torch.empty(shape[0], device="meta"), requires_grad=False)
+        else:
+            self.weight, self.scale = per_row_fp8(linear.weight.data)
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
@@ -57,6 +65,15 @@ def quantize_fp8(model: nn.Module) -> None:
                 setattr(module, child_name, Fp8Linear(child))
             elif isinstance(child, nn.Embedding):
                 setattr(module, child_name, Fp8Embedding(child))
+
+
+def expect_stored_fp8(model: nn.Module, fp8_weights: set[str]) -> None:
+    """Make fp8 shells of the linears whose `<name>.weight` a checkpoint stores in fp8 (built on the meta device)."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, nn.Linear) and f"{full}.weight" in fp8_weights:
+                setattr(module, child_name, Fp8Linear(child, stored=True))
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -559,7 +559,11 @@ def checkpoint_key_mapper(config: TransformerConfig):
     aliases = {"vae2llm.": "proj_in.", "llm2vae.": "proj_out."}  # names used by some FP8 exports
 
     def map_key(key: str) -> str | None:
-        if "_quantizer." in key or key in ("lm_head.weight", "norm.weight") or key.startswith(last_text_tail):
+        if key in ("lm_head.weight", "norm.weight") or key.startswith(last_text_tail):
+            return None
+        if key.endswith(".weight_quantizer._scale"):  # ModelOpt fp8: the weight's per-tensor scale
+            return map_key(key[: -len(".weight_quantizer._scale")] + ".scale")
+        if "_quantizer." in key:  # other calibration buffers (activation scales): W8A16 needs none
             return None
         for old, new in aliases.items():
             if key.startswith(old):

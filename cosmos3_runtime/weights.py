@@ -18,6 +18,7 @@ from torch import nn
 from .errors import CheckpointError
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+STORED_AS_IS = (torch.float8_e4m3fn,)
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 
 
@@ -73,12 +74,19 @@ def load_weights(
                 unexpected.append(key)
                 continue
             tensor = tensor_of()
+            if tensor.ndim == 0 and expected[name].ndim == 1:  # a per-tensor scale for a per-row parameter
+                tensor = tensor.expand(expected[name].shape)
             if tuple(tensor.shape) != tuple(expected[name].shape):
                 raise CheckpointError(
                     f"{path}: tensor {key} has shape {list(tensor.shape)}, the config implies "
                     f"{list(expected[name].shape)}; the weights do not belong to this config.json"
                 )
             target = torch.float32 if name.startswith(keep_fp32) else dtype if tensor.is_floating_point() else None
+            if expected[name].dtype in STORED_AS_IS:  # fp8 weights stay fp8 (their scale is a parameter of its own)
+                target = expected[name].dtype
+            elif tensor.dtype in STORED_AS_IS:
+                raise CheckpointError(f"{path}: {key} is stored as {tensor.dtype}, which cannot be cast without its "
+                                      "scale; this module does not read it")  # fmt: skip
             # On CPU safetensors hands out views of the memory-mapped file; own the memory, or a file
             # replaced while the model is loaded would crash the process (SIGBUS) on the next read.
             state[name] = tensor.to(dtype=target, copy=tensor.device.type == "cpu")

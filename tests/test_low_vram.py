@@ -85,16 +85,30 @@ def test_bad_low_vram_options(tiny_gated):
         cosmos3_runtime.load(tiny_gated, blocks_to_swap=-1)
 
 
-def test_pre_quantized_fp8_checkpoints_are_refused_not_misread(tiny_gated, tmp_path):
+def test_modelopt_fp8_checkpoints_are_read_with_their_scales(tiny_gated, tmp_path):
+    """Per-tensor scales (`*.weight_quantizer._scale`) applied, activation scales ignored (W8A16): the model
+    equals a bf16 checkpoint holding the dequantized weights."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    root = shutil.copytree(tiny_gated, tmp_path / "modelopt")
-    shard = sorted((root / "transformer").glob("*.safetensors"))[0]
-    tensors = load_file(str(shard))
-    name = next(n for n in tensors if n.endswith("to_k.weight"))
-    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
-    save_file(tensors, str(shard))
-    with pytest.raises(cosmos3_runtime.CheckpointError, match="pre-quantized fp8 \\(ModelOpt\\) weights"):
-        cosmos3_runtime.load(root)
+    quantized = shutil.copytree(tiny_gated, tmp_path / "modelopt")
+    dequantized = shutil.copytree(tiny_gated, tmp_path / "dequantized")
+    for shard in sorted((quantized / "transformer").glob("*.safetensors")):
+        tensors, plain = load_file(str(shard)), {}
+        for name in [n for n in tensors if n.startswith("layers.") and n.endswith("proj.weight")]:
+            w = tensors[name].float()
+            scale = w.abs().max() / 448
+            tensors[name] = (w / scale).to(torch.float8_e4m3fn)
+            base = name[: -len(".weight")]
+            tensors[base + ".weight_quantizer._scale"] = scale.reshape(())
+            tensors[base + ".input_quantizer._scale"] = torch.tensor(1.0)
+            plain[name] = tensors[name].to(torch.bfloat16) * scale.to(torch.bfloat16)
+        save_file(tensors, str(shard))
+        original = load_file(str(dequantized / "transformer" / shard.name))
+        save_file({**original, **plain}, str(dequantized / "transformer" / shard.name))
+    ours = cosmos3_runtime.load(quantized, dtype="bf16", device="cpu")
+    assert any(isinstance(m, Fp8Linear) for m in ours.transformer.modules())
+    reference = cosmos3_runtime.load(dequantized, dtype="bf16", device="cpu")
+    request = {**REQUEST, "steps": 2}
+    assert torch.equal(ours.generate("a cat", **request).latents, reference.generate("a cat", **request).latents)

@@ -17,7 +17,7 @@ from .errors import CheckpointError, InputError
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
-from .quantize import expect_stored_fp8, quantize_fp8
+from .quantize import expect_stored_fp8, fast_fp8_available, quantize_fp8
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
 from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
 from .sound import SoundTrack, load_sound_tokenizer
@@ -449,7 +449,7 @@ def load(
     low_vram = offload_text or blocks_to_swap or quantize
     transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class)
     if quantize == "fp8":
-        quantize_fp8(transformer)
+        quantize_fp8(transformer, fast=fast_fp8_available(device))
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
     if vae is not None:
         check_geometry(vae.config, transformer.config, checkpoint.path("vae", "config.json"))

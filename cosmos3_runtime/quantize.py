@@ -37,9 +37,29 @@ class Fp8Linear(nn.Module):
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
+    fast = False  # scaled fp8 matmul (activations quantized per token) instead of upcasting the weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast and self.in_features % 16 == 0 and self.out_features % 16 == 0:
+            return scaled_fp8_linear(x, self.weight, self.scale, self.bias)
         weight = self.weight.to(x.dtype) * self.scale.to(x.dtype)[:, None]
         return F.linear(x, weight, self.bias)
+
+
+def scaled_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias) -> torch.Tensor:
+    """x @ (weight * scale).T with x quantized to fp8 per row: one fp8 matmul (Hopper and newer GPUs)."""
+    rows = x.reshape(-1, x.shape[-1])
+    x_scale = (rows.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
+    x8 = (rows.float() / x_scale).to(FP8)
+    out = torch._scaled_mm(x8, weight.t(), scale_a=x_scale, scale_b=scale.float()[None, :], out_dtype=x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], -1)
+
+
+def fast_fp8_available(device: torch.device) -> bool:
+    """Scaled fp8 matmul with per-row scales: CUDA GPUs of compute capability 9.0 and newer."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 class Fp8Embedding(nn.Module):
@@ -54,8 +74,10 @@ class Fp8Embedding(nn.Module):
         return self.weight[ids].to(self.dtype) * self.scale[ids].to(self.dtype)[:, None]
 
 
-def quantize_fp8(model: nn.Module) -> None:
-    """Replace every nn.Linear and nn.Embedding of `model` (except KEEP) by its fp8 form, one at a time, in place."""
+def quantize_fp8(model: nn.Module, fast: bool = False) -> None:
+    """Replace every nn.Linear and nn.Embedding of `model` (except KEEP) by its fp8 form, one at a time, in place.
+
+    `fast`: the linears run scaled fp8 matmuls (see `fast_fp8_available`) instead of upcasting."""
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
@@ -63,6 +85,7 @@ def quantize_fp8(model: nn.Module) -> None:
                 continue
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, Fp8Linear(child))
+                getattr(module, child_name).fast = fast
             elif isinstance(child, nn.Embedding):
                 setattr(module, child_name, Fp8Embedding(child))
 

@@ -112,3 +112,19 @@ def test_modelopt_fp8_checkpoints_are_read_with_their_scales(tiny_gated, tmp_pat
     reference = cosmos3_runtime.load(dequantized, dtype="bf16", device="cpu")
     request = {**REQUEST, "steps": 2}
     assert torch.equal(ours.generate("a cat", **request).latents, reference.generate("a cat", **request).latents)
+
+
+def test_the_scaled_fp8_matmul_path(tiny_factory):
+    """The GPU fast path (per-token activation scales, one fp8 matmul) run on the CPU's implementation:
+    close to the upcast path it replaces."""
+    from cosmos3_runtime.quantize import quantize_fp8
+
+    root = tiny_factory(kind="edge", size="small")
+    upcast = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8")
+    fast = cosmos3_runtime.load(root, dtype="bf16", device="cpu")
+    quantize_fp8(fast.transformer, fast=True)
+    latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
+    v = [p.transformer(latents, torch.tensor(900), p.transformer.encode_text(torch.arange(40) % 500)).vision.float()
+         for p in (upcast, fast)]  # fmt: skip
+    relative = (v[1] - v[0]).abs() / v[0].abs().max()
+    assert 0 < relative.mean() < 0.02 and relative.max() < 0.1, (relative.mean(), relative.max())

@@ -229,10 +229,7 @@ class Cosmos3Pipeline:
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
         r = Request.build(request, **options)
-        s = resolve_settings(self.variant, r)
-        prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
-                                       r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
-        cond_ids, uncond_ids = self.token_ids(prompt, s, prompt_options, r.max_sequence_length, r.max_prompt_tokens)
+        s, cond_ids, uncond_ids = self._prepare(prompt, r)
         shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
                  s.width // SPATIAL_FACTOR)  # fmt: skip
         if r.check_memory:
@@ -277,6 +274,18 @@ class Cosmos3Pipeline:
         if seconds is not None:
             waveform = waveform[:, : int(seconds * self.sound_tokenizer.config.sampling_rate)]
         return waveform
+
+    def _prepare(self, prompt: str, r: Request) -> tuple[Settings, list[int], list[int]]:
+        """Resolved settings and the (cond, uncond) token ids of a request."""
+        s = resolve_settings(self.variant, r)
+        prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
+                                       r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
+        return (s, *self.token_ids(prompt, s, prompt_options, r.max_sequence_length, r.max_prompt_tokens))
+
+    def memory_needed(self, prompt: str, request: Request) -> int:
+        """Bytes a generation would need beyond the weights (the estimate `generate` checks), without running it."""
+        s, cond_ids, uncond_ids = self._prepare(prompt, request)
+        return self.memory_estimate(s, request, len(cond_ids), len(uncond_ids)).total
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
         decode = r.output == "frames" and self.vae is not None

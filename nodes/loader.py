@@ -151,13 +151,19 @@ class ModelHandle:
     def pipeline(self) -> Cosmos3Pipeline | WorkerPool:
         return pipeline_for(self.spec)
 
+    def memory_needed(self, prompt: str, request) -> int:
+        """Bytes a generation needs beyond the weights on this process's device (none for worker pools)."""
+        pipe = self.pipeline
+        return 0 if isinstance(pipe, WorkerPool) else pipe.memory_needed(prompt, request)
+
     @contextmanager
-    def use(self):
+    def use(self, memory_required: int = 0):
         """The pipeline with this handle's part on its compute device for the duration of a node.
 
         In ComfyUI the transformer and the VAE (with the sound tokenizer) are models of its memory
         manager: loaded through it (evicting other models as needed), evicted by it and by /free. The
-        VAE nodes load only the VAE. `device: offload` moves them for the node and back after; with
+        VAE nodes load only the VAE; `memory_required` (bytes the node will allocate) is made room for as well.
+        `device: offload` moves them for the node and back after; with
         text offload or block swap the runtime places the transformer itself.
         """
         pipe = self.pipeline
@@ -178,7 +184,7 @@ class ModelHandle:
         parts = [pipe.vae, pipe.sound_tokenizer]
         if self.part == "model" and not self.spec.runtime_placement:
             parts.append(pipe.transformer)
-        if services.load_managed(parts, self.spec.compute_device(), services.offload_device()):
+        if services.load_managed(parts, self.spec.compute_device(), services.offload_device(), memory_required):
             pipe.device = pipe.transformer.device  # where ComfyUI put the transformer
         yield pipe
 

@@ -191,7 +191,8 @@ class Cosmos3Sampler:
             progress = progress or services.Progress(total)
             progress.update(step, denoised)
 
-        with model.use() as pipe:
+        # ComfyUI makes room for the run itself, not only for the weights
+        with model.use(memory_required=model.memory_needed(prompt, request)) as pipe:
             result = pipe.generate(prompt, request, callback=on_step)
             raw = pipe.raw_latents(result.latents)  # ComfyUI's LATENT holds the VAE's own latents
         s = result.settings

@@ -95,8 +95,9 @@ def linear_class():
     return ops.disable_weight_init.Linear if ops is not None else None
 
 
-def load_managed(modules: list, load_device: torch.device, offload_device: torch.device) -> bool:
-    """Have ComfyUI load `modules` (one model each) onto `load_device`, unloading other models as needed.
+def load_managed(modules: list, load_device: torch.device, offload_device: torch.device, memory_required: int = 0) -> bool:
+    """Have ComfyUI load `modules` (one model each) onto `load_device`, unloading other models as needed to fit
+    them and `memory_required` more bytes (the work about to run).
 
     True when ComfyUI did it; False outside ComfyUI (the modules stay where they are).
     """
@@ -110,7 +111,7 @@ def load_managed(modules: list, load_device: torch.device, offload_device: torch
             part = ManagedPart([module], next(module.parameters()).device)
             _managed[key] = patcher_module.CoreModelPatcher(part, load_device=load_device, offload_device=offload_device)
         patchers.append(_managed[key])
-    mm.load_models_gpu(patchers)
+    mm.load_models_gpu(patchers, memory_required=memory_required)
     return True
 
 

@@ -132,7 +132,8 @@ def worker_pool(spec: ModelSpec, compute, dtype: str) -> WorkerPool:
     else:
         devices = ["cpu"] * spec.gpus
     return WorkerPool(spec.source, devices, sp=sp, cfg_parallel=cfg_parallel, dtype=dtype,
-                      local_files_only=spec.local_files_only)  # fmt: skip
+                      local_files_only=spec.local_files_only, offload_text=spec.offload_text,
+                      blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize)  # fmt: skip
 
 
 def _folder_bytes(folder: str) -> int:

@@ -125,3 +125,13 @@ except workers.WorkerError as exc:
     assert "generated (1, 48, 2, 3, 4)" in done.stdout, done.stdout + done.stderr
     assert (tmp_path / "main_runs.txt").read_text() == "ran\n"
     assert "died" in done.stdout and "invalid literal for int() with base 10: 'not a number'" in done.stdout
+
+
+def test_low_vram_options_reach_the_workers(tiny_gated, reference):
+    pool = WorkerPool(str(tiny_gated), ["cpu", "cpu"], sp=2, dtype="fp32", local_files_only=True,
+                      offload_text=True, blocks_to_swap=1)  # fmt: skip
+    try:
+        result = pool.generate("a cat", **REQUEST)
+    finally:
+        pool.close()
+    torch.testing.assert_close(result.latents, reference[1].latents, atol=1e-5, rtol=0)

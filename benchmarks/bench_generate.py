@@ -50,11 +50,9 @@ total = time.perf_counter() - start
 steps = [b - a for a, b in zip(stamps, stamps[1:])]
 result = dict(step_s=statistics.median(steps), total_s=total, peak_mb=memory.mb())
 if {which!r} == "ours":
-    from cosmos3_runtime.prompts import PromptOptions
     from cosmos3_runtime.request import Request
-    from cosmos3_runtime.settings import resolve
-    s = resolve(pipe.variant, Request(width=args["width"], height=args["height"], num_frames=args["frames"]))
-    ids, _ = pipe.token_ids(args["prompt"], s, PromptOptions(s.num_frames, s.height, s.width, s.fps))
+    _, ids, _ = pipe.prepare(args["prompt"], Request(width=args["width"], height=args["height"],
+                                                     num_frames=args["frames"]))
     t0 = time.perf_counter()
     for _ in range(3):
         pipe.transformer.encode_text(torch.tensor(ids))

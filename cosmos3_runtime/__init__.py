@@ -6,6 +6,7 @@
     result = pipe.generate("A robot arm stacks two cubes.", seed=1)   # result.frames, result.latents
 """
 
+from .action import ActionRequest
 from .checkpoint import Checkpoint, Variant, detect_variant
 from .errors import CheckpointError, Cosmos3Error, InputError
 from .pipeline import Cosmos3Pipeline, Generation, load
@@ -15,6 +16,7 @@ from .vae import TileSpec
 from .workers import WorkerPool
 
 __all__ = [
+    "ActionRequest",
     "Checkpoint",
     "CheckpointError",
     "Cosmos3Error",

@@ -56,6 +56,13 @@ def preprocess_image(image, height: int, width: int) -> torch.Tensor:
     return pixels.round().clamp(0, 255) / 127.5 - 1.0
 
 
+def frame_size(video) -> tuple[int, int]:
+    """(height, width) of a clip's frames: a list of PIL images, or an array / tensor [F, H, W, 3]."""
+    if isinstance(video, (list, tuple)) and video and _is_pil(video[0]):
+        return video[0].size[1], video[0].size[0]
+    return tuple(_channels_last_to_batch(video, "video").shape[-2:])
+
+
 def preprocess_video(video, height: int, width: int) -> torch.Tensor:
     """Conditioning video frames -> [1, 3, F, height, width] in [-1, 1] (resized, not cropped)."""
     if isinstance(video, (list, tuple)) and video and _is_pil(video[0]):

@@ -20,6 +20,7 @@ from .prompts import PromptOptions, negative_text, positive_text
 from .quantize import expect_stored_fp8, fast_fp8_available, quantize_fp8
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
 from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
+from .action import ActionTrack, action_prompt, canvas_frames
 from .sound import SoundTrack, load_sound_tokenizer
 from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
@@ -114,6 +115,7 @@ class Generation:
     sound: torch.Tensor | None = None  # [channels, samples] float32 in [-1, 1], CPU (sound=True, output="frames")
     sample_rate: int | None = None  # of `sound`
     sound_latents: torch.Tensor | None = None  # [sound_dim, T_s] float32, CPU
+    actions: torch.Tensor | None = None  # [chunk, width] float32, CPU (policy and inverse dynamics)
 
 
 # (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
@@ -185,15 +187,13 @@ class Cosmos3Pipeline:
                 self._text_cache.popitem(last=False)
         return self._text_cache[key]
 
-    def token_ids(self, prompt: str, settings: Settings, options: PromptOptions, max_length=None,
+    def token_ids(self, texts: tuple[str, str], system: str | None, max_length=None,
                   max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):  # fmt: skip
-        """(cond ids, uncond ids) for a prompt under resolved settings; prompts over `max_tokens` are refused."""
+        """(cond ids, uncond ids) of the conditional and unconditional texts; texts over `max_tokens` are refused."""
         if self.tokenizer is None:
             raise InputError("this pipeline was loaded without its tokenizer")
-        system = options.system_prompt
         ids = []
-        for name, text in (("prompt", positive_text(prompt, options)),
-                           ("negative_prompt", negative_text(settings.negative_prompt, options))):  # fmt: skip
+        for name, text in zip(("prompt", "negative_prompt"), texts):
             if len(text.encode("utf-8")) > max_tokens * BYTES_PER_TOKEN_BOUND:  # surely too long: skip tokenizing
                 raise budget.prompt_too_long(name, f"over {len(text) // BYTES_PER_TOKEN_BOUND}", max_tokens)
             encoded = self.tokenizer.encode(text, system, max_length)
@@ -229,37 +229,45 @@ class Cosmos3Pipeline:
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
         r = Request.build(request, **options)
-        s, cond_ids, uncond_ids = self._prepare(prompt, r)
-        shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
-                 s.width // SPATIAL_FACTOR)  # fmt: skip
+        s, cond_ids, uncond_ids = self.prepare(prompt, r)
         if r.check_memory:
             budget.check(self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)), self.device)
+        if parallel is not None and (r.sound or r.action is not None):
+            raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
 
+        shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
+                 s.width // SPATIAL_FACTOR)  # fmt: skip
         clean, mask = self._conditioning(s, shape, r)
+        shape = shape if clean is None else tuple(clean.shape)  # an action canvas is cropped to its content
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
         noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
         latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
 
-        track = None
-        if r.sound:  # its noise comes right after the video's, from the same generator
-            if parallel is not None:
-                raise InputError("sound generation runs on one process; turn sequence and CFG parallelism off")
+        # Each track's noise follows the video's from the same generator: sound, then action.
+        sound_track = action_track = None
+        if r.sound:
             if self.sound_tokenizer is None:
                 raise InputError("sound needs the checkpoint's sound tokenizer: load the pipeline with its VAE "
                                  "(the sound tokenizer loads with it)")  # fmt: skip
-            track = SoundTrack.for_clip(s.num_frames, s.fps, self.transformer.config.sound_dim, self.sound_tokenizer,
-                                        generator, self.device, self.schedule_for(s))  # fmt: skip
+            sound_track = SoundTrack.for_clip(s.num_frames, s.fps, self.transformer.config.sound_dim,
+                                              self.sound_tokenizer, generator, self.device, self.schedule_for(s))  # fmt: skip
+        if r.action is not None:
+            action_track = ActionTrack(r.action, self.transformer.config.action_dim, generator, self.device,
+                                       self.schedule_for(s))  # fmt: skip
+        tracks = [t for t in (sound_track, action_track) if t is not None]
 
-        latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback, parallel, track)
+        latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback, parallel, tracks)
         frames = None
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile)
         result = Generation(latents.cpu(), frames, s)
-        if track is not None:
-            result.sound_latents = track.latents.cpu()
+        if sound_track is not None:
+            result.sound_latents = sound_track.latents.cpu()
             result.sample_rate = self.sound_tokenizer.config.sampling_rate
             if r.output == "frames":
                 result.sound = self.decode_sound(result.sound_latents, s.num_frames / s.fps if r.sound_trim else None)
+        if action_track is not None:
+            result.actions = action_track.actions()
         return result
 
     @torch.inference_mode()
@@ -275,16 +283,21 @@ class Cosmos3Pipeline:
             waveform = waveform[:, : int(seconds * self.sound_tokenizer.config.sampling_rate)]
         return waveform
 
-    def _prepare(self, prompt: str, r: Request) -> tuple[Settings, list[int], list[int]]:
+    def prepare(self, prompt: str, r: Request) -> tuple[Settings, list[int], list[int]]:
         """Resolved settings and the (cond, uncond) token ids of a request."""
         s = resolve_settings(self.variant, r)
         prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
                                        r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
-        return (s, *self.token_ids(prompt, s, prompt_options, r.max_sequence_length, r.max_prompt_tokens))
+        if r.action is not None:  # the structured action caption; the negative prompt as given
+            texts = (action_prompt(prompt, r.action.view_point, s.num_frames, s.fps, s.height, s.width),
+                     s.negative_prompt)  # fmt: skip
+        else:
+            texts = (positive_text(prompt, prompt_options), negative_text(s.negative_prompt, prompt_options))
+        return (s, *self.token_ids(texts, prompt_options.system_prompt, r.max_sequence_length, r.max_prompt_tokens))
 
     def memory_needed(self, prompt: str, request: Request) -> int:
         """Bytes a generation would need beyond the weights (the estimate `generate` checks), without running it."""
-        s, cond_ids, uncond_ids = self._prepare(prompt, request)
+        s, cond_ids, uncond_ids = self.prepare(prompt, request)
         return self.memory_estimate(s, request, len(cond_ids), len(uncond_ids)).total
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
@@ -299,7 +312,13 @@ class Cosmos3Pipeline:
         if self.vae is None:
             raise InputError("image and video conditioning need the VAE; load the pipeline with its VAE")
         needed = s.condition_frames[-1] * TEMPORAL_FACTOR + 1  # causal VAE: latent f only sees pixel frames <= 4f
-        if r.condition_latents is not None:  # already encoded (a ComfyUI LATENT): raw VAE latents
+        if r.action is not None:  # the whole clip on its canvas, encoded, then cropped back to the content
+            pixels, _, (content_h, content_w) = canvas_frames(r.action.clip(), r.action.resolution_tier,
+                                                               s.num_frames, self.vae.dtype)  # fmt: skip
+            encoded = self.vae.normalize(self.vae.encode(pixels.to(self.device))).float()
+            encoded = encoded[..., : max(content_h // SPATIAL_FACTOR, 1), : max(content_w // SPATIAL_FACTOR, 1)]
+            shape = tuple(encoded.shape)
+        elif r.condition_latents is not None:  # already encoded (a ComfyUI LATENT): raw VAE latents
             encoded = self._latent_condition(r.condition_latents, s, shape, r.condition_video_keep)
         else:
             if s.mode == "i2v":
@@ -343,8 +362,12 @@ class Cosmos3Pipeline:
         return unipc_schedule(s.steps, s.flow_shift)
 
     def _denoise(self, latents, s: Settings, cond_ids, uncond_ids, clean, mask, generator, callback, parallel,
-                 track: SoundTrack | None = None):  # fmt: skip
-        """The sampling loop over the video latents (and the sound track, when there is one)."""
+                 tracks: list = ()):  # fmt: skip
+        """The sampling loop over the video latents and the tracks beside them (sound, action).
+
+        A track gives the transformer its tokens (`tokens()`, passed as its `segment`) and takes its
+        combined velocity (`step`).
+        """
         schedule = self.schedule_for(s)
         stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
         noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
@@ -354,10 +377,10 @@ class Cosmos3Pipeline:
         needs_uncond = s.guidance_scale != 1.0 and (cfg is None or cfg.rank == 1)
         uncond = self.text_kv(uncond_ids) if needs_uncond else None
 
-        def velocity_for(text):
-            sound = track.tokens() if track is not None else None
-            out = self.transformer(latents, t, text, noisy, s.fps, sound=sound, sp=sp)
-            return out.vision.float(), (out.sound.float() if track is not None else None)
+        def velocities(text) -> list[torch.Tensor]:
+            segments = {track.segment: track.tokens() for track in tracks}
+            out = self.transformer(latents, t, text, noisy, s.fps, sp=sp, **segments)
+            return [out.vision.float()] + [getattr(out, track.segment).float() for track in tracks]
 
         for i, t in enumerate(schedule.timesteps):
             guidance = s.guidance_scale
@@ -366,23 +389,22 @@ class Cosmos3Pipeline:
             # Each branch runs at its own text length: padding one to the other's would leave zero
             # keys that the (unmasked) media attention still weights.
             if guidance == 1.0:
-                velocity, sound_velocity = velocity_for(cond)
+                combined = velocities(cond)
             else:
-                if cfg is not None:  # one branch per rank group, exchanged, then the serial formula (no sound)
-                    cond_v, uncond_v = exchange_branches(cfg, velocity_for((cond, uncond)[cfg.rank])[0])
-                    cond_s = uncond_s = None
+                if cfg is not None:  # one branch per rank group, exchanged, then the serial formula (no tracks)
+                    branches = [[v] for v in exchange_branches(cfg, velocities((cond, uncond)[cfg.rank])[0])]
                 else:
-                    (cond_v, cond_s), (uncond_v, uncond_s) = velocity_for(cond), velocity_for(uncond)
-                velocity = uncond_v + guidance * (cond_v - uncond_v)
-                sound_velocity = None if cond_s is None else uncond_s + guidance * (cond_s - uncond_s)
+                    branches = [velocities(cond), velocities(uncond)]
+                combined = [u + guidance * (c - u) for c, u in zip(*branches)]
+            velocity = combined[0]
             if callback is not None:  # the model's current guess of the result: what previews should show
                 denoised = latents - schedule.sigmas[i].to(latents.device) * velocity
             if isinstance(stepper, FlowEuler):
                 latents = stepper.step(velocity, latents, generator)
             else:
                 latents = stepper.step(velocity, latents)
-            if track is not None:
-                track.step(sound_velocity, generator)
+            for track, track_velocity in zip(tracks, combined[1:]):
+                track.step(track_velocity, generator)
             if mask is not None:  # keep conditioned frames exactly at their clean latents
                 latents = mask * clean + (1.0 - mask) * latents
             if callback is not None:

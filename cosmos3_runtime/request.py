@@ -128,6 +128,8 @@ class Request:
     output: str = option("frames", "frames (decoded) or latents (no VAE decode)", cli=False)
     vae_tile: Any = option(None, "decode in tiles of this many latents, overlap a quarter (0: no tiling)",
                            flag="--tile", type=int)  # fmt: skip
+    action: Any = option(None, "an ActionRequest: policy, forward or inverse dynamics (checkpoints with an action "
+                         "head); it sets the frame count, size and conditioning", cli=False)  # fmt: skip
     sound: bool = option(False, "generate the sound track with the video (checkpoints with a sound head and a sound "
                          "tokenizer, such as Nano)")  # fmt: skip
     sound_trim: bool = option(True, "trim the waveform to the video's duration, int(frames / fps * sample_rate) "
@@ -163,6 +165,8 @@ class Request:
             raise InputError(f"fps must be positive, got {self.fps}")
         if sum(x is not None for x in (self.image, self.video, self.condition_latents)) > 1:
             raise InputError("give one of an image (image-to-video), a video or condition latents (video-to-video)")
+        if self.action is not None and (self.image is not None or self.video is not None):
+            raise InputError("an action run takes its observation from the ActionRequest (its image or video)")
 
     @property
     def has_image(self) -> bool:

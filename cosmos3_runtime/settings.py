@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .checkpoint import Variant
 from .errors import InputError
+from .action import canvas_size, vision_condition_frames
 from .request import Request
 from .schedulers import FLOW_MATCH_EULER
 
@@ -61,6 +62,8 @@ def round_frames(n: int) -> int:
 def resolve(variant: Variant, request: Request) -> Settings:
     notes: list[str] = []
     r = request  # already checked for everything that does not depend on the variant
+    if r.action is not None:
+        r = _action_request(variant, r, notes)
     # Frames decide image vs video; variant defaults follow the requested count, before rounding.
     requested_frames = DEFAULT_FRAMES if r.num_frames is None else int(r.num_frames)
     is_image = requested_frames == 1  # defaults follow the request; the mode follows the rounded count
@@ -108,6 +111,9 @@ def resolve(variant: Variant, request: Request) -> Settings:
         interval = _guidance_interval(r.guidance_interval, is_image)
 
     mode, condition_frames = _mode(r, num_frames == 1, 1 + (num_frames - 1) // TEMPORAL_FACTOR)
+    if r.action is not None:
+        mode = r.action.mode
+        condition_frames = vision_condition_frames(r.action, 1 + (num_frames - 1) // TEMPORAL_FACTOR)
     use_system_prompt = variant.default_use_system_prompt if r.use_system_prompt is None else r.use_system_prompt
     settings = Settings(
         width=width,
@@ -130,6 +136,26 @@ def resolve(variant: Variant, request: Request) -> Settings:
     return settings
 
 
+ACTION_FLOW_SHIFT = 10.0  # the serving reference's action default (over Edge's 3)
+
+
+def _action_request(variant: Variant, r: Request, notes: list[str]) -> Request:
+    """The request an action run samples with: chunk + 1 frames on the action canvas, shift 10 unless given."""
+    if not variant.has_action:
+        raise InputError("this checkpoint has no action head (action_gen in transformer/config.json); action "
+                         "generation needs one, such as Edge-Policy-DROID")  # fmt: skip
+    if variant.is_distilled:
+        raise InputError("distilled checkpoints do not generate actions; use a multi-step checkpoint")
+    action = r.action
+    height, width = canvas_size(action.clip(), action.resolution_tier)
+    for name, value, fixed in (("num_frames", r.num_frames, action.num_frames), ("width", r.width, width),
+                               ("height", r.height, height)):  # fmt: skip
+        if value is not None and value != fixed:
+            notes.append(f"action: {name} {value} ignored; the action run uses {fixed} (chunk size and canvas)")
+    shift = ACTION_FLOW_SHIFT if r.flow_shift is None else r.flow_shift
+    return Request.build(r, num_frames=action.num_frames, width=width, height=height, flow_shift=shift)
+
+
 def _check_sound(variant: Variant, num_frames: int) -> None:
     if not variant.has_sound:
         raise InputError("this checkpoint has no sound head (sound_gen in transformer/config.json); sound needs a "
@@ -150,7 +176,7 @@ def _size(variant: Variant, r: Request, is_image: bool, notes: list[str]) -> tup
         return 1280, 720
     width = 1280 if r.width is None else int(r.width)
     height = 720 if r.height is None else int(r.height)
-    if variant.is_edge and (width, height) not in EDGE_SIZES:
+    if variant.is_edge and (width, height) not in EDGE_SIZES and r.action is None:  # action canvases are trained
         listed = ", ".join(f"{w}x{h}" for w, h in EDGE_SIZES)
         notes.append(f"Edge was trained at 256p and 480p; {width}x{height} may look worse. Trained sizes: {listed}")
     return width, height

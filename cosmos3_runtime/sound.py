@@ -281,6 +281,8 @@ def load_sound_tokenizer(folder: Path, device: torch.device, dtype: torch.dtype)
 class SoundTrack:
     """Sound latents [sound_dim, T_s], all noisy, denoised on the video's timesteps by their own stepper."""
 
+    segment = "sound"  # the transformer argument its tokens go to
+
     def __init__(self, noise: torch.Tensor, schedule: Schedule):
         self.latents = noise
         self.stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)

@@ -33,16 +33,12 @@ def forward_calls(pipe, monkeypatch):
 def test_cfg_runs_each_branch_at_its_own_text_length(pipe, forward_calls):
     result = pipe.generate("a long and detailed prompt about a cat", negative_prompt="", num_frames=5, steps=3,
                            guidance_scale=4.0, **SMALL)  # fmt: skip
-    cond_ids, uncond_ids = pipe.token_ids("a long and detailed prompt about a cat", result.settings,
-                                          _options(result.settings))  # fmt: skip
+    _, cond_ids, uncond_ids = pipe.prepare("a long and detailed prompt about a cat",
+                                           cosmos3_runtime.Request(negative_prompt="", num_frames=5, **SMALL))  # fmt: skip
     assert len(cond_ids) != len(uncond_ids)
     lengths = [length for length, _ in forward_calls]
     # Two forwards per step, each with exactly its own prompt's tokens: nothing is padded.
     assert lengths == [len(cond_ids), len(uncond_ids)] * 3
-
-
-def _options(settings):
-    return cosmos3_runtime.prompts.PromptOptions(settings.num_frames, settings.height, settings.width, settings.fps)
 
 
 def test_guidance_one_runs_a_single_forward_per_step(pipe, forward_calls):

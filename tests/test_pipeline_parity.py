@@ -100,12 +100,10 @@ def test_token_ids_match_diffusers(checkpoint, ours, prompt, negative, frames, s
     pipe = ref.omni_pipeline(checkpoint)
     options = dict(num_frames=frames, height=480, width=832, fps=24.0, use_system_prompt=system)
     expected = pipe.tokenize_prompt(prompt, negative, **options)
-    settings = cosmos3_runtime.settings.resolve(
-        ours.variant, cosmos3_runtime.settings.Request(num_frames=frames, width=832, height=480,
-                                                       negative_prompt=negative, use_system_prompt=system),
-    )  # fmt: skip
-    prompt_options = cosmos3_runtime.prompts.PromptOptions(frames, 480, 832, 24.0, system, json_captions=False)
-    assert ours.token_ids(prompt, settings, prompt_options) == tuple(list(ids) for ids in expected)
+    request = cosmos3_runtime.Request(num_frames=frames, width=832, height=480, negative_prompt=negative,
+                                      use_system_prompt=system, json_captions=False)  # fmt: skip
+    _, cond, uncond = ours.prepare(prompt, request)
+    assert (cond, uncond) == tuple(list(ids) for ids in expected)
 
 
 def test_multi_step_flow_match_checkpoint_matches_diffusers(tiny_gated, tmp_path):

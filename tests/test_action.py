@@ -1,0 +1,118 @@
+"""Action generation against diffusers 0.42.1 (`Cosmos3OmniPipeline` with `CosmosActionCondition`), fp32 CPU.
+
+Policy, forward dynamics and inverse dynamics on tiny gated and Edge checkpoints with action heads:
+actions, final latents and the action prompt's token ids. Inputs whose aspect ratio needs padding
+and chunk sizes other than 16.
+"""
+
+import numpy as np
+import pytest
+import torch
+from conftest import require
+from PIL import Image
+
+import cosmos3_runtime
+from cosmos3_runtime import InputError
+from cosmos3_runtime.action import ActionRequest, action_prompt, canvas_size
+
+require("diffusers", minversion="0.42.1")
+import diffusers_reference as ref  # noqa: E402
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition  # noqa: E402
+
+TOL = 1e-4
+
+
+def picture(seed, height=200, width=280):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module", params=["gated", "edge"])
+def checkpoint(request, tiny_factory):
+    return tiny_factory(kind=request.param, action=True)
+
+
+@pytest.fixture(scope="module")
+def ours(checkpoint):
+    return cosmos3_runtime.load(checkpoint, dtype=torch.float32)
+
+
+CASES = {
+    "policy-droid": dict(mode="policy", chunk_size=8, domain="droid_lerobot", image=picture(1)),
+    "forward-agibot": dict(mode="forward_dynamics", chunk_size=4, domain="agibotworld", image=picture(3, 240, 180),
+                           actions=torch.randn(3, 29, generator=torch.Generator().manual_seed(2))),  # repeats the last
+    "inverse-pusht": dict(mode="inverse_dynamics", chunk_size=4, domain="pusht",
+                          video=[picture(10 + i, 176, 320) for i in range(5)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_action_generation_matches_diffusers(checkpoint, ours, case):
+    options = CASES[case]
+    request = ActionRequest(resolution_tier=256, view_point="ego_view", **options)
+    reference = ref.omni_pipeline(checkpoint)
+    condition = CosmosActionCondition(mode=options["mode"], chunk_size=options["chunk_size"],
+                                      domain_name=options["domain"], resolution_tier=256,
+                                      raw_actions=options.get("actions"), image=options.get("image"),
+                                      video=options.get("video"), view_point="ego_view")  # fmt: skip
+    with torch.no_grad():
+        expected = reference("Pick up the red cube", negative_prompt="blurry", action=condition, fps=15.0,
+                             num_inference_steps=3, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(4),
+                             output_type="latent")  # fmt: skip
+    got = ours.generate("Pick up the red cube", negative_prompt="blurry", action=request, fps=15.0, steps=3,
+                        guidance_scale=3.0, seed=4, schedule="checkpoint", output="latents")  # fmt: skip
+    assert got.settings.mode == options["mode"]
+    torch.testing.assert_close(got.latents, expected.video.float(), atol=TOL, rtol=0)
+    if options["mode"] == "forward_dynamics":
+        assert got.actions is None and expected.action is None
+    else:
+        assert got.actions.shape == (options["chunk_size"], request.width)
+        torch.testing.assert_close(got.actions, expected.action[0].float(), atol=TOL, rtol=0)
+
+
+def test_action_prompt_token_ids_match_diffusers(checkpoint, ours):
+    reference = ref.omni_pipeline(checkpoint)
+    request = ActionRequest(mode="policy", chunk_size=8, domain="droid_lerobot", resolution_tier=480,
+                            image=picture(1, 300, 400), view_point="wrist_view")  # fmt: skip
+    height, width = canvas_size(request.clip(), 480)
+    expected = reference.tokenize_prompt("Stack the cups", "low quality", num_frames=9, height=height, width=width,
+                                         fps=15.0, action_mode="policy", action_view_point="wrist_view")  # fmt: skip
+    _, cond, uncond = ours.prepare("Stack the cups", cosmos3_runtime.Request(action=request, fps=15.0,
+                                                                               negative_prompt="low quality"))
+    assert (cond, uncond) == tuple(list(ids) for ids in expected)
+
+
+def test_action_prompt_rules():
+    caption = action_prompt("  Déplace le cube ", "unknown_view", num_frames=33, fps=15.0, height=480, width=832)
+    assert caption == ('{"actions": [{"time": "0:00-0:02", "description": "D\\u00e9place le cube."}], '
+                       '"duration": "2s", "fps": 15.0, "resolution": {"H": 480, "W": 832}, "aspect_ratio": "16,9"}')
+    assert '"time": "0:00-0:02"' in action_prompt("Go!", "ego_view", 37, 15.0, 640, 640)  # 2.47 s: rounds to 2
+    assert '"0:00-0:04", "description": "Go!"' in action_prompt("Go!", "ego_view", 67, 15.0, 640, 640)  # 4.47 -> 4
+    assert '"0:00-0:02"' in action_prompt("x", "ego_view", 5, 2.0, 640, 640)  # 2.5 s: half to even
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(domain="mars_rover", image=picture(0)), "unknown action domain 'mars_rover'"),
+        (dict(domain="libero", image=picture(0)), "has no fixed action width"),
+        (dict(domain="no_action", image=picture(0)), "has no fixed action width"),
+        (dict(chunk_size=0, image=picture(0)), "chunk_size must be at least 1"),
+        (dict(mode="inverse_dynamics", image=picture(0)), "inverse_dynamics needs a video"),
+        (dict(image=picture(0), video=[picture(1)]), "either an image or a video"),
+        (dict(mode="forward_dynamics", image=picture(0), domain="pusht", actions=torch.zeros(4, 3)),
+         r"must be \[T, 2\]"),
+    ],
+)
+def test_bad_action_requests(fields, message):
+    with pytest.raises(InputError, match=message):
+        ActionRequest(**fields)
+
+
+def test_action_is_refused_where_it_cannot_run(tiny_gated, tiny_factory):
+    request = ActionRequest(image=picture(0), chunk_size=4, resolution_tier=256)
+    with pytest.raises(InputError, match="no action head"):
+        cosmos3_runtime.load(tiny_gated, dtype="fp32").generate("x", action=request, steps=1)
+    distilled = cosmos3_runtime.load(tiny_factory(kind="gated", distilled=True, action=True), dtype="fp32")
+    with pytest.raises(InputError, match="distilled checkpoints do not generate actions"):
+        distilled.generate("x", action=request, steps=1)

@@ -16,7 +16,7 @@ the model was trained on. `ActionTrack` is the action segment of the sampling lo
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -55,48 +55,110 @@ VIEW_POINTS = {
 ASPECT_RATIOS = ("1,1", "4,3", "3,4", "16,9", "9,16")
 
 
-@dataclass
+@dataclass(frozen=True)
+class Preset:
+    """A complete set of action sampling values; explicit values in the request always win."""
+
+    source: str
+    steps: int
+    guidance_scale: float
+    schedule: str  # "unipc" (with flow_shift) or "checkpoint" (the shipped scheduler)
+    flow_shift: float | None
+    chunk_size: int | None  # None: the caller's (16 when unset)
+    fps: float
+    resolution_tier: int
+    view_point: str
+    use_system_prompt: bool | None  # None: the checkpoint's default
+    joint_state: bool = False  # the DROID server's 8-D joint actions after a clean robot-state row
+
+
+PRESETS = {
+    "framework": Preset("the model authors' inference defaults", 30, 1.0, "unipc", 10.0, 16, 24.0, 256, "ego_view",
+                        False),
+    "droid-server": Preset("the model authors' DROID policy server", 4, 3.0, "unipc", 5.0, 32, 15.0, 480,
+                           "concat_view", False, joint_state=True),
+    "sglang": Preset("SGLang's action endpoint", 35, 1.0, "unipc", 10.0, 16, 5.0, 480, "ego_view", False),
+    "diffusers": Preset("diffusers' Cosmos3OmniPipeline signature", 35, 6.0, "checkpoint", None, None, 24.0, 480,
+                        "ego_view", None),
+}  # fmt: skip
+FRAMEWORK_FPS = {"av": 10.0, "camera_pose": 30.0, "droid_lerobot": 15.0}  # per embodiment, where the authors give one
+JOINT_WIDTH = 8  # DROID joint positions: 7 joints and the gripper
+DEFAULT_CHUNK = 16
+
+
+def default_preset(checkpoint_name: str) -> str:
+    """droid-server for Policy-DROID checkpoints (by folder or repo id), framework otherwise."""
+    return "droid-server" if "policy-droid" in checkpoint_name.lower() else "framework"
+
+
+@dataclass(frozen=True)
 class ActionRequest:
+    """What an action run does. None: the preset's value (`preset` None: the checkpoint's default preset)."""
+
     mode: str = "policy"
-    chunk_size: int = 16
+    chunk_size: int | None = None
     domain: str = "droid_lerobot"
-    resolution_tier: int = 480
+    resolution_tier: int | None = None
     actions: Any = None  # forward_dynamics: [T, width] (padded by repeating the last row, or truncated)
     image: Any = None  # the observation (policy, forward dynamics)
     video: Any = None  # inverse dynamics: the clip; otherwise its first frame is the observation
-    view_point: str = "ego_view"
+    view_point: str | None = None
     preset: str | None = None
+    state: Any = None  # droid-server: the current robot state [8] (7 joint positions and the gripper)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise InputError(f"action mode {self.mode!r} is not one of {', '.join(MODES)}")
-        if int(self.chunk_size) < 1:
+        if self.chunk_size is not None and int(self.chunk_size) < 1:
             raise InputError(f"chunk_size must be at least 1, got {self.chunk_size}")
         if self.domain not in DOMAIN_IDS:
             raise InputError(f"unknown action domain {self.domain!r}; domains: {', '.join(sorted(WIDTHS))}")
         if self.domain not in WIDTHS:
             raise InputError(f"domain {self.domain!r} has no fixed action width, so it cannot be generated; "
                              f"domains: {', '.join(sorted(WIDTHS))}")  # fmt: skip
-        if self.resolution_tier not in TIERS:
+        if self.resolution_tier is not None and self.resolution_tier not in TIERS:
             raise InputError(f"resolution_tier {self.resolution_tier} is not one of {', '.join(map(str, TIERS))}")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise InputError(f"unknown action preset {self.preset!r}; presets: {', '.join(PRESETS)}")
         if self.image is not None and self.video is not None:
             raise InputError("give the action request either an image or a video, not both")
         if self.image is None and self.video is None:
             raise InputError("an action request needs an observation: an image or a video")
         if self.mode == "inverse_dynamics" and self.video is None:
             raise InputError("inverse_dynamics needs a video: the actions between its frames are what it infers")
-        if self.mode == "forward_dynamics":
-            if self.actions is None:
+
+    def resolved(self, preset_name: str) -> "ActionRequest":
+        """The request with the preset's chunk, tier and view point filled in, fully checked."""
+        preset = PRESETS[self.preset or preset_name]
+        chunk = self.chunk_size if self.chunk_size is not None else (preset.chunk_size or DEFAULT_CHUNK)
+        done = replace(self, chunk_size=int(chunk), preset=self.preset or preset_name,
+                       resolution_tier=self.resolution_tier or preset.resolution_tier,
+                       view_point=self.view_point or preset.view_point)  # fmt: skip
+        if preset.joint_state:
+            if self.domain != "droid_lerobot":
+                raise InputError(f"the droid-server preset is for the droid_lerobot domain, not {self.domain!r}")
+            state = None if self.state is None else torch.as_tensor(self.state, dtype=torch.float32).reshape(-1)
+            if state is None or state.numel() != JOINT_WIDTH:
+                raise InputError("the droid-server preset needs the robot state: 7 joint positions and the gripper "
+                                 f"({JOINT_WIDTH} values)")  # fmt: skip
+            done = replace(done, state=state)
+        if done.mode == "forward_dynamics":
+            if done.actions is None:
                 raise InputError("forward_dynamics needs actions [T, width] to roll out")
-            actions = torch.as_tensor(self.actions, dtype=torch.float32)
-            if actions.ndim != 2 or actions.shape[0] < 1 or actions.shape[1] != self.width:
-                raise InputError(f"actions for domain {self.domain!r} must be [T, {self.width}] with T >= 1, got "
+            actions = torch.as_tensor(done.actions, dtype=torch.float32)
+            if actions.ndim != 2 or actions.shape[0] < 1 or actions.shape[1] != done.width:
+                raise InputError(f"actions for domain {done.domain!r} must be [T, {done.width}] with T >= 1, got "
                                  f"{list(actions.shape)}")  # fmt: skip
-            self.actions = actions
+            done = replace(done, actions=actions)
+        return done
+
+    @property
+    def settings(self) -> Preset:
+        return PRESETS[self.preset]
 
     @property
     def width(self) -> int:
-        return WIDTHS[self.domain]
+        return JOINT_WIDTH if self.preset and self.settings.joint_state else WIDTHS[self.domain]
 
     @property
     def num_frames(self) -> int:
@@ -174,26 +236,31 @@ class ActionTrack:
             raise InputError(f"domain {req.domain!r} has {req.width}-wide actions; this checkpoint's action head "
                              f"has {action_dim}")  # fmt: skip
         self.req, self.width = req, req.width
-        chunk = req.chunk_size
+        self.with_state = req.settings.joint_state  # a clean robot-state row first, at temporal position 0
+        chunk = req.chunk_size + self.with_state
         clean = torch.zeros(chunk, action_dim)
         self.clean_rows: list[int] = []
+        if self.with_state:
+            clean[0, : self.width] = req.state
+            self.clean_rows = [0]
         if req.mode == "forward_dynamics":
             actions = req.actions
             if actions.shape[0] < chunk:  # short: repeat the last action
                 actions = torch.cat([actions, actions[-1:].expand(chunk - actions.shape[0], -1)])
-            clean[:, : self.width] = actions[:chunk]
+            clean[self.with_state :, : self.width] = actions[: req.chunk_size]
             self.clean_rows = list(range(chunk))
         noise = torch.randn((chunk, action_dim), generator=generator, dtype=torch.float32)
         mask = torch.zeros(chunk, 1)
         mask[self.clean_rows] = 1.0
-        self.mask = mask.to(device)
+        self.mask, self.clean = mask.to(device), clean.to(device)
         self.latents = (mask * clean + (1.0 - mask) * noise).to(device)
         self.latents[:, self.width :] = 0
         self.noisy = [i for i in range(chunk) if i not in self.clean_rows]
         self.stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
 
     def tokens(self) -> ActionTokens:
-        return ActionTokens(self.latents, DOMAIN_IDS[self.req.domain], self.noisy)
+        start = 0 if self.with_state else 1  # the state row sits at the observation's time
+        return ActionTokens(self.latents, DOMAIN_IDS[self.req.domain], self.noisy, start_frame=start)
 
     def step(self, velocity: torch.Tensor, generator) -> None:
         if not self.noisy:  # every action clean: nothing to denoise
@@ -204,10 +271,16 @@ class ActionTrack:
             self.latents = self.stepper.step(velocity, self.latents, generator)
         else:
             self.latents = self.stepper.step(velocity, self.latents)
+        # Clean rows (the robot state) stay exactly clean, as conditioned video frames do.
+        self.latents = self.mask * self.clean + (1.0 - self.mask) * self.latents
         self.latents[:, self.width :] = 0
 
     def actions(self) -> torch.Tensor | None:
         """The predicted actions [chunk, width] (policy, inverse dynamics), float32 on the CPU; None otherwise."""
         if self.req.mode == "forward_dynamics":
             return None
-        return self.latents[:, : self.width].float().cpu()
+        actions = self.latents[:, : self.width].float().cpu()
+        if self.with_state:  # the server's contract: predicted rows only, gripper as 1 - g
+            actions = actions[1:].clone()
+            actions[:, -1] = 1.0 - actions[:, -1]
+        return actions

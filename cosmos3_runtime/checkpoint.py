@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .action import default_preset
 from .errors import CheckpointError
 from .schedulers import FLOW_MATCH_EULER
 from .transformer import EDGE_BACKBONE, TransformerConfig
@@ -47,6 +48,7 @@ class Variant:
     default_use_system_prompt: bool
     pipeline_class: str
     scheduler_class: str  # scheduler/scheduler_config.json _class_name (the 'checkpoint' schedule runs it)
+    default_action_preset: str = "framework"  # droid-server when the folder or repo id names Policy-DROID
 
     def describe(self) -> str:
         parts = ["Edge (dense relu2)" if self.is_edge else "gated (SwiGLU)"]
@@ -170,6 +172,7 @@ def _detect(root: Path) -> Variant:
         default_use_system_prompt=bool(system_prompt),
         pipeline_class=index["_class_name"],
         scheduler_class=str(scheduler.get("_class_name", "UniPCMultistepScheduler")),
+        default_action_preset=default_preset(str(root)),
     )
 
 

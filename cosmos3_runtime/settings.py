@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .checkpoint import Variant
 from .errors import InputError
-from .action import canvas_size, vision_condition_frames
+from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
 from .request import Request
 from .schedulers import FLOW_MATCH_EULER
 
@@ -136,24 +136,34 @@ def resolve(variant: Variant, request: Request) -> Settings:
     return settings
 
 
-ACTION_FLOW_SHIFT = 10.0  # the serving reference's action default (over Edge's 3)
-
-
 def _action_request(variant: Variant, r: Request, notes: list[str]) -> Request:
-    """The request an action run samples with: chunk + 1 frames on the action canvas, shift 10 unless given."""
+    """The request an action run samples with: its preset's values where the request leaves them unset,
+    chunk + 1 frames on the action canvas."""
     if not variant.has_action:
         raise InputError("this checkpoint has no action head (action_gen in transformer/config.json); action "
                          "generation needs one, such as Edge-Policy-DROID")  # fmt: skip
     if variant.is_distilled:
         raise InputError("distilled checkpoints do not generate actions; use a multi-step checkpoint")
-    action = r.action
+    action = r.action.resolved(variant.default_action_preset)
+    preset = action.settings
+    notes.append(f"action preset '{action.preset}' ({preset.source}); explicit values win")
     height, width = canvas_size(action.clip(), action.resolution_tier)
     for name, value, fixed in (("num_frames", r.num_frames, action.num_frames), ("width", r.width, width),
                                ("height", r.height, height)):  # fmt: skip
         if value is not None and value != fixed:
             notes.append(f"action: {name} {value} ignored; the action run uses {fixed} (chunk size and canvas)")
-    shift = ACTION_FLOW_SHIFT if r.flow_shift is None else r.flow_shift
-    return Request.build(r, num_frames=action.num_frames, width=width, height=height, flow_shift=shift)
+    fps = FRAMEWORK_FPS.get(action.domain, preset.fps) if action.preset == "framework" else preset.fps
+
+    def unset_or(name: str, default):
+        return default if getattr(r, name) is None else getattr(r, name)
+
+    return Request.build(
+        r, action=action, num_frames=action.num_frames, width=width, height=height, fps=unset_or("fps", fps),
+        steps=unset_or("steps", preset.steps), guidance_scale=unset_or("guidance_scale", preset.guidance_scale),
+        flow_shift=unset_or("flow_shift", preset.flow_shift), use_system_prompt=unset_or("use_system_prompt",
+        preset.use_system_prompt), schedule=preset.schedule if r.schedule == "auto" else r.schedule,
+        guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
+    )  # fmt: skip
 
 
 def _check_sound(variant: Variant, num_frames: int) -> None:

@@ -354,6 +354,7 @@ class ActionTokens:
     latents: torch.Tensor  # [T_a, action_dim]
     domain: int
     noisy_frames: list[int] | None = None  # default: all
+    start_frame: int = 1  # temporal position of the first action (0 when it is the current robot state)
 
 
 @dataclass
@@ -487,7 +488,8 @@ class Cosmos3Transformer(nn.Module):
             tokens[_frames(action.noisy_frames, tokens.shape[0])] += temb
             segments.append(tokens)
             positions.append(positions_of((tokens.shape[0], 1, 1), fps, temporal_factor=1,
-                                          base_temporal_factor=VAE_TEMPORAL_FACTOR, start_frame=1))  # fmt: skip
+                                          base_temporal_factor=VAE_TEMPORAL_FACTOR,
+                                          start_frame=action.start_frame))  # fmt: skip
 
         hidden = torch.cat(segments)
         cos, sin = self.rope(torch.cat(positions, dim=1))

@@ -49,7 +49,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_action_generation_matches_diffusers(checkpoint, ours, case):
     options = CASES[case]
-    request = ActionRequest(resolution_tier=256, view_point="ego_view", **options)
+    request = ActionRequest(resolution_tier=256, view_point="ego_view", preset="diffusers", **options)
     reference = ref.omni_pipeline(checkpoint)
     condition = CosmosActionCondition(mode=options["mode"], chunk_size=options["chunk_size"],
                                       domain_name=options["domain"], resolution_tier=256,
@@ -73,7 +73,7 @@ def test_action_generation_matches_diffusers(checkpoint, ours, case):
 def test_action_prompt_token_ids_match_diffusers(checkpoint, ours):
     reference = ref.omni_pipeline(checkpoint)
     request = ActionRequest(mode="policy", chunk_size=8, domain="droid_lerobot", resolution_tier=480,
-                            image=picture(1, 300, 400), view_point="wrist_view")  # fmt: skip
+                            image=picture(1, 300, 400), view_point="wrist_view", preset="diffusers")  # fmt: skip
     height, width = canvas_size(request.clip(), 480)
     expected = reference.tokenize_prompt("Stack the cups", "low quality", num_frames=9, height=height, width=width,
                                          fps=15.0, action_mode="policy", action_view_point="wrist_view")  # fmt: skip
@@ -102,11 +102,13 @@ def test_action_prompt_rules():
         (dict(image=picture(0), video=[picture(1)]), "either an image or a video"),
         (dict(mode="forward_dynamics", image=picture(0), domain="pusht", actions=torch.zeros(4, 3)),
          r"must be \[T, 2\]"),
+        (dict(image=picture(0), preset="droid-server"), "needs the robot state"),
+        (dict(image=picture(0), preset="fast"), "unknown action preset 'fast'"),
     ],
 )
 def test_bad_action_requests(fields, message):
     with pytest.raises(InputError, match=message):
-        ActionRequest(**fields)
+        ActionRequest(**fields).resolved("framework")
 
 
 def test_action_is_refused_where_it_cannot_run(tiny_gated, tiny_factory):
@@ -116,3 +118,68 @@ def test_action_is_refused_where_it_cannot_run(tiny_gated, tiny_factory):
     distilled = cosmos3_runtime.load(tiny_factory(kind="gated", distilled=True, action=True), dtype="fp32")
     with pytest.raises(InputError, match="distilled checkpoints do not generate actions"):
         distilled.generate("x", action=request, steps=1)
+
+
+PRESET_TABLE = [
+    # preset, expected settings (steps, guidance, shift, schedule, fps, system prompt, interval), chunk, tier
+    ("framework", (30, 1.0, 10.0, "unipc", 15.0, False, None), 16, 256),  # droid_lerobot: 15 fps
+    ("droid-server", (4, 3.0, 5.0, "unipc", 15.0, False, None), 32, 480),
+    ("sglang", (35, 1.0, 10.0, "unipc", 5.0, False, None), 16, 480),
+    ("diffusers", (35, 6.0, None, "checkpoint", 24.0, True, None), 16, 480),
+]
+
+
+@pytest.mark.parametrize("preset, expected, chunk, tier", PRESET_TABLE, ids=[p[0] for p in PRESET_TABLE])
+def test_action_presets(tiny_factory, preset, expected, chunk, tier):
+    from cosmos3_runtime.checkpoint import detect_variant
+    from cosmos3_runtime.settings import resolve
+
+    variant = detect_variant(tiny_factory(kind="edge", action=True))
+    action = ActionRequest(image=picture(0), preset=preset, state=[0.1] * 8)
+    s = resolve(variant, cosmos3_runtime.Request(action=action))
+    got = (s.steps, s.guidance_scale, s.flow_shift, s.schedule, s.fps, s.use_system_prompt, s.guidance_interval)
+    assert got == expected and s.num_frames == chunk + 1 and f"action preset '{preset}'" in s.notes[0]
+    assert (s.height, s.width) == canvas_size(action.clip(), tier)
+    explicit = resolve(variant, cosmos3_runtime.Request(action=action, steps=7, guidance_scale=2.0, fps=10.0))
+    assert (explicit.steps, explicit.guidance_scale, explicit.fps) == (7, 2.0, 10.0)  # explicit values win
+
+
+def test_the_default_preset_follows_the_checkpoint_name(tiny_factory, tmp_path):
+    import shutil
+
+    from cosmos3_runtime.checkpoint import detect_variant
+
+    root = tiny_factory(kind="edge", action=True)
+    assert detect_variant(root).default_action_preset == "framework"
+    droid = shutil.copytree(root, tmp_path / "models--nvidia--Cosmos3-Edge-Policy-DROID" / "snapshot")
+    assert detect_variant(droid).default_action_preset == "droid-server"
+
+
+def test_droid_server_layout(tiny_factory):
+    """A clean robot-state row at action position 0; the output drops it and inverts the gripper."""
+    pipe = cosmos3_runtime.load(tiny_factory(kind="edge", action=True), dtype="fp32")
+    state = torch.tensor([0.1, -0.2, 0.3, -0.4, 0.5, -0.6, 0.7, 0.25])
+    request = ActionRequest(image=picture(0), preset="droid-server", chunk_size=4, resolution_tier=256, state=state)
+    seen = []
+    original = type(pipe.transformer).forward
+
+    def forward(model, *args, action=None, **kwargs):
+        seen.append((action.start_frame, list(action.noisy_frames), action.latents.clone()))
+        return original(model, *args, action=action, **kwargs)
+
+    type(pipe.transformer).forward = forward
+    try:
+        result = pipe.generate("Pick up the cup", action=request, steps=2, output="latents")
+    finally:
+        type(pipe.transformer).forward = original
+    start, noisy, latents = seen[-1]
+    assert start == 0 and noisy == [1, 2, 3, 4] and torch.equal(latents[0, :8], state) and not latents[0, 8:].any()
+    assert result.actions.shape == (4, 8)
+    from cosmos3_runtime.action import ActionTrack
+    from cosmos3_runtime.schedulers import unipc_schedule
+
+    track = ActionTrack(request.resolved("droid-server"), 64, torch.Generator().manual_seed(0), "cpu",
+                        unipc_schedule(2, 5.0))  # fmt: skip
+    track.latents = torch.arange(5 * 64, dtype=torch.float32).reshape(5, 64) / 1000
+    out = track.actions()  # rows 1.. (the prediction), 8 wide, gripper as 1 - g
+    assert torch.equal(out[:, :7], track.latents[1:, :7]) and torch.equal(out[:, 7], 1 - track.latents[1:, 7])

@@ -5,12 +5,14 @@ import logging
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, resolve
+from .action import MODES, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
+from .checkpoint import Checkpoint, read_json, resolve
 from .errors import Cosmos3Error, InputError
-from .media import LATENT_TYPE, check_output, read_image, read_video, save, save_wav
+from .media import LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions, save_wav
 from .parallel import init_from_env
 from .pipeline import load
 from .request import Request, add_arguments, options_from_args
@@ -34,6 +36,14 @@ def cmd_generate(args) -> None:
         raise InputError("--sound-output needs --sound")
     if args.sound_output:
         check_output(args.sound_output, kinds=(".wav",))
+    if args.action_mode:  # the observation belongs to the action request
+        options["action"] = ActionRequest(
+            mode=args.action_mode, chunk_size=args.chunk_size, domain=args.domain, resolution_tier=args.resolution_tier,
+            actions=read_array(args.actions, "actions") if args.actions else None, image=options.pop("image"),
+            video=options.pop("video"), view_point=args.view_point, preset=args.preset,
+            state=read_array(args.state, "state") if args.state else None,
+            stats=read_json(Path(args.action_stats)) if args.action_stats else None,
+        )  # fmt: skip
     request = Request.build(**options, output="latents" if latents_only else "frames")
     parallel, device = None, args.device
     if args.sp > 1 or args.cfg_parallel:
@@ -68,6 +78,8 @@ def cmd_generate(args) -> None:
             paths = save(result.frames, args.output, s.fps, result.sound, result.sample_rate)
         if result.sound is not None and args.sound_output:
             paths.append(save_wav(result.sound, args.sound_output, result.sample_rate))
+        if result.actions is not None:
+            paths += save_actions(result.actions, Path(args.output), s.action, s.fps)
         for path in paths:
             print(f"wrote {path}")
 
@@ -140,6 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "out.safetensors for the latents")  # fmt: skip
     add_arguments(p)  # every generation option, from cosmos3_runtime.request.Request
     p.add_argument("--sound-output", help="with --sound: also write the sound track alone, as a .wav file")
+    a = p.add_argument_group("action generation (checkpoints with an action head; --image or --video is the "
+                             "observation)")  # fmt: skip
+    a.add_argument("--action-mode", choices=MODES, help="policy, forward_dynamics or inverse_dynamics")
+    a.add_argument("--domain", default="droid_lerobot", choices=sorted(WIDTHS), help="embodiment [default: droid_lerobot]")
+    a.add_argument("--chunk-size", type=int, help="actions per chunk; the video has one more frame (auto: the preset's)")
+    a.add_argument("--resolution-tier", type=int, choices=sorted(TIERS), help="action canvas tier (auto: the preset's)")
+    a.add_argument("--view-point", choices=sorted(VIEW_POINTS), help="camera of the observation (auto: the preset's)")
+    a.add_argument("--preset", choices=list(PRESETS), help="sampling values (auto: droid-server for Policy-DROID "
+                   "checkpoints, else framework)")  # fmt: skip
+    a.add_argument("--actions", help="forward_dynamics: the actions to roll out, .json ([[...], ...]) or .npy [T, width]")
+    a.add_argument("--state", help="droid-server: the robot state, 8 comma-separated values or a .json / .npy file")
+    a.add_argument("--action-stats", help="a JSON file of action statistics (q01/q99, mean/std or min/max): "
+                   "outputs in the dataset's units")  # fmt: skip
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (under torchrun) [default: 1]")
     p.add_argument("--cfg-parallel", action="store_true", help="run the two CFG branches on separate ranks")
     p.set_defaults(run=cmd_generate)

@@ -105,6 +105,7 @@ class ActionRequest:
     view_point: str | None = None
     preset: str | None = None
     state: Any = None  # droid-server: the current robot state [8] (7 joint positions and the gripper)
+    stats: dict | None = None  # the dataset's action statistics: outputs denormalized, input actions normalized
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -126,6 +127,8 @@ class ActionRequest:
             raise InputError("an action request needs an observation: an image or a video")
         if self.mode == "inverse_dynamics" and self.video is None:
             raise InputError("inverse_dynamics needs a video: the actions between its frames are what it infers")
+        if self.stats is not None:
+            normalization(self.stats)  # checked here, before anything runs
 
     def resolved(self, preset_name: str) -> "ActionRequest":
         """The request with the preset's chunk, tier and view point filled in, fully checked."""
@@ -149,6 +152,8 @@ class ActionRequest:
             if actions.ndim != 2 or actions.shape[0] < 1 or actions.shape[1] != done.width:
                 raise InputError(f"actions for domain {done.domain!r} must be [T, {done.width}] with T >= 1, got "
                                  f"{list(actions.shape)}")  # fmt: skip
+            if done.stats is not None:  # the model works in the normalized space
+                actions = normalize(actions, done.stats)
             done = replace(done, actions=actions)
         return done
 
@@ -169,6 +174,34 @@ class ActionRequest:
         if self.image is None:
             return self.video
         return [self.image] if type(self.image).__module__.startswith("PIL.") else self.image
+
+
+NORMALIZATIONS = {"quantile": ("q01", "q99"), "meanstd": ("mean", "std"), "minmax": ("min", "max")}
+
+
+def normalization(stats: dict) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """(method, low, high) of an action statistics dict: q01/q99 (quantile), mean/std, or min/max."""
+    for method, (low, high) in NORMALIZATIONS.items():
+        if low in stats and high in stats:
+            return method, torch.as_tensor(stats[low], dtype=torch.float32), torch.as_tensor(stats[high], dtype=torch.float32)
+    raise InputError("action stats need q01 and q99 (quantile), mean and std, or min and max, one value per "
+                     f"action dimension; got keys {sorted(stats)}")  # fmt: skip
+
+
+def denormalize(actions: torch.Tensor, stats: dict) -> torch.Tensor:
+    """Model-space actions (about [-1, 1]) -> the dataset's units."""
+    method, low, high = normalization(stats)
+    if method == "meanstd":
+        return actions * high + low
+    return (actions + 1) / 2 * (high - low) + low
+
+
+def normalize(actions: torch.Tensor, stats: dict) -> torch.Tensor:
+    """The dataset's units -> the model's space, clamped to [-1, 1] (the inverse of `denormalize`)."""
+    method, low, high = normalization(stats)
+    if method == "meanstd":
+        return ((actions - low) / high).clamp(-1, 1)
+    return (2 * (actions - low) / (high - low) - 1).clamp(-1, 1)
 
 
 def canvas_size(clip, tier: int) -> tuple[int, int]:
@@ -283,4 +316,4 @@ class ActionTrack:
         if self.with_state:  # the server's contract: predicted rows only, gripper as 1 - g
             actions = actions[1:].clone()
             actions[:, -1] = 1.0 - actions[:, -1]
-        return actions
+        return denormalize(actions, self.req.stats) if self.req.stats is not None else actions

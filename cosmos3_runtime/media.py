@@ -148,3 +148,35 @@ def save_wav(sound: torch.Tensor, path: str | Path, sample_rate: int) -> Path:
         f.setframerate(sample_rate)
         f.writeframes(pcm.tobytes())
     return path
+
+
+def read_array(value: str, what: str) -> torch.Tensor:
+    """Numbers from a .json file (nested lists, or {"actions": ...}), a .npy file, or comma-separated text."""
+    path = Path(value)
+    try:
+        if path.suffix.lower() == ".npy":
+            return torch.from_numpy(np.load(path, allow_pickle=False).astype(np.float32))
+        if path.suffix.lower() == ".json":
+            import json
+
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return torch.tensor(data[what] if isinstance(data, dict) else data, dtype=torch.float32)
+        return torch.tensor([float(v) for v in value.split(",")], dtype=torch.float32)
+    except FileNotFoundError:
+        raise InputError(f"{what} file {path} does not exist") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"cannot read {what} from {value!r}: {exc}") from None
+
+
+def save_actions(actions: torch.Tensor, video_path: Path, request, fps: float) -> list[Path]:
+    """The actions next to the video: <name>.actions.json (with what they are) and <name>.actions.npy."""
+    import json
+
+    stem = video_path.with_suffix("")
+    meta = {"mode": request.mode, "domain": request.domain, "preset": request.preset, "chunk_size": request.chunk_size,
+            "fps": fps, "units": "dataset" if request.stats is not None else "normalized",
+            "actions": actions.tolist()}  # fmt: skip
+    json_path, npy_path = Path(f"{stem}.actions.json"), Path(f"{stem}.actions.npy")
+    json_path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    np.save(npy_path, actions.numpy())
+    return [json_path, npy_path]

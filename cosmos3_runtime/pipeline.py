@@ -251,8 +251,8 @@ class Cosmos3Pipeline:
                                  "(the sound tokenizer loads with it)")  # fmt: skip
             sound_track = SoundTrack.for_clip(s.num_frames, s.fps, self.transformer.config.sound_dim,
                                               self.sound_tokenizer, generator, self.device, self.schedule_for(s))  # fmt: skip
-        if r.action is not None:
-            action_track = ActionTrack(r.action, self.transformer.config.action_dim, generator, self.device,
+        if s.action is not None:
+            action_track = ActionTrack(s.action, self.transformer.config.action_dim, generator, self.device,
                                        self.schedule_for(s))  # fmt: skip
         tracks = [t for t in (sound_track, action_track) if t is not None]
 
@@ -288,8 +288,8 @@ class Cosmos3Pipeline:
         s = resolve_settings(self.variant, r)
         prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
                                        r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
-        if r.action is not None:  # the structured action caption; the negative prompt as given
-            texts = (action_prompt(prompt, r.action.view_point, s.num_frames, s.fps, s.height, s.width),
+        if s.action is not None:  # the structured action caption; the negative prompt as given
+            texts = (action_prompt(prompt, s.action.view_point, s.num_frames, s.fps, s.height, s.width),
                      s.negative_prompt)  # fmt: skip
         else:
             texts = (positive_text(prompt, prompt_options), negative_text(s.negative_prompt, prompt_options))
@@ -312,8 +312,8 @@ class Cosmos3Pipeline:
         if self.vae is None:
             raise InputError("image and video conditioning need the VAE; load the pipeline with its VAE")
         needed = s.condition_frames[-1] * TEMPORAL_FACTOR + 1  # causal VAE: latent f only sees pixel frames <= 4f
-        if r.action is not None:  # the whole clip on its canvas, encoded, then cropped back to the content
-            pixels, _, (content_h, content_w) = canvas_frames(r.action.clip(), r.action.resolution_tier,
+        if s.action is not None:  # the whole clip on its canvas, encoded, then cropped back to the content
+            pixels, _, (content_h, content_w) = canvas_frames(s.action.clip(), s.action.resolution_tier,
                                                                s.num_frames, self.vae.dtype)  # fmt: skip
             encoded = self.vae.normalize(self.vae.encode(pixels.to(self.device))).float()
             encoded = encoded[..., : max(content_h // SPATIAL_FACTOR, 1), : max(content_w // SPATIAL_FACTOR, 1)]

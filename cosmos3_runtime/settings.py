@@ -13,6 +13,7 @@ Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from .checkpoint import Variant
 from .errors import InputError
@@ -48,6 +49,7 @@ class Settings:
     mode: str  # "t2i", "t2v", "i2v", "v2v"
     condition_frames: tuple[int, ...]  # conditioned latent frames
     notes: list[str] = field(default_factory=list)
+    action: Any = None  # the ActionRequest with its preset's values filled in (action runs)
 
     @property
     def latent_frames(self) -> int:
@@ -130,6 +132,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
         mode=mode,
         condition_frames=condition_frames,
         notes=notes,
+        action=r.action,
     )
     for note in notes:
         log.warning(note)

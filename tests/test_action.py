@@ -183,3 +183,24 @@ def test_droid_server_layout(tiny_factory):
     track.latents = torch.arange(5 * 64, dtype=torch.float32).reshape(5, 64) / 1000
     out = track.actions()  # rows 1.. (the prediction), 8 wide, gripper as 1 - g
     assert torch.equal(out[:, :7], track.latents[1:, :7]) and torch.equal(out[:, 7], 1 - track.latents[1:, 7])
+
+
+def test_action_statistics():
+    from cosmos3_runtime.action import denormalize, normalize
+
+    actions = torch.tensor([[-1.0, 0.0], [1.0, 0.5]])
+    quantile = {"q01": [0.0, 10.0], "q99": [2.0, 20.0]}
+    assert torch.equal(denormalize(actions, quantile), torch.tensor([[0.0, 15.0], [2.0, 17.5]]))
+    assert torch.equal(denormalize(actions, {"mean": [1.0, 1.0], "std": [2.0, 4.0]}), torch.tensor([[-1.0, 1.0], [3.0, 3.0]]))
+    assert torch.allclose(normalize(denormalize(actions, quantile), quantile), actions)
+    assert torch.equal(normalize(torch.tensor([[5.0, 100.0]]), quantile), torch.tensor([[1.0, 1.0]]))  # clamped
+    with pytest.raises(InputError, match="need q01 and q99"):
+        ActionRequest(image=picture(0), stats={"p5": [0]})
+
+
+def test_a_default_action_run_uses_the_checkpoint_preset(tiny_factory):
+    pipe = cosmos3_runtime.load(tiny_factory(kind="gated", action=True), dtype="fp32")
+    result = pipe.generate("Open the drawer", action=ActionRequest(image=picture(0), domain="fractal"), steps=1,
+                           output="latents")  # fmt: skip
+    assert "action preset 'framework'" in result.settings.notes[0]
+    assert result.actions.shape == (16, 10) and result.settings.num_frames == 17

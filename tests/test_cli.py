@@ -115,6 +115,10 @@ def test_every_generate_flag_has_help_and_shows_its_default(capsys):
         assert action.help, action.dest
 
 
+ACTION_FLAGS = ("action_mode", "domain", "chunk_size", "resolution_tier", "view_point", "preset", "actions", "state",
+                "action_stats")  # the ActionRequest's own fields, given to generate as one `action` option
+
+
 def test_request_is_the_only_definition_of_the_options():
     """The CLI flags, the sampler widgets and the worker pool all come from (or check against) Request."""
     import inspect
@@ -126,7 +130,7 @@ def test_request_is_the_only_definition_of_the_options():
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
     cli = {a.dest for a in generate._actions} - {"help", "checkpoint", "kind", "prompt", "output", "sound_output", "sp",
                                                   "cfg_parallel", "device", "dtype", "debug", "offload_text", "blocks_to_swap",
-                                                  "quantize"}  # fmt: skip
+                                                  "quantize", *ACTION_FLAGS}  # fmt: skip
     assert cli == {f.name for f in fields(Request) if f.metadata["cli"]}
     for method in (Cosmos3Pipeline.generate, WorkerPool.generate):
         assert not set(inspect.signature(method).parameters) & OPTION_NAMES  # options only through **options
@@ -164,3 +168,29 @@ def test_generate_with_sound_writes_an_audio_track_and_a_wav(tiny_factory, tmp_p
     assert main(["generate", "--checkpoint", str(nano), "--prompt", "x", "--sound-output", str(wav),
                  "--output", str(out)]) == 2  # fmt: skip
     assert "--sound-output needs --sound" in capsys.readouterr().err
+
+
+def test_generate_actions_writes_them_next_to_the_video(tiny_factory, tmp_path, capsys):
+    import json
+
+    checkpoint = tiny_factory(kind="edge", action=True)
+    image = tmp_path / "observation.png"
+    from PIL import Image
+
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (120, 160, 3), dtype=np.uint8)).save(image)
+    out = tmp_path / "policy.mp4"
+    assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "Pick up the cube", "--image", str(image),
+                 "--action-mode", "policy", "--chunk-size", "4", "--resolution-tier", "256", "--steps", "2",
+                 "--output", str(out)]) == 0  # fmt: skip
+    saved = json.loads((tmp_path / "policy.actions.json").read_text())
+    assert saved["preset"] == "framework" and saved["units"] == "normalized" and len(saved["actions"]) == 4
+    assert np.load(tmp_path / "policy.actions.npy").shape == (4, 10)
+    forward = tmp_path / "moves.json"
+    forward.write_text(json.dumps([[0.1] * 10, [0.2] * 10]))
+    assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "Push", "--image", str(image),
+                 "--action-mode", "forward_dynamics", "--actions", str(forward), "--chunk-size", "4",
+                 "--resolution-tier", "256", "--steps", "1", "--output", str(tmp_path / "rollout.mp4")]) == 0  # fmt: skip
+    assert not (tmp_path / "rollout.actions.json").exists()  # forward dynamics predicts no actions
+    assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "x", "--image", str(image),
+                 "--action-mode", "inverse_dynamics", "--output", str(out)]) == 2  # fmt: skip
+    assert "inverse_dynamics needs a video" in capsys.readouterr().err

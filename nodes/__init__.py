@@ -5,6 +5,7 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 """
 
 from . import services
+from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
 from .sampling import (Cosmos3ImageToVideo, Cosmos3LatentToVideo, Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode,
@@ -26,6 +27,11 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3DefaultNegativePrompt": Cosmos3DefaultNegativePrompt,
     "Cosmos3SoundDecode": Cosmos3SoundDecode,
     "Cosmos3LatentToVideo": Cosmos3LatentToVideo,
+    "Cosmos3Action": Cosmos3Action,
+    "Cosmos3RobotState": Cosmos3RobotState,
+    "Cosmos3LoadActions": Cosmos3LoadActions,
+    "Cosmos3SaveActions": Cosmos3SaveActions,
+    "Cosmos3ActionPlot": Cosmos3ActionPlot,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3ModelLoader": "Cosmos3 Model Loader",
@@ -40,4 +46,9 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3DefaultNegativePrompt": "Cosmos3 Default Negative Prompt",
     "Cosmos3SoundDecode": "Cosmos3 Sound Decode",
     "Cosmos3LatentToVideo": "Cosmos3 Latent to Video",
+    "Cosmos3Action": "Cosmos3 Action",
+    "Cosmos3RobotState": "Cosmos3 Robot State",
+    "Cosmos3LoadActions": "Cosmos3 Load Actions",
+    "Cosmos3SaveActions": "Cosmos3 Save Actions",
+    "Cosmos3ActionPlot": "Cosmos3 Action Plot",
 }

@@ -137,10 +137,12 @@ class Cosmos3LatentToVideo(ClipCondition):
 
 
 class Cosmos3Sampler:
-    DESCRIPTION = "Generates Cosmos3 latents: text-to-image (frames = 1), text-to-video, image- or video-to-video."
+    DESCRIPTION = ("Generates Cosmos3 latents: text-to-image (frames = 1), text-to-video, image- or video-to-video, "
+                   "and actions with an action input.")  # fmt: skip
     CATEGORY = "cosmos3"
-    RETURN_TYPES = ("LATENT",)
-    RETURN_NAMES = ("latent",)
+    RETURN_TYPES = ("LATENT", "COSMOS3_ACTIONS")
+    RETURN_NAMES = ("latent", "actions")
+    OUTPUT_TOOLTIPS = ("the video latents", "the predicted actions (policy, inverse dynamics), else None")
     FUNCTION = "sample"
 
     @classmethod
@@ -166,6 +168,8 @@ class Cosmos3Sampler:
             "optional": {
                 "schedule": ("COSMOS3_SCHEDULE", {"tooltip": "default: automatic"}),
                 "media": ("COSMOS3_MEDIA", {"tooltip": "an image (image-to-video) or clip (video-to-video)"}),
+                "action": ("COSMOS3_ACTION", {"tooltip": "an action run (Cosmos3 Action): sets size, frames and "
+                           "conditioning"}),  # fmt: skip
             },
         }
 
@@ -177,13 +181,13 @@ class Cosmos3Sampler:
                         widgets)  # fmt: skip
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
-               schedule=None, media=None):  # fmt: skip
+               schedule=None, media=None, action=None):  # fmt: skip
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
                        guidance_interval=guidance_interval, seed=seed, sound=sound)  # fmt: skip
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
         request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **(media or {}),
-                                output="latents")  # fmt: skip
+                                action=action, output="latents")  # fmt: skip
         progress = None
 
         def on_step(step, total, denoised):
@@ -205,7 +209,13 @@ class Cosmos3Sampler:
         if result.sound_latents is not None:
             latent["cosmos3"].update(sound_latents=result.sound_latents, sample_rate=result.sample_rate)
             report.append(f"sound: {result.sound_latents.shape[1]} latent frames at {result.sample_rate} Hz")
-        return {"ui": {"text": report}, "result": (latent,)}
+        actions = None
+        if result.actions is not None:
+            a = s.action
+            actions = {"actions": result.actions, "domain": a.domain, "mode": a.mode, "preset": a.preset, "fps": s.fps,
+                       "units": "dataset" if a.stats is not None else "normalized"}  # fmt: skip
+            report.append(f"actions: {result.actions.shape[0]} x {result.actions.shape[1]} ({a.domain}, {a.preset})")
+        return {"ui": {"text": report}, "result": (latent, actions)}
 
 
 # Sampler widget -> Request field; 0 means "automatic" (None) for the numeric ones.

@@ -45,6 +45,26 @@ def model_roots() -> list[str]:
     return roots
 
 
+def input_directory() -> str:
+    folder_paths = _comfy("folder_paths")
+    return folder_paths.get_input_directory() if folder_paths is not None else os.environ.get("COSMOS3_INPUT_DIR", "input")
+
+
+def output_path(prefix: str) -> tuple[str, str]:
+    """(folder, file name without extension) for a new output under ComfyUI's output folder; the prefix may name
+    subfolders but not leave the output folder."""
+    folder_paths = _comfy("folder_paths")
+    root = folder_paths.get_output_directory() if folder_paths is not None else os.environ.get("COSMOS3_OUTPUT_DIR",
+                                                                                               "output")  # fmt: skip
+    target = os.path.abspath(os.path.join(root, prefix))
+    if os.path.isabs(prefix) or os.path.commonpath([os.path.abspath(root), target]) != os.path.abspath(root):
+        raise ValueError(f"filename_prefix {prefix!r} leaves the output folder")
+    folder, stem = os.path.split(target)
+    os.makedirs(folder, exist_ok=True)
+    counter = 1 + sum(1 for f in os.listdir(folder) if f.startswith(f"{stem}_") and f.endswith(".json"))
+    return folder, f"{stem}_{counter:05d}_"
+
+
 def torch_device() -> torch.device:
     mm = _comfy("comfy.model_management")
     if mm is not None:

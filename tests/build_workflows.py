@@ -38,8 +38,9 @@ def is_link(value) -> bool:
 TOP_ROW = ("Model", "Input media", "Prompt")
 BOTTOM_ROW = ("Sample", "Output")
 MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt")
-MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo")
-OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage")
+MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action")
+OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
+                "Cosmos3ActionPlot")
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
@@ -68,12 +69,12 @@ def stages(prompt: dict) -> dict[str, str]:
         kind = node["class_type"]
         if kind in MODEL_NODES:
             result[node_id] = "Model"
-        elif node_id in media_side or kind in ("LoadImage", "LoadVideo", "GetVideoComponents"):
+        elif kind == "Cosmos3Sampler":  # (a sampler that makes a source clip too: the bottom row has room)
+            result[node_id] = "Sample"
+        elif node_id in media_side or kind in ("LoadImage", "LoadVideo", "GetVideoComponents", "Cosmos3RobotState"):
             result[node_id] = "Input media"
         elif kind in OUTPUT_NODES:
             result[node_id] = "Output"
-        elif kind == "Cosmos3Sampler":
-            result[node_id] = "Sample"
         else:
             result[node_id] = "Prompt"
     return result
@@ -84,7 +85,8 @@ def node_height(cls, inputs: int) -> int:
     multiline = sum(options.get("multiline", False) for _, options, _ in declared_inputs(cls).values())
     widgets = sum(is_widget(kind) for kind in kinds)
     slots = max(inputs, len(cls.RETURN_TYPES))
-    return 40 + 24 * slots + 28 * widgets + 70 * multiline
+    preview = 260 if any(options.get("image_upload") for _, options, _ in declared_inputs(cls).values()) else 0
+    return 40 + 24 * slots + 28 * widgets + 70 * multiline + preview  # (LoadImage shows the picture)
 
 
 def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
@@ -98,18 +100,22 @@ def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list
             members = [n for n in prompt if stage_of[n] == stage]
             if not members:
                 continue
-            # Nodes fill columns of at most COLUMN_HEIGHT; outputs read left to right, one per column.
-            left, top = x, y
+            # Nodes fill columns of at most COLUMN_HEIGHT; a short output chain reads left to right.
+            one_per_column = stage == "Output" and len(members) <= 3
+            left, columns = x, []  # the height filled in each column of this stage
             for node_id in members:
                 cls = registry[prompt[node_id]["class_type"]]
                 height = node_height(cls, input_counts[node_id])
                 height_with_report = TITLE_BAR + height + (REPORT_SPACE if prompt[node_id]["class_type"] in REPORTING else 0)
-                if top > y and (stage == "Output" or top + height_with_report - y > COLUMN_HEIGHT):
-                    x, top = x + NODE_WIDTH + GAP, y
-                placed[node_id] = ([x, top + TITLE_BAR], [NODE_WIDTH, height])
-                top += height_with_report + GAP
-                row_bottom = max(row_bottom, top - GAP)
-            x += NODE_WIDTH + GAP
+                fits = [c for c, used in enumerate(columns) if used + height_with_report <= COLUMN_HEIGHT]
+                if one_per_column or not fits:  # a new column
+                    columns.append(0)
+                column = len(columns) - 1 if one_per_column or not fits else fits[0]
+                top = y + columns[column]
+                placed[node_id] = ([left + column * (NODE_WIDTH + GAP), top + TITLE_BAR], [NODE_WIDTH, height])
+                columns[column] += height_with_report + GAP
+                row_bottom = max(row_bottom, top + height_with_report)
+            x = left + len(columns) * (NODE_WIDTH + GAP)
             groups.append({"title": stage, "bounding": [left - 16, y - GROUP_TITLE, x - GAP - left + 32,
                                                         row_bottom - y + GROUP_TITLE + 16],
                            "color": GROUP_COLORS[stage], "font_size": 22, "flags": {}})  # fmt: skip

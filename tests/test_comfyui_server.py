@@ -39,6 +39,7 @@ CHECKPOINTS = {  # model folder names the shipped workflows use
     "Cosmos3-Nano": dict(kind="gated", sound=True),
     "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True),
     "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
+    "nvidia/Cosmos3-Edge-Policy-DROID": dict(kind="edge", action=True),
 }
 
 
@@ -127,7 +128,8 @@ def test_every_api_workflow_runs_in_the_server(server, path):
     errors = [data.get("exception_message") for event, data in history["status"]["messages"] if event == "execution_error"]
     assert history["status"]["status_str"] == "success", errors
     reports = [text for output in history["outputs"].values() for text in output.get("text", [])]
-    assert any(line.startswith(("t2i", "t2v", "i2v", "v2v")) for line in reports), reports
+    modes = ("t2i", "t2v", "i2v", "v2v", "policy", "forward_dynamics", "inverse_dynamics")
+    assert any(line.startswith(modes) for line in reports), reports
 
 
 def test_queue_time_validation_rejects_a_bad_size(server):

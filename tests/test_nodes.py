@@ -327,3 +327,35 @@ def test_an_encoded_latent_conditions_the_sampler(nodes):
     (media,) = nodes.Cosmos3LatentToVideo().condition(small, "0,1", "first")
     with pytest.raises(nodes.sampling.InputError, match="condition frames \\[0, 1\\] need 2 latent frames"):
         sample(nodes, model, text(nodes), frames=13, media={**media, "condition_latents": small["samples"][:, :, :1]})
+
+
+def test_action_file_nodes(nodes, tmp_path, monkeypatch):
+    import numpy as np
+
+    inputs, outputs = tmp_path / "input", tmp_path / "output"
+    inputs.mkdir()
+    monkeypatch.setenv("COSMOS3_INPUT_DIR", str(inputs))
+    monkeypatch.setenv("COSMOS3_OUTPUT_DIR", str(outputs))
+    table = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    (inputs / "moves.json").write_text(json.dumps({"actions": table.tolist()}))
+    np.save(inputs / "moves.npy", table)
+    np.savetxt(inputs / "moves.csv", table, delimiter=",")
+    assert nodes.Cosmos3LoadActions.INPUT_TYPES()["required"]["file"][0] == ["moves.csv", "moves.json", "moves.npy"]
+    for name in ("moves.json", "moves.npy", "moves.csv"):
+        (loaded,) = nodes.Cosmos3LoadActions().load(name, "pusht")
+        assert torch.allclose(loaded["actions"], torch.from_numpy(table)) and loaded["domain"] == "pusht"
+    for escaping in ("../secret.json", "/etc/passwd"):
+        with pytest.raises(nodes.actions.InputError, match="is refused"):
+            nodes.Cosmos3LoadActions().load(escaping, "pusht")
+    result = nodes.Cosmos3SaveActions().save(loaded, "robot/run")
+    assert "saved run_00001_.json" in result["ui"]["text"][0]
+    saved = json.loads((outputs / "robot" / "run_00001_.json").read_text())
+    assert saved["domain"] == "pusht" and len(saved["actions"]) == 4
+    assert np.allclose(np.load(outputs / "robot" / "run_00001_.npy"), table)
+    with pytest.raises(ValueError, match="leaves the output folder"):
+        nodes.Cosmos3SaveActions().save(loaded, "../../outside")
+    (plot,) = nodes.Cosmos3ActionPlot().plot(loaded)
+    assert plot.shape == (1, 450, 800, 3) and plot.std() > 0
+    assert nodes.Cosmos3RobotState.VALIDATE_INPUTS("1, 2, 3").startswith("robot state needs 8 numbers")
+    (state,) = nodes.Cosmos3RobotState().build("0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 1")
+    assert state.shape == (8,)

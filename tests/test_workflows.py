@@ -24,6 +24,7 @@ from comfy_harness import (
 from conftest import ROOT
 
 API = sorted((ROOT / "workflows" / "api").glob("*.json"))
+ACTION = [p for p in API if "_droid_" in p.name]  # action workflows (Edge-Policy-DROID)
 UI = sorted((ROOT / "workflows").glob("*.json"))
 
 
@@ -60,10 +61,12 @@ def small(prompt: dict) -> dict:
             node["inputs"].update(width=64, height=48, frames=1 if frames == 1 else 13)
         if node["class_type"] == "Cosmos3Scheduler":
             node["inputs"]["steps"] = min(node["inputs"]["steps"], 3) or 3
+        if node["class_type"] == "Cosmos3Action":
+            node["inputs"].update(chunk_size=4, resolution_tier="256")
     return prompt
 
 
-@pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in API if p not in ACTION], ids=lambda p: p.stem)
 def test_api_workflow_runs_and_saves_frames(registry, path):
     prompt = small(load_json(path))
     results = execute(prompt, registry)
@@ -81,6 +84,25 @@ def test_api_workflow_runs_and_saves_frames(registry, path):
             assert video.audio["waveform"].shape == (1, 2, int(13 / expected_fps * video.audio["sample_rate"]))
     loader = next(n for n, node in prompt.items() if node["class_type"] == "Cosmos3ModelLoader")
     assert "multi-step" in results[loader][0][2] or "distilled" in results[loader][0][2]
+
+
+@pytest.mark.parametrize("path", ACTION, ids=lambda p: p.stem)
+def test_action_workflow_runs(registry, path, tmp_path, monkeypatch):
+    monkeypatch.setenv("COSMOS3_OUTPUT_DIR", str(tmp_path / "output"))
+    prompt = small(load_json(path))
+    results = execute(prompt, registry)
+    actions = [results[n][0][1] for n, node in prompt.items() if node["class_type"] == "Cosmos3Sampler"
+               and node["inputs"].get("action") and prompt[node["inputs"]["action"][0]]["inputs"]["mode"] != "forward_dynamics"]  # fmt: skip
+    for table in actions:  # droid-server preset (the checkpoint's name): 8-D joint actions, state row dropped
+        assert table["preset"] == "droid-server" and table["actions"].shape == (4, 8)
+    if "forward" in path.stem:
+        ((_, video),) = SaveVideo.saved
+        assert video.images.shape[0] == 5 and video.fps == 15.0  # chunk + 1 frames at the preset's fps
+    else:
+        saved = sorted(p.name for p in (tmp_path / "output" / "actions").iterdir())
+        assert any(n.endswith(".json") for n in saved) and any(n.endswith(".npy") for n in saved)
+        ((_, plot),) = [s for s in SaveImage.saved if s[0].endswith("_plot")]
+        assert plot.shape[-1] == 3 and plot.shape[1] > 100  # a drawn chart
 
 
 SOCKETLESS = ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
@@ -148,6 +170,11 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3DefaultNegativePrompt": [],
         "Cosmos3SoundDecode": ["trim"],
         "Cosmos3LatentToVideo": ["condition_frames", "keep"],
+        "Cosmos3Action": ["mode", "domain", "chunk_size", "resolution_tier", "view_point", "preset"],
+        "Cosmos3RobotState": ["values"],
+        "Cosmos3LoadActions": ["file", "domain"],
+        "Cosmos3SaveActions": ["filename_prefix"],
+        "Cosmos3ActionPlot": [],
     }  # fmt: skip
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
 

@@ -204,3 +204,28 @@ def test_a_default_action_run_uses_the_checkpoint_preset(tiny_factory):
                            output="latents")  # fmt: skip
     assert "action preset 'framework'" in result.settings.notes[0]
     assert result.actions.shape == (16, 10) and result.settings.num_frames == 17
+
+
+def test_sound_together_with_action_matches_diffusers(tiny_factory):
+    """Both heads: the sound track and the action track beside the video in one loop (noise: video, sound, action)."""
+    root = tiny_factory(kind="gated", action=True, sound=True)
+    options = dict(mode="policy", chunk_size=8, domain="droid_lerobot", image=picture(5))
+    reference = ref.omni_pipeline(root)
+    seen = {}
+    decode_sound = reference.decode_sound
+    reference.decode_sound = lambda latents: seen.setdefault("sound", latents.clone()) is not None and decode_sound(
+        latents
+    )
+    condition = CosmosActionCondition(mode="policy", chunk_size=8, domain_name="droid_lerobot", resolution_tier=256,
+                                      image=options["image"], view_point="ego_view")  # fmt: skip
+    with torch.no_grad():
+        expected = reference("Ring the bell", negative_prompt="", action=condition, fps=15.0, num_inference_steps=3,
+                             guidance_scale=3.0, enable_sound=True, generator=torch.Generator("cpu").manual_seed(6),
+                             output_type="latent")  # fmt: skip
+    ours = cosmos3_runtime.load(root, dtype=torch.float32)
+    got = ours.generate("Ring the bell", negative_prompt="", fps=15.0, steps=3, guidance_scale=3.0, seed=6,
+                        schedule="checkpoint", sound=True, output="latents",
+                        action=ActionRequest(resolution_tier=256, view_point="ego_view", preset="diffusers", **options))  # fmt: skip
+    torch.testing.assert_close(got.latents, expected.video.float(), atol=TOL, rtol=0)
+    torch.testing.assert_close(got.actions, expected.action[0].float(), atol=TOL, rtol=0)
+    torch.testing.assert_close(got.sound_latents, seen["sound"].float(), atol=TOL, rtol=0)

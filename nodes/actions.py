@@ -74,11 +74,7 @@ class Cosmos3RobotState:
 
     @classmethod
     def VALIDATE_INPUTS(cls, values):
-        try:
-            parse_state(values)
-        except InputError as exc:
-            return str(exc)
-        return True
+        return services.validation(lambda: parse_state(values), values)
 
     def build(self, values):
         return (parse_state(values),)

@@ -4,7 +4,7 @@ Size, frame count and fps are set once, on the sampler (0 = the checkpoint varia
 reach the prompt's metadata, the latent size and, through the decode node's fps output, the video.
 """
 
-from ..cosmos3_runtime import InputError
+from ..cosmos3_runtime import InputError  # noqa: F401 (raised by the runtime calls below; tests catch it here)
 from ..cosmos3_runtime.prompts import parse_caption
 from ..cosmos3_runtime.request import (KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
                                        parse_frame_indexes)  # fmt: skip
@@ -112,7 +112,7 @@ class ClipCondition:
 
     @classmethod
     def VALIDATE_INPUTS(cls, condition_frames):
-        return _problem(lambda: parse_frame_indexes(condition_frames), condition_frames)
+        return services.validation(lambda: parse_frame_indexes(condition_frames), condition_frames)
 
     def media(self, clip, condition_frames: str, keep: str):
         return ({self.SOURCE[3]: clip, "condition_frame_indexes": parse_frame_indexes(condition_frames),
@@ -177,7 +177,7 @@ class Cosmos3Sampler:
     def VALIDATE_INPUTS(cls, width, height, guidance_interval):
         """Checked when the prompt is queued, before any model loads (linked values arrive as None)."""
         widgets = {"width": width, "height": height, "guidance_interval": guidance_interval}
-        return _problem(lambda: Request.build(**sampler_options({k: v for k, v in widgets.items() if v is not None})),
+        return services.validation(lambda: Request.build(**sampler_options({k: v for k, v in widgets.items() if v is not None})),
                         widgets)  # fmt: skip
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
@@ -228,11 +228,3 @@ ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
 def sampler_options(widgets: dict) -> dict:
     return {SAMPLER_FIELDS[k]: (v or None) if k in ZERO_IS_AUTO else v for k, v in widgets.items()}
 
-
-def _problem(check, value) -> bool | str:
-    """VALIDATE_INPUTS result: True, or the error text that the front end shows on the node."""
-    try:
-        check()
-    except InputError as exc:
-        return f"{exc} (got {value!r})"
-    return True

@@ -45,6 +45,17 @@ def model_roots() -> list[str]:
     return roots
 
 
+def validation(check, value) -> bool | str:
+    """A VALIDATE_INPUTS result: True, or the error text that the front end shows on the node."""
+    from ..cosmos3_runtime import InputError
+
+    try:
+        check()
+    except InputError as exc:
+        return f"{exc} (got {value!r})"
+    return True
+
+
 def input_directory() -> str:
     folder_paths = _comfy("folder_paths")
     return folder_paths.get_input_directory() if folder_paths is not None else os.environ.get("COSMOS3_INPUT_DIR", "input")

@@ -127,11 +127,11 @@ except workers.WorkerError as exc:
     assert "died" in done.stdout and "invalid literal for int() with base 10: 'not a number'" in done.stdout
 
 
-def test_low_vram_options_reach_the_workers(tiny_gated, reference):
-    pool = WorkerPool(str(tiny_gated), ["cpu", "cpu"], sp=2, dtype="fp32", local_files_only=True,
-                      offload_text=True, blocks_to_swap=1)  # fmt: skip
-    try:
-        result = pool.generate("a cat", **REQUEST)
-    finally:
-        pool.close()
-    torch.testing.assert_close(result.latents, reference[1].latents, atol=1e-5, rtol=0)
+def test_low_vram_options_reach_the_workers(pack, monkeypatch):
+    """The loader hands its low-VRAM options to every worker's load() (the pool passes load options through)."""
+    seen = {}
+    monkeypatch.setattr(pack.loader, "WorkerPool", lambda source, devices, **options: seen.update(options) or "pool")
+    spec = pack.loader.ModelSpec("ckpt", "fp32", "default", gpus=2, offload_text=True, blocks_to_swap=3,
+                                 quantize="fp8")  # fmt: skip
+    assert pack.loader.worker_pool(spec, torch.device("cpu"), "fp32") == "pool"
+    assert (seen["offload_text"], seen["blocks_to_swap"], seen["quantize"]) == (True, 3, "fp8")

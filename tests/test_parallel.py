@@ -38,36 +38,45 @@ def run(checkpoint, out, processes=1, extra=()):
 
 
 @pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The one-process result of a checkpoint, run once and shared by the tests that compare with it."""
+    results = {}
+
+    def result_of(checkpoint):
+        if str(checkpoint) not in results:
+            results[str(checkpoint)] = run(checkpoint, tmp_path_factory.mktemp("single") / "single.safetensors")
+        return results[str(checkpoint)]
+
+    return result_of
+
+
+@pytest.fixture(scope="module")
 def four_kv_heads(tiny_factory):
     return tiny_factory(kind="gated", overrides={"num_attention_heads": 4, "num_key_value_heads": 4})
 
 
 @pytest.mark.parametrize("kind", ["gated", "edge"])
-def test_sequence_parallel_2_equals_one_process(tiny_factory, tmp_path, kind):
+def test_sequence_parallel_2_equals_one_process(tiny_factory, single, tmp_path, kind):
     checkpoint = tiny_factory(kind=kind)
-    single = run(checkpoint, tmp_path / "single.safetensors")
     parallel = run(checkpoint, tmp_path / "sp2.safetensors", 2, ["--sp", "2"])
-    assert single.abs().max() > 0.5
-    torch.testing.assert_close(parallel, single, atol=1e-5, rtol=0)
+    assert single(checkpoint).abs().max() > 0.5
+    torch.testing.assert_close(parallel, single(checkpoint), atol=1e-5, rtol=0)
 
 
-def test_sequence_parallel_4_equals_one_process(four_kv_heads, tmp_path):
-    single = run(four_kv_heads, tmp_path / "single.safetensors")
+def test_sequence_parallel_4_equals_one_process(four_kv_heads, single, tmp_path):
     parallel = run(four_kv_heads, tmp_path / "sp4.safetensors", 4, ["--sp", "4"])
-    torch.testing.assert_close(parallel, single, atol=1e-5, rtol=0)
+    torch.testing.assert_close(parallel, single(four_kv_heads), atol=1e-5, rtol=0)
 
 
-def test_cfg_parallel_equals_serial_cfg(tiny_factory, tmp_path):
+def test_cfg_parallel_equals_serial_cfg(tiny_factory, single, tmp_path):
     checkpoint = tiny_factory(kind="gated")
-    serial = run(checkpoint, tmp_path / "serial.safetensors")
     parallel = run(checkpoint, tmp_path / "cfg.safetensors", 2, ["--cfg-parallel"])
-    assert torch.equal(parallel, serial)  # same forwards, same combine formula and order
+    assert torch.equal(parallel, single(checkpoint))  # same forwards, same combine formula and order
 
 
-def test_cfg_parallel_with_sequence_parallel(four_kv_heads, tmp_path):
-    serial = run(four_kv_heads, tmp_path / "serial.safetensors")
+def test_cfg_parallel_with_sequence_parallel(four_kv_heads, single, tmp_path):
     parallel = run(four_kv_heads, tmp_path / "cfg-sp2.safetensors", 4, ["--cfg-parallel", "--sp", "2"])
-    torch.testing.assert_close(parallel, serial, atol=1e-5, rtol=0)
+    torch.testing.assert_close(parallel, single(four_kv_heads), atol=1e-5, rtol=0)
 
 
 # The checks below fail before any communication, so a stand-in group is enough.

@@ -127,7 +127,7 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
             quantize_fp8(model)
         text_offload = TextOffload(model, torch.device("cpu")) if option.get("offload_text") else None
         if option.get("blocks_to_swap"):
-            model.streamer = BlockSwap(model, option["blocks_to_swap"], torch.device(device))
+            model.streamer = BlockSwap(model, option["blocks_to_swap"])
         held = {id(p) for part in (text_offload, model.streamer) if part is not None for p in part.held()}
         for p in model.parameters():
             if id(p) not in held:

@@ -56,33 +56,40 @@ class TextOffload:
 class BlockSwap:
     """Streams the media-pathway weights of the first `count` layers from CPU memory, one layer ahead."""
 
-    def __init__(self, model: nn.Module, count: int, device: torch.device):
-        self.device = torch.device(device)
+    def __init__(self, model: nn.Module, count: int):
+        self.model = model
         self.swapped = list(range(min(count, len(model.layers))))
-        pin = self.device.type == "cuda"
         self.home: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}
         for i in self.swapped:
             pairs = []
             for p in _parameters(model, "media tower", i):
-                cpu = p.data.to("cpu")
-                p.data = cpu.pin_memory() if pin else cpu
+                p.data = p.data.to("cpu")
                 pairs.append((p, p.data))
             self.home[i] = pairs
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stream: torch.cuda.Stream | None = None  # made on first use on a GPU
         self.ready: dict[int, torch.cuda.Event | None] = {}  # layers copied (or being copied) to the device
         self.most_resident = 0  # the largest number of swapped layers on the device at once (for tests)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the rest of the model runs (it follows the model when it moves)."""
+        return self.model.device
 
     def _fetch(self, i: int) -> None:
         if i in self.ready:
             return
-        if self.stream is None:
+        device = self.device
+        if device.type != "cuda":
             for p, cpu in self.home[i]:
-                p.data = cpu.to(self.device)
+                p.data = cpu.to(device)
             self.ready[i] = None
-        else:
+        else:  # pinned CPU copies, copied on a side stream while the current layer computes
+            if self.stream is None or self.stream.device != device:
+                self.stream = torch.cuda.Stream(device)
+            self.home[i] = [(p, cpu if cpu.is_pinned() else cpu.pin_memory()) for p, cpu in self.home[i]]
             with torch.cuda.stream(self.stream):
                 for p, cpu in self.home[i]:
-                    p.data = cpu.to(self.device, non_blocking=True)
+                    p.data = cpu.to(device, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self.stream)
             self.ready[i] = event

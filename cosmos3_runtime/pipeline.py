@@ -160,8 +160,6 @@ class Cosmos3Pipeline:
             if part is not None:
                 part.to(device)
         self.device = device
-        if self.block_swap is not None:
-            self.block_swap.device = device
         self._text_cache.clear()
         return self
 
@@ -171,7 +169,7 @@ class Cosmos3Pipeline:
         if offload_text:
             self.text_offload = TextOffload(self.transformer, torch.device(home))
         if blocks_to_swap:
-            self.block_swap = BlockSwap(self.transformer, blocks_to_swap, self.device)
+            self.block_swap = BlockSwap(self.transformer, blocks_to_swap)
             self.transformer.streamer = self.block_swap
 
     def text_kv(self, ids: list[int]) -> TextKV:

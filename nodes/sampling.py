@@ -4,7 +4,6 @@ Size, frame count and fps are set once, on the sampler (0 = the checkpoint varia
 reach the prompt's metadata, the latent size and, through the decode node's fps output, the video.
 """
 
-from ..cosmos3_runtime import InputError  # noqa: F401 (raised by the runtime calls below; tests catch it here)
 from ..cosmos3_runtime.prompts import parse_caption
 from ..cosmos3_runtime.request import (KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
                                        parse_frame_indexes)  # fmt: skip

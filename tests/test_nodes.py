@@ -86,7 +86,7 @@ def test_repo_id_field_reads_the_local_hugging_face_cache(nodes, tiny_edge, monk
 
 def test_sizes_not_multiple_of_16(nodes):
     model, _, _ = load(nodes)
-    with pytest.raises(nodes.sampling.InputError, match="multiple of 16"):
+    with pytest.raises(nodes.vae.InputError, match="multiple of 16"):
         nodes.Cosmos3Sampler().sample(model, text(nodes), 100, 48, 5, 0.0, 0.0, "auto", 0)
 
 
@@ -202,7 +202,7 @@ def test_image_and_video_conditioning_nodes(nodes):
     assert media["condition_frame_indexes"] == (0, 1)
     latent, messages = sample(nodes, model, text(nodes), frames=9, media=media)
     assert messages[0].startswith("v2v")
-    with pytest.raises(nodes.sampling.InputError, match="latent frame numbers"):
+    with pytest.raises(nodes.vae.InputError, match="latent frame numbers"):
         nodes.Cosmos3VideoToVideo().condition(torch.rand(6, 48, 64, 3), "first two", "first")
 
 
@@ -214,7 +214,7 @@ def test_scheduler_node_and_guidance_interval_parsing(nodes):
     parse = sys.modules[nodes.sampling.Request.__module__].parse_guidance_interval  # the pack's copy of the runtime
     assert parse("auto") == "auto" and parse("off") is None and parse("400, 1000") == (400.0, 1000.0)
     assert parse("960-1001") == (960.0, 1001.0)
-    with pytest.raises(nodes.sampling.InputError, match="'auto', 'off' or 'LOW,HIGH'"):
+    with pytest.raises(nodes.vae.InputError, match="'auto', 'off' or 'LOW,HIGH'"):
         parse("sometimes")
 
 
@@ -282,7 +282,7 @@ def test_sound_through_the_sampler_and_sound_decode(nodes):
     with pytest.raises(nodes.vae.InputError, match="carries no sound: turn on 'sound'"):
         nodes.Cosmos3SoundDecode().decode(vae, silent, True)
     edge, _, _ = load(nodes, "Cosmos3-Edge")
-    with pytest.raises(nodes.sampling.InputError, match="no sound head"):
+    with pytest.raises(nodes.vae.InputError, match="no sound head"):
         sample(nodes, edge, text(nodes), frames=9, sound=True)
 
 
@@ -325,7 +325,7 @@ def test_an_encoded_latent_conditions_the_sampler(nodes):
     torch.testing.assert_close(from_latents["samples"], from_pixels["samples"], atol=1e-5, rtol=0)
     small, _ = sample(nodes, model, text(nodes), frames=5)
     (media,) = nodes.Cosmos3LatentToVideo().condition(small, "0,1", "first")
-    with pytest.raises(nodes.sampling.InputError, match="condition frames \\[0, 1\\] need 2 latent frames"):
+    with pytest.raises(nodes.vae.InputError, match="condition frames \\[0, 1\\] need 2 latent frames"):
         sample(nodes, model, text(nodes), frames=13, media={**media, "condition_latents": small["samples"][:, :, :1]})
 
 

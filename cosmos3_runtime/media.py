@@ -1,5 +1,6 @@
 """Writing generated frames to files (the CLI's outputs; ComfyUI saves through its own nodes)."""
 
+import io
 import os
 from fractions import Fraction
 from pathlib import Path
@@ -45,32 +46,55 @@ def save(frames: torch.Tensor, path: str | Path, fps: float, sound=None, sample_
     return [save_video(frames, path, fps, sound, sample_rate)]
 
 
-def read_image(path: str | Path):
-    """A conditioning image from a file, fully decoded (so a broken file fails here, not mid-run)."""
+def _source(source: "str | Path | bytes"):
+    """What PIL and PyAV open, and how errors name it: a file path, or bytes received in memory."""
+    if isinstance(source, bytes):
+        return io.BytesIO(source), "the uploaded data"
+    if not Path(source).is_file():
+        return None, str(source)
+    return str(source), str(source)
+
+
+def read_image(source: "str | Path | bytes", max_pixels: int | None = None):
+    """A conditioning image from a file or from bytes, fully decoded (a broken file fails here, not mid-run).
+
+    `max_pixels` is checked from the header, before the pixels are decoded."""
     from PIL import Image, UnidentifiedImageError
 
+    opened, name = _source(source)
+    if opened is None:
+        raise InputError(f"image file {name} does not exist")
     try:
-        with Image.open(path) as image:
+        with Image.open(opened) as image:
+            if max_pixels is not None and image.width * image.height > max_pixels:
+                raise InputError(f"image {name} is {image.width}x{image.height}, over the limit of {max_pixels} pixels")
             return image.convert("RGB")
-    except FileNotFoundError:
-        raise InputError(f"image file {path} does not exist") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise InputError(f"cannot read image {path}: {exc}") from None
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as exc:
+        raise InputError(f"cannot read image {name}: {exc}") from None
 
 
-def read_video(path: str | Path) -> list:
-    """The frames of a video file as PIL images."""
+def read_video(source: "str | Path | bytes", max_frames: int | None = None, max_pixels: int | None = None) -> list:
+    """The frames of a video (a file or bytes) as PIL images: the first `max_frames` if given; `max_pixels` bounds
+    each frame."""
     import av
 
-    if not Path(path).is_file():
-        raise InputError(f"video file {path} does not exist")
+    opened, name = _source(source)
+    if opened is None:
+        raise InputError(f"video file {name} does not exist")
+    frames = []
     try:
-        with av.open(str(path)) as container:
-            frames = [frame.to_image() for frame in container.decode(video=0)]
+        with av.open(opened) as container:
+            for frame in container.decode(video=0):
+                if max_pixels is not None and frame.width * frame.height > max_pixels:
+                    raise InputError(f"video {name} is {frame.width}x{frame.height}, over the limit of {max_pixels} "
+                                     "pixels per frame")  # fmt: skip
+                frames.append(frame.to_image())
+                if max_frames is not None and len(frames) >= max_frames:
+                    break
     except (av.error.FFmpegError, IndexError, ValueError) as exc:
-        raise InputError(f"cannot read video {path}: {exc}") from None
+        raise InputError(f"cannot read video {name}: {exc}") from None
     if not frames:
-        raise InputError(f"video {path} has no frames")
+        raise InputError(f"video {name} has no frames")
     return frames
 
 

@@ -4,7 +4,8 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 `services`, which imports them lazily and falls back when they are absent.
 """
 
-from . import services
+from . import action_api, services
+from .action_api import Cosmos3APIObservation, Cosmos3APIResult
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
@@ -13,6 +14,7 @@ from .sampling import (Cosmos3ImageToVideo, Cosmos3LatentToVideo, Cosmos3Sampler
 from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 
 services.register_model_folder()
+action_api.register_routes()
 
 NODE_CLASS_MAPPINGS = {
     "Cosmos3ModelLoader": Cosmos3ModelLoader,
@@ -32,6 +34,8 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3LoadActions": Cosmos3LoadActions,
     "Cosmos3SaveActions": Cosmos3SaveActions,
     "Cosmos3ActionPlot": Cosmos3ActionPlot,
+    "Cosmos3APIObservation": Cosmos3APIObservation,
+    "Cosmos3APIResult": Cosmos3APIResult,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3ModelLoader": "Cosmos3 Model Loader",
@@ -51,4 +55,6 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3LoadActions": "Cosmos3 Load Actions",
     "Cosmos3SaveActions": "Cosmos3 Save Actions",
     "Cosmos3ActionPlot": "Cosmos3 Action Plot",
+    "Cosmos3APIObservation": "Cosmos3 API Observation",
+    "Cosmos3APIResult": "Cosmos3 API Result",
 }

@@ -221,3 +221,64 @@ def latent_rgb(latents: torch.Tensor, factors: torch.Tensor, bias: torch.Tensor)
     rgb = torch.einsum("chw,cr->hwr", frame, factors) + bias
     pixels = ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
     return Image.fromarray(pixels)
+
+
+def prompt_server():
+    """ComfyUI's running server, or None outside it."""
+    server = _comfy("server")
+    return getattr(getattr(server, "PromptServer", None), "instance", None)
+
+
+async def queue_prompt(prompt: dict) -> tuple[str | None, dict]:
+    """Queue an API prompt the way POST /prompt does: (its id, {}), or (None, ComfyUI's validation errors)."""
+    import inspect
+    import time
+    import uuid
+
+    import execution
+
+    server, prompt_id = prompt_server(), str(uuid.uuid4())
+    valid = execution.validate_prompt(prompt_id, prompt, None)
+    valid = await valid if inspect.isawaitable(valid) else valid
+    if not valid[0]:
+        return None, {"error": valid[1], "node_errors": valid[3]}
+    number, server.number = server.number, server.number + 1
+    item = (number, prompt_id, prompt, {"create_time": int(time.time() * 1000)}, valid[2])
+    server.prompt_queue.put(item + ({},) if hasattr(execution, "SENSITIVE_EXTRA_DATA_KEYS") else item)
+    return prompt_id, {}
+
+
+async def finished(prompt_id: str, poll: float = 0.05) -> dict:
+    """The history record of a queued prompt once it has run (success, error or interrupted)."""
+    import asyncio
+
+    queue = prompt_server().prompt_queue
+    while prompt_id not in (history := queue.get_history(prompt_id=prompt_id)):
+        await asyncio.sleep(poll)
+    return history[prompt_id]
+
+
+def unqueue(prompt_id: str) -> None:
+    """Take a prompt off the queue if it has not started."""
+    prompt_server().prompt_queue.delete_queue_item(lambda item: item[1] == prompt_id)
+
+
+def refusal_text(refusal: dict) -> str:
+    """ComfyUI's validation errors in one line."""
+    details = [f"{e.get('message')}: {e.get('details')}" for node in refusal.get("node_errors", {}).values()
+               for e in node.get("errors", [])]  # fmt: skip
+    error = refusal.get("error") or {}
+    return "; ".join(details) or f"{error.get('message')}: {error.get('details')}"
+
+
+def failure(record: dict) -> tuple[int, str]:
+    """(HTTP status, message) of a prompt that did not succeed: 400 for what the request asked (the runtime's
+    input and checkpoint errors), 503 when it was cancelled, else 500."""
+    for event, data in record["status"].get("messages", []):
+        if event == "execution_error":
+            kind = str(data.get("exception_type", ""))
+            status = 400 if kind.endswith(("InputError", "CheckpointError")) else 500
+            return status, f"{data.get('node_type')}: {data.get('exception_message', '').strip()}"
+        if event == "execution_interrupted":
+            return 503, "the run was cancelled on the server"
+    return 500, "the run ended without actions"

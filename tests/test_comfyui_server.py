@@ -12,6 +12,8 @@ the front end's own graphToPrompt turns it into exactly its API twin; a workflow
 checkpoint shows the download notice. Screenshots go to COSMOS3_SCREENSHOTS if set.
 """
 
+import base64
+import io
 import json
 import os
 import shutil
@@ -21,10 +23,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from conftest import ROOT
@@ -43,15 +47,19 @@ CHECKPOINTS = {  # model folder names the shipped workflows use
 }
 
 
+UPLOAD_LIMIT_MB = 1  # the action endpoint's upload limit in this server (default 64)
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _call(url: str, body: dict | None = None, timeout: float = 30):
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
+def _call(url: str, body: dict | None = None, timeout: float = 30, data: bytes | None = None, content_type=None):
+    if body is not None:
+        data, content_type = json.dumps(body).encode(), "application/json"
+    request = urllib.request.Request(url, data, {"Content-Type": content_type} if content_type else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"null")
@@ -74,7 +82,8 @@ def server(tmp_path_factory, tiny_factory):
     log = open(base / "server.log", "w")
     process = subprocess.Popen([python, "main.py", "--cpu", "--disable-api-nodes", "--listen", "127.0.0.1",
                                 "--port", str(port), "--base-directory", str(base)],
-                               cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                               cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "COSMOS3_API_MAX_UPLOAD_MB": str(UPLOAD_LIMIT_MB)})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -191,3 +200,104 @@ def test_free_unloads_and_the_next_run_reloads_with_the_same_output(server):
             assert _call(f"{url}/free", {"unload_models": True, "free_memory": True})[0] == 200
             time.sleep(2)  # the prompt worker acts on the flags between prompts
     assert np.array_equal(images[0], images[1])
+
+
+# --- the action endpoint (SGLang's /v1/actions/generations) -------------------------------------------------------
+
+ACTIONS = "/cosmos3/v1/actions/generations"
+DROID = "nvidia/Cosmos3-Edge-Policy-DROID"
+FAST = {"action_horizon": 4, "num_inference_steps": 2, "height": 256}  # tier 256: a toy canvas on CPU
+
+
+def _png(height=96, width=128) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _multipart(fields: dict, files: dict) -> tuple[bytes, str]:
+    """A multipart/form-data body: text fields, and files as {field: (client file name, bytes)}."""
+    boundary = uuid.uuid4().hex
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()]
+    for name, (filename, data) in files.items():
+        head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+                "Content-Type: application/octet-stream\r\n\r\n")  # fmt: skip
+        parts.append(head.encode() + data + b"\r\n")
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def _alive(url: str) -> None:
+    assert _call(f"{url}/system_stats")[0] == 200
+
+
+def test_the_action_endpoint_answers_a_json_request_like_sglang(server):
+    url, _ = server
+    image = {"b64_json": base64.b64encode(_png()).decode()}
+    body = {"model": DROID, "request_id": "step-1", "input": {"task": "Pick up the red cube", "observation": {
+        "images": {"exterior_image_1_left": image}, "domain_name": "droid_lerobot"}}, "parameters": FAST}  # fmt: skip
+    status, answer = _call(f"{url}{ACTIONS}", body, timeout=300)
+    assert status == 200, answer
+    (item,) = answer["data"]
+    assert answer["id"] == "step-1" and answer["object"] == "action.generation" and answer["model"] == DROID
+    assert item["action"]["shape"] == [4, 10] and np.asarray(item["action"]["values"]).shape == (4, 10)
+    assert answer["usage"]["denoise_steps"] == 2 and answer["cosmos3"]["preset"] == "sglang"
+    history = _call(f"{url}/history/{answer['cosmos3']['prompt_id']}")[1]
+    assert history[answer["cosmos3"]["prompt_id"]]["status"]["status_str"] == "success"  # it ran through the queue
+    again = _call(f"{url}/api{ACTIONS}", body, timeout=300)  # ComfyUI mirrors routes under /api; same seed, same actions
+    assert again[0] == 200 and again[1]["data"][0]["action"]["values"] == item["action"]["values"]
+    _alive(url)
+
+
+def test_the_action_endpoint_takes_uploads_and_never_uses_their_names(server, tmp_path):
+    url, base = server
+    fields = {"task": "Pick up the red cube", "domain_name": "droid_lerobot", "model": DROID, **FAST}
+    data, kind = _multipart(fields, {"image": ("../../escaped.png", _png())})
+    status, answer = _call(f"{url}{ACTIONS}", data=data, content_type=kind, timeout=300)
+    assert status == 200 and answer["data"][0]["action"]["shape"] == [4, 10], answer
+    assert not list(base.parent.rglob("escaped.png")) and not list(base.rglob("*.png.*"))
+
+    from cosmos3_runtime.media import save_video
+
+    clip = save_video(torch.rand(9, 96, 128, 3), tmp_path / "clip.mp4", fps=15).read_bytes()
+    fields.update(action_mode="inverse_dynamics")
+    data, kind = _multipart(fields, {"video": ("/etc/clip.mp4", clip)})
+    status, answer = _call(f"{url}{ACTIONS}", data=data, content_type=kind, timeout=300)
+    assert status == 200 and answer["data"][0]["action"]["action_mode"] == "inverse_dynamics", answer
+    _alive(url)
+
+
+REFUSALS = [  # (body bytes, content type, status, field named)
+    (b'{"input": {"task": "go", ', "application/json", 400, "body"),
+    (json.dumps({"model": DROID, "input": {"task": "go", "observation": {"image": {"b64_json": ""}}}}).encode(),
+     "application/json", 400, "input.observation.domain_name"),
+    (json.dumps({"model": "../../secrets", "input": {"task": "go", "observation": {"domain_name": "pusht"}}}).encode(),
+     "application/json", 400, "model"),
+    (b"task=go", "text/plain", 415, "Content-Type"),
+]
+
+
+@pytest.mark.parametrize("data, kind, status, where", REFUSALS, ids=[r[3] for r in REFUSALS])
+def test_the_action_endpoint_refuses_bad_requests_and_stays_up(server, data, kind, status, where):
+    url, _ = server
+    got, answer = _call(f"{url}{ACTIONS}", data=data, content_type=kind)
+    assert got == status and answer["error"]["param"] == where and where in answer["detail"], answer
+    _alive(url)
+
+
+def test_the_action_endpoint_refuses_an_oversized_upload(server):
+    url, _ = server
+    data, kind = _multipart({"domain_name": "droid_lerobot"}, {"image": ("big.png", os.urandom(UPLOAD_LIMIT_MB * 2**20 + 1))})
+    status, answer = _call(f"{url}{ACTIONS}", data=data, content_type=kind)
+    assert status == 413 and "upload limit" in answer["detail"], answer
+    _alive(url)
+
+
+def test_the_action_endpoint_reports_what_the_run_refused(server):
+    """A checkpoint without an action head: the runtime's error comes back as a 400, and the next run works."""
+    url, _ = server
+    body = {"model": "Cosmos3-Edge", "input": {"task": "go", "observation": {
+        "image": {"b64_json": base64.b64encode(_png()).decode()}, "domain_name": "droid_lerobot"}}, "parameters": FAST}  # fmt: skip
+    status, answer = _call(f"{url}{ACTIONS}", body, timeout=300)
+    assert status == 400 and "action head" in answer["detail"], answer
+    assert _call(f"{url}{ACTIONS.replace('generations', 'metadata')}")[1]["object"] == "action.metadata"
+    _alive(url)

@@ -175,6 +175,8 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3LoadActions": ["file", "domain"],
         "Cosmos3SaveActions": ["filename_prefix"],
         "Cosmos3ActionPlot": [],
+        "Cosmos3APIObservation": ["key"],
+        "Cosmos3APIResult": ["key"],
     }  # fmt: skip
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
 

@@ -1,0 +1,636 @@
+"""The action endpoint: SGLang's action API on ComfyUI's server, for robot clients that already speak it.
+
+`POST /cosmos3/v1/actions/generations` takes the request SGLang's `/v1/actions/generations` takes (JSON, or
+multipart/form-data with the observation uploaded as a file) and answers with its `action.generation`
+envelope. `GET /cosmos3/v1/actions/metadata` describes what it accepts.
+
+Each request becomes an API prompt of the pack's own nodes, queued like any workflow, so it waits its turn for
+the GPU and reuses a loaded checkpoint. Two nodes sit at the ends of that graph: Cosmos3 API Observation hands
+over the decoded observation, which stays in this process's memory (uploads are never written to disk and
+client file names are never used), and Cosmos3 API Result hands the actions back. As in SGLang, the video the
+model co-generates is not decoded.
+
+Defaults are SGLang's (the `sglang` action preset, seed 42); `parameters.preset` picks another preset.
+"""
+
+import asyncio
+import base64
+import binascii
+import io
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..cosmos3_runtime import InputError
+from ..cosmos3_runtime.action import DOMAIN_IDS, JOINT_WIDTH, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
+from ..cosmos3_runtime.media import read_image, read_video
+from . import services
+
+ROUTE = "/cosmos3/v1/actions/generations"
+METADATA_ROUTE = "/cosmos3/v1/actions/metadata"
+ENDPOINT_MODES = ("policy", "inverse_dynamics")  # the modes that return actions; forward dynamics returns a video
+DEFAULT_PRESET = "sglang"
+DEFAULT_SEED = 42  # SGLang's
+MAX_UPLOAD_MB = 64  # a whole request body; COSMOS3_API_MAX_UPLOAD_MB overrides it
+MAX_FRAME_PIXELS = 4096 * 4096  # per decoded image or video frame
+IMAGE_FIELDS = ("image", "image_path", "input_reference")  # where SGLang clients put the observation image
+VIDEO_FIELDS = ("video", "video_path")
+UPLOAD_FIELDS = {"image": "image", "input_reference": "image", "video": "video"}  # multipart file part -> kind
+OPTIONS = {  # request option -> its type (JSON values or multipart text fields)
+    "action_mode": str, "action_horizon": int, "num_frames": int, "domain_name": str, "domain_id": int,
+    "raw_action_dim": int, "action_view_point": str, "fps": float, "height": int, "width": int,
+    "num_inference_steps": int, "guidance_scale": float, "flow_shift": float, "seed": int, "negative_prompt": str,
+    "preset": str, "candidate_count": int,
+}  # fmt: skip
+
+PENDING: dict[str, dict] = {}  # request key -> {"frames": IMAGE batch, "actions": COSMOS3_ACTIONS once done}
+
+
+class FieldError(InputError):
+    """A request the endpoint refuses; `field` names the part of the request at fault."""
+
+    def __init__(self, field: str, message: str, status: int = 400):
+        super().__init__(f"{field}: {message}")
+        self.field, self.status = field, status
+
+    def body(self) -> dict:
+        message = str(self)
+        return {"detail": message, "error": {"message": message, "type": "invalid_request_error", "param": self.field}}
+
+
+def max_upload_bytes() -> int:
+    try:
+        return int(float(os.environ.get("COSMOS3_API_MAX_UPLOAD_MB", MAX_UPLOAD_MB)) * 2**20)
+    except ValueError:
+        return MAX_UPLOAD_MB * 2**20
+
+
+# --- decoding observations -------------------------------------------------------------------------------------
+
+
+def _frames(pictures: list) -> torch.Tensor:
+    """PIL images or uint8 RGB arrays of one size -> a ComfyUI IMAGE batch [T, H, W, 3] in [0, 1]."""
+    arrays = [np.asarray(p.convert("RGB")) if hasattr(p, "convert") else p for p in pictures]
+    return torch.from_numpy(np.stack(arrays).astype(np.float32) / 255)
+
+
+def _encoded(value, where: str, kind: str) -> bytes | None:
+    """Uploaded bytes, {"b64_json" | "base64": ...} or a data: URL -> the file's bytes; None for anything else.
+    A plain string would be a server path or URL in SGLang: refused, the endpoint never reads a client's path."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, dict) and ("b64_json" in value or "base64" in value):
+        value = value.get("b64_json") or value.get("base64")
+        if not isinstance(value, str) or not value:
+            raise FieldError(where, "must be a non-empty base64 string")
+    elif not isinstance(value, str):
+        return None
+    elif not value.startswith("data:"):
+        raise FieldError(where, f"file paths and URLs are not accepted: send the {kind} as base64 "
+                                '({"b64_json": ...} or a data: URL) or upload it as multipart/form-data')  # fmt: skip
+    try:
+        return base64.b64decode(value.split(",", 1)[-1] if value.startswith("data:") else value, validate=True)
+    except (binascii.Error, ValueError):
+        raise FieldError(where, "is not valid base64") from None
+
+
+def _array(value, where: str) -> np.ndarray | None:
+    """Nested number lists or a tensor payload {"values" | "data", "shape"?} -> an array; None for anything else."""
+    if isinstance(value, dict) and ("values" in value or "data" in value):
+        if value.get("dtype", "uint8") != "uint8":
+            raise FieldError(where, "pixel arrays must be uint8")
+        value, shape = value.get("values", value.get("data")), value.get("shape")
+    elif isinstance(value, list) and value and isinstance(value[0], list):
+        shape = None
+    else:
+        return None
+    try:
+        array = np.asarray(value)
+        return array.reshape([int(s) for s in shape]) if shape is not None else array
+    except (TypeError, ValueError) as exc:
+        raise FieldError(where, f"is not a pixel array ({exc})") from None
+
+
+def _rgb(array: np.ndarray, where: str) -> np.ndarray:
+    """A uint8 pixel array [H, W] or [H, W, C] (C = 1, 3, 4) -> [H, W, 3], within the size limit."""
+    if array.dtype.kind not in "iu" or array.size == 0 or array.min() < 0 or array.max() > 255:
+        raise FieldError(where, "pixel arrays must hold uint8 values (0-255)")
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim != 3 or array.shape[2] not in (1, 3, 4):
+        raise FieldError(where, f"pixel arrays must be [H, W] or [H, W, C] with C = 1, 3 or 4, got {list(array.shape)}")
+    if array.shape[0] * array.shape[1] > MAX_FRAME_PIXELS:
+        raise FieldError(where, f"{array.shape[1]}x{array.shape[0]} is over the limit of {MAX_FRAME_PIXELS} pixels", 413)
+    return np.ascontiguousarray(np.broadcast_to(array[..., :3], (*array.shape[:2], 3)).astype(np.uint8))
+
+
+def _decoded(read, where: str):
+    try:
+        return read()
+    except InputError as exc:
+        raise FieldError(where, str(exc), 413 if "over the limit" in str(exc) else 400) from None
+
+
+def decode_image(value, where: str) -> torch.Tensor:
+    """One observation image: uploaded bytes, {"b64_json": ...}, a data: URL, pixel lists or a tensor payload."""
+    data = _encoded(value, where, "image")
+    if data is not None:
+        return _frames([_decoded(lambda: read_image(data, max_pixels=MAX_FRAME_PIXELS), where)])
+    array = _array(value, where)
+    if array is None:
+        raise FieldError(where, 'must be an image: base64 ({"b64_json": ...}), a data: URL, pixel lists [H][W][C] '
+                                'or {"values", "shape"}')  # fmt: skip
+    return _frames([_rgb(array, where)])
+
+
+def decode_video(value, where: str, num_frames: int) -> torch.Tensor:
+    """The clip for inverse dynamics, its first `num_frames` frames: video bytes (uploaded or base64), a list of
+    images, or pixels [T, H, W, C]."""
+    data = _encoded(value, where, "video")
+    if data is not None:
+        return _frames(_decoded(lambda: read_video(data, max_frames=num_frames, max_pixels=MAX_FRAME_PIXELS), where))
+    array = _array(value, where)
+    if array is not None and array.ndim == 4:
+        return _frames([_rgb(a, f"{where}[{i}]") for i, a in enumerate(array[:num_frames])])
+    if isinstance(value, list) and value and array is None:
+        frames = [decode_image(v, f"{where}[{i}]") for i, v in enumerate(value[:num_frames])]
+        if len({f.shape for f in frames}) > 1:
+            raise FieldError(where, "the frames differ in size")
+        return torch.cat(frames)
+    raise FieldError(where, 'must be a video: base64 video bytes ({"b64_json": ...}), a list of images or pixels '
+                            "[T][H][W][C]")  # fmt: skip
+
+
+# --- reading a request -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ActionCall:
+    """A checked request: what the graph runs and what the answer reports."""
+
+    model: str
+    prompt: str
+    action: ActionRequest  # mode, domain, chunk, tier, view point, preset and state; the observation is `frames`
+    frames: torch.Tensor  # IMAGE batch: the observation image [1, H, W, 3] or the clip [T, H, W, 3]
+    seed: int = DEFAULT_SEED
+    steps: int | None = None
+    guidance: float | None = None
+    flow_shift: float | None = None
+    fps: float | None = None
+    negative_prompt: str = ""
+    request_id: str = field(default_factory=lambda: f"act_{uuid.uuid4().hex}")
+
+
+class Options:
+    """Request values by name, each with the field it came from (the field an error names)."""
+
+    def __init__(self, values: dict[str, tuple[object, str]]):
+        self.values = values
+
+    def where(self, name: str) -> str:
+        return self.values[name][1] if name in self.values else name
+
+    def get(self, name: str, default=None):
+        if name not in self.values or self.values[name][0] is None:
+            return default
+        value, where = self.values[name]
+        kind = OPTIONS.get(name)
+        if kind is None or isinstance(value, kind) and not isinstance(value, bool):
+            return value
+        try:
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                return float(value)
+            if kind is int and isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, str) and kind is not str:
+                return kind(value.strip())
+        except ValueError:
+            pass
+        raise FieldError(where, f"must be {'an integer' if kind is int else 'a number' if kind is float else 'a string'}, "
+                                f"got {value!r}")  # fmt: skip
+
+    def positive(self, name: str, default=None):
+        value = self.get(name, default)
+        if value is not None and value <= 0:
+            raise FieldError(self.where(name), f"must be positive, got {value}")
+        return value
+
+
+ENVELOPE_KEYS = ("input", "parameters", "runtime", "model", "request_id", "id")
+INSTRUCTION = ("task", "prompt")  # SGLang reads the instruction from either ("task" first at the input level)
+INPUT_KEYS = (*INSTRUCTION, "images", "state", *IMAGE_FIELDS, *VIDEO_FIELDS)  # at the input level, they win
+
+
+def _observation(body: dict, form: dict) -> dict[str, tuple[object, str]]:
+    """The observation by name, each value with its field, from either of SGLang's request forms,
+    {"input": {"task", "observation": {...}, ...}, "parameters": {...}} or a flat observation, and from
+    multipart text fields."""
+    if "input" not in body:
+        observed = {k: (v, k) for k, v in body.items() if k not in ENVELOPE_KEYS}
+    else:
+        given = body["input"]
+        if not isinstance(given, dict):
+            raise FieldError("input", "must be an object")
+        observation = given.get("observation") or {}
+        if not isinstance(observation, dict):
+            raise FieldError("input.observation", "must be an object")
+        observed = {k: (v, f"input.observation.{k}") for k, v in observation.items()}
+        observed.update({k: (v, f"input.{k}") for k, v in given.items() if k in INPUT_KEYS})
+    observed.update({k: (v, k) for k, v in form.items() if k in ("state", *INSTRUCTION)})
+    return observed
+
+
+def parse_request(body, checkpoints: list[str], uploads: dict | None = None, form: dict | None = None) -> ActionCall:
+    """An SGLang action request (the JSON body; multipart uploads and text fields) -> a checked ActionCall.
+    Every refusal is a FieldError naming the field."""
+    uploads, form = uploads or {}, form or {}
+    if not isinstance(body, dict):
+        raise FieldError("body", "must be a JSON object")
+    model = _model(body.get("model") or form.get("model"), checkpoints)
+    observed = _observation(body, form)
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise FieldError("parameters", "must be an object")
+    options = Options({**{k: v for k, v in observed.items() if k in OPTIONS},  # later layers win
+                       **{k: (v, f"parameters.{k}") for k, v in parameters.items()},
+                       **{k: (v, k) for k, v in form.items() if k in OPTIONS}})  # fmt: skip
+    runtime = body.get("runtime") or {}
+    if isinstance(runtime, dict) and str(runtime.get("response_format", "envelope")).lower() != "envelope":
+        raise FieldError("runtime.response_format", "only the 'envelope' response is served")
+    if (options.get("candidate_count") or 1) != 1:
+        raise FieldError(options.where("candidate_count"), "one candidate per request is served")
+
+    mode = (options.get("action_mode") or "policy").strip().lower()
+    if mode == "forward_dynamics":
+        raise FieldError(options.where("action_mode"), "forward_dynamics produces a video, not actions: run it as a "
+                                                       "workflow with the Cosmos3 Action node")  # fmt: skip
+    if mode not in ENDPOINT_MODES:
+        raise FieldError(options.where("action_mode"), f"must be one of {', '.join(ENDPOINT_MODES)}, got {mode!r}")
+    preset = options.get("preset") or DEFAULT_PRESET
+    if preset not in PRESETS:
+        raise FieldError(options.where("preset"), f"must be one of {', '.join(PRESETS)}, got {preset!r}")
+    chunk = _chunk(options, PRESETS[preset].chunk_size)
+    domain = _domain(options, preset)
+
+    prompt, where = next((observed[n] for n in INSTRUCTION if n in observed), ("", "input.task"))
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise FieldError(where, "must be one instruction (a string): batched observations are not served, send one "
+                                "request per observation")  # fmt: skip
+
+    frames = _observation_frames(mode, observed, uploads, chunk + 1)
+    state = _state(observed)
+    if PRESETS[preset].joint_state and state is None:
+        raise FieldError("input.observation.state", f"the {preset} preset needs the robot state: {JOINT_WIDTH} numbers "
+                                                    "(7 joint positions and the gripper)")  # fmt: skip
+    tier = options.get("height")
+    if tier is not None and tier not in TIERS:
+        raise FieldError(options.where("height"), f"picks the resolution tier: one of {', '.join(map(str, TIERS))}, "
+                                                  f"got {tier}")  # fmt: skip
+    view_point = options.get("action_view_point")
+    if view_point is not None and view_point not in VIEW_POINTS:
+        raise FieldError(options.where("action_view_point"), f"must be one of {', '.join(VIEW_POINTS)}")
+    try:
+        action = ActionRequest(mode=mode, chunk_size=chunk, domain=domain, resolution_tier=tier,
+                               **({"video": frames} if mode == "inverse_dynamics" else {"image": frames}),
+                               view_point=view_point, preset=preset, state=state).resolved(preset)  # fmt: skip
+    except InputError as exc:
+        raise FieldError("input", str(exc)) from None
+    width = options.get("raw_action_dim")
+    if width is not None and width != action.width:
+        raise FieldError(options.where("raw_action_dim"), f"{domain} actions are {action.width} wide with the {preset} "
+                                                          f"preset, got {width}")  # fmt: skip
+    seed = options.get("seed", DEFAULT_SEED)
+    if not 0 <= seed < 2**64:
+        raise FieldError(options.where("seed"), f"must be in [0, 2^64), got {seed}")
+    negative = options.get("negative_prompt", "")
+    request_id = body.get("request_id") or body.get("id") or form.get("request_id")
+    return ActionCall(
+        model=model, prompt=prompt, action=action, frames=frames,
+        seed=seed, steps=options.positive("num_inference_steps"), guidance=options.positive("guidance_scale"),
+        flow_shift=options.positive("flow_shift"), fps=options.positive("fps"), negative_prompt=negative,
+        **({"request_id": str(request_id)} if request_id else {}),
+    )  # fmt: skip
+
+
+def _chunk(options: Options, preset_chunk: int | None) -> int:
+    """SGLang's rule: num_frames = action_horizon + 1, with the horizon a multiple of 4 (the VAE's time stride)."""
+    horizon, frames = options.get("action_horizon"), options.get("num_frames")
+    if horizon is not None and frames is not None and frames != horizon + 1:
+        raise FieldError(options.where("num_frames"), f"must be action_horizon + 1 = {horizon + 1}, got {frames}")
+    if horizon is None and frames is not None:
+        horizon = frames - 1
+    where = options.where("action_horizon" if "action_horizon" in options.values else "num_frames")
+    horizon = horizon if horizon is not None else preset_chunk or 16
+    if horizon < 1 or horizon % 4:
+        raise FieldError(where, f"the action horizon must be a positive multiple of 4, got {horizon}")
+    return horizon
+
+
+def _domain(options: Options, preset: str) -> str:
+    name, number = options.get("domain_name"), options.get("domain_id")
+    if name is not None:
+        if name not in WIDTHS:
+            reason = "has no fixed action width" if name in DOMAIN_IDS else "is not a known domain"
+            raise FieldError(options.where("domain_name"), f"{name!r} {reason}; domains: {', '.join(sorted(WIDTHS))}")
+        if number is not None and DOMAIN_IDS[name] != number:
+            raise FieldError(options.where("domain_id"), f"{name} is domain {DOMAIN_IDS[name]}, got {number}")
+        return name
+    if number is None:
+        raise FieldError("input.observation.domain_name", "an action request needs domain_name (or domain_id with "
+                                                          "raw_action_dim)")  # fmt: skip
+    width = options.get("raw_action_dim")
+    if width is None:
+        raise FieldError(options.where("domain_id"), "raw_action_dim is required when only domain_id is given")
+    if PRESETS[preset].joint_state and number == DOMAIN_IDS["droid_lerobot"] and width == JOINT_WIDTH:
+        return "droid_lerobot"
+    names = [n for n in sorted(WIDTHS) if DOMAIN_IDS[n] == number and WIDTHS[n] == width]
+    if not names:  # same id and width: the model cannot tell such domains apart
+        raise FieldError(options.where("domain_id"), f"no domain has id {number} and {width}-wide actions")
+    return names[0]
+
+
+def _observation_frames(mode: str, observed: dict, uploads: dict, num_frames: int) -> torch.Tensor:
+    images = [(v, w) for n, (v, w) in observed.items() if n in IMAGE_FIELDS]
+    if "images" in observed:
+        value, where = observed["images"]
+        if not isinstance(value, dict) or len(value) > 1:
+            raise FieldError(where, "takes one named image ({\"<camera>\": image}); batched or multi-camera "
+                                    "observations are not served")  # fmt: skip
+        images += [(v, f"{where}.{k}") for k, v in value.items()]
+    images += [(v, k) for k, v in uploads.items() if UPLOAD_FIELDS[k] == "image"]
+    videos = [(v, w) for n, (v, w) in observed.items() if n in VIDEO_FIELDS]
+    videos += [(v, k) for k, v in uploads.items() if UPLOAD_FIELDS[k] == "video"]
+    if images and videos:
+        raise FieldError(videos[0][1], f"give either an image or a video, not both (the image is in {images[0][1]})")
+    if len(images) > 1 or len(videos) > 1:
+        raise FieldError((images or videos)[1][1], f"one observation per request (another is in {(images or videos)[0][1]})")
+    if mode == "inverse_dynamics":
+        if not videos:
+            raise FieldError("input.observation.video", "inverse_dynamics needs a video: the actions between its "
+                                                        "frames are what it infers")  # fmt: skip
+        return decode_video(*videos[0], num_frames)
+    if not images:
+        raise FieldError("input.observation.image", "a policy request needs the observation image")
+    value, where = images[0]
+    if isinstance(value, list) and value and isinstance(value[0], (dict, str)):  # SGLang's image batch
+        if len(value) > 1:
+            raise FieldError(where, "batched observations are not served: send one request per observation")
+        value = value[0]
+    return decode_image(value, where)
+
+
+def _state(observed: dict) -> list[float] | None:
+    value, where = observed.get("state", (None, "state"))
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip().startswith("[") else [float(v) for v in value.split(",")]
+        except ValueError:
+            raise FieldError(where, f"must be numbers, got {value!r}") from None
+    if isinstance(value, dict):
+        value = value.get("values", value.get("data"))
+    try:
+        state = [float(v) for v in np.asarray(value, dtype=np.float64).reshape(-1)]
+    except (TypeError, ValueError):
+        raise FieldError(where, f"must be a list of numbers, got {value!r}") from None
+    if len(state) != JOINT_WIDTH or not all(np.isfinite(state)):
+        raise FieldError(where, f"the robot state is {JOINT_WIDTH} finite numbers (7 joints and the gripper), got "
+                                f"{len(state)}")  # fmt: skip
+    return state
+
+
+def _model(name, checkpoints: list[str]) -> str:
+    if name is not None:
+        if name not in checkpoints:
+            raise FieldError("model", f"{name!r} is not an installed checkpoint; installed: {', '.join(checkpoints) or 'none'}")
+        return name
+    policies = [c for c in checkpoints if "policy" in c.lower()]
+    if len(policies) == 1 or len(checkpoints) == 1:
+        return (policies or checkpoints)[0]
+    raise FieldError("model", f"name the checkpoint; installed: {', '.join(checkpoints) or 'none (put one in models/cosmos3)'}")
+
+
+# --- the graph, its two endpoint nodes, the answer ---------------------------------------------------------------
+
+
+def _widget_defaults(node_class) -> dict:
+    """The required widgets of a node at their defaults (a combo without one: its first choice)."""
+    values = {}
+    for name, (kind, *rest) in node_class.INPUT_TYPES()["required"].items():
+        options = rest[0] if rest else {}
+        if isinstance(kind, list):
+            values[name] = options.get("default", kind[0])
+        elif "default" in options:
+            values[name] = options["default"]
+    return values
+
+
+def prompt_graph(call: ActionCall, key: str) -> dict:
+    """The API prompt that runs `call`: the pack's nodes at their defaults, with the request's values."""
+    from .actions import Cosmos3Action, Cosmos3RobotState
+    from .loader import Cosmos3ModelLoader
+    from .sampling import Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode
+
+    a = call.action
+    graph = {
+        "model": (Cosmos3ModelLoader, {"model_name": call.model}),
+        "observation": (Cosmos3APIObservation, {"key": key}),
+        "action": (Cosmos3Action, {"mode": a.mode, "domain": a.domain, "chunk_size": a.chunk_size,
+                                   "resolution_tier": str(a.resolution_tier), "view_point": a.view_point,
+                                   "preset": a.preset,
+                                   "video" if a.mode == "inverse_dynamics" else "image": ["observation", 0]}),
+        "text": (Cosmos3TextEncode, {"prompt": call.prompt, "negative_prompt": call.negative_prompt}),
+        "schedule": (Cosmos3Scheduler, {"steps": call.steps or 0, "flow_shift": call.flow_shift or 0.0}),
+        "sampler": (Cosmos3Sampler, {"model": ["model", 0], "text": ["text", 0], "schedule": ["schedule", 0],
+                                     "action": ["action", 0], "seed": call.seed, "fps": call.fps or 0.0,
+                                     "guidance": call.guidance or 0.0}),
+        "result": (Cosmos3APIResult, {"actions": ["sampler", 1], "key": key}),
+    }  # fmt: skip
+    if a.state is not None:
+        graph["state"] = (Cosmos3RobotState, {"values": ", ".join(map(str, a.state.numpy()))})  # float32, shortest
+        graph["action"][1]["state"] = ["state", 0]
+    return {node: {"class_type": cls.__name__, "inputs": {**_widget_defaults(cls), **inputs},
+                   "_meta": {"title": f"action endpoint: {node}"}}
+            for node, (cls, inputs) in graph.items()}  # fmt: skip
+
+
+class Cosmos3APIObservation:
+    DESCRIPTION = "Used by the HTTP action endpoint: the observation its request carried (held in memory)."
+    CATEGORY = "cosmos3/api"
+    RETURN_TYPES = ("IMAGE",)
+    RETURN_NAMES = ("frames",)
+    FUNCTION = "frames"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"key": ("STRING", {"default": ""})}}
+
+    def frames(self, key):
+        if key not in PENDING:
+            raise InputError(f"the HTTP action request {key!r} is gone (its client disconnected)")
+        return (PENDING[key]["frames"],)
+
+
+class Cosmos3APIResult:
+    DESCRIPTION = "Used by the HTTP action endpoint: hands the actions back to its waiting request."
+    CATEGORY = "cosmos3/api"
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "hand_back"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"actions": ("COSMOS3_ACTIONS",), "key": ("STRING", {"default": ""})}}
+
+    def hand_back(self, actions, key):
+        if key in PENDING:
+            PENDING[key]["actions"] = actions
+        table = actions["actions"]
+        return {"ui": {"text": [f"{table.shape[0]} x {table.shape[1]} actions for HTTP request {key[:8]}"]}}
+
+
+def envelope(call: ActionCall, actions: dict, prompt_id: str) -> dict:
+    """SGLang's `action.generation` answer (one input, one candidate), plus what ComfyUI did under "cosmos3"."""
+    table = actions["actions"]
+    a = call.action
+    action = {"type": "continuous", "dtype": "float32", "shape": list(table.shape), "values": table.tolist(),
+              "action_mode": a.mode, "domain_id": DOMAIN_IDS[a.domain], "raw_action_dim": int(table.shape[1])}  # fmt: skip
+    return {
+        "id": call.request_id,
+        "object": "action.generation",
+        "created": int(time.time()),
+        "model": call.model,
+        "data": [{"index": 0, "input_index": 0, "candidate_index": 0, "action": action}],
+        "usage": {"batch_size": 1, "action_horizon": int(table.shape[0]), "action_dim": int(table.shape[1]),
+                  "denoise_steps": call.steps or PRESETS[a.preset].steps, "prefix_cache_hit": False},
+        "cosmos3": {"prompt_id": prompt_id, "preset": a.preset, "domain": a.domain, "fps": actions.get("fps"),
+                    "units": actions.get("units")},
+    }  # fmt: skip
+
+
+def metadata(checkpoints: list[str]) -> dict:
+    """What the endpoint serves, in the shape of SGLang's `action.metadata`."""
+    preset = PRESETS[DEFAULT_PRESET]
+    return {
+        "object": "action.metadata",
+        "models": checkpoints,
+        "policy_family": "cosmos3",
+        "input": {"modalities": ["image", "video"], "resolution_tiers": list(TIERS), "state_dim": JOINT_WIDTH,
+                  "domains": {name: {"domain_id": DOMAIN_IDS[name], "raw_action_dim": w} for name, w in sorted(WIDTHS.items())},
+                  "max_upload_bytes": max_upload_bytes()},
+        "output": {"action_type": "continuous", "action_horizon": preset.chunk_size, "dtype": "float32"},
+        "defaults": {"action_mode": "policy", "action_horizon": preset.chunk_size, "num_inference_steps": preset.steps,
+                     "guidance_scale": preset.guidance_scale, "flow_shift": preset.flow_shift, "fps": preset.fps,
+                     "height": preset.resolution_tier, "seed": DEFAULT_SEED, "preset": DEFAULT_PRESET},
+        "capabilities": {"action_modes": list(ENDPOINT_MODES), "presets": list(PRESETS), "batch_inputs": False,
+                         "max_batch_size": 1, "multiple_candidates": False, "realtime_websocket": False,
+                         "multipart_uploads": True},
+    }  # fmt: skip
+
+
+# --- HTTP ------------------------------------------------------------------------------------------------------
+
+
+async def _read(next_chunk, limit: int, where: str) -> bytes:
+    """A body or multipart part read chunk by chunk, refused (413) as soon as it passes `limit` bytes."""
+    chunks, size = [], 0
+    while chunk := await next_chunk():
+        size += len(chunk)
+        if size > limit:
+            raise FieldError(where, f"is over the upload limit of {limit // 2**20} MiB (COSMOS3_API_MAX_UPLOAD_MB)", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(data: bytes, where: str):
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FieldError(where, f"is not valid JSON ({exc})") from None
+
+
+async def read_request(request) -> tuple[dict, dict, dict]:
+    """(JSON body, uploads {field: bytes}, multipart text fields) of an aiohttp request, within the size limit.
+    Uploaded file names are ignored: nothing is written under a name a client chose."""
+    limit = max_upload_bytes()
+    if (request.content_length or 0) > limit:
+        raise FieldError("body", f"is {request.content_length} bytes, over the upload limit of {limit // 2**20} MiB "
+                                 "(COSMOS3_API_MAX_UPLOAD_MB)", 413)  # fmt: skip
+    if request.content_type == "multipart/form-data":
+        body, uploads, form, left = {}, {}, {}, limit
+        async for part in await request.multipart():
+            name = part.name or ""
+            data = await _read(lambda: part.read_chunk(2**20), left, name or "body")
+            left -= len(data)
+            if part.filename is not None:
+                if name not in UPLOAD_FIELDS:
+                    raise FieldError(name or "file", f"is not an upload field; files go in {', '.join(UPLOAD_FIELDS)}")
+                uploads[name] = data
+            elif name in ("request", "payload"):
+                body = _json(data, name)
+            else:
+                form[name] = data.decode("utf-8", "replace")
+        return body, uploads, form
+    if request.content_type in ("application/json", "application/octet-stream", "") or request.content_type.endswith("+json"):
+        return _json(await _read(lambda: request.content.read(2**20), limit, "body"), "body"), {}, {}
+    raise FieldError("Content-Type", f"{request.content_type!r} is not served: send application/json or "
+                                     "multipart/form-data", 415)  # fmt: skip
+
+
+async def generations(request):
+    from aiohttp import web
+
+    from .loader import checkpoint_names
+
+    try:
+        body, uploads, form = await read_request(request)
+        call = parse_request(body, checkpoint_names(), uploads, form)
+    except FieldError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    key = uuid.uuid4().hex
+    PENDING[key] = {"frames": call.frames, "actions": None}
+    try:
+        prompt_id, refusal = await services.queue_prompt(prompt_graph(call, key))
+        if prompt_id is None:
+            return web.json_response(FieldError("model" if "model" in json.dumps(refusal) else "body",
+                                                services.refusal_text(refusal)).body(), status=400)  # fmt: skip
+        try:
+            record = await services.finished(prompt_id)
+        except asyncio.CancelledError:  # the client went away: drop the run if it has not started
+            services.unqueue(prompt_id)
+            raise
+        actions = PENDING[key]["actions"]
+        if record["status"].get("status_str") == "success" and actions is not None:
+            return web.json_response(envelope(call, actions, prompt_id))
+        status, message = services.failure(record)
+        return web.json_response({"detail": message, "error": {"message": message, "type": "generation_error",
+                                                               "param": None, "prompt_id": prompt_id}},
+                                 status=status)  # fmt: skip
+    finally:
+        PENDING.pop(key, None)
+
+
+async def metadata_route(request):
+    from aiohttp import web
+
+    from .loader import checkpoint_names
+
+    return web.json_response(metadata(checkpoint_names()))
+
+
+def register_routes() -> bool:
+    """Add the endpoint's routes to ComfyUI's server (also under /api, as ComfyUI mirrors its routes)."""
+    server = services.prompt_server()
+    if server is None:
+        return False
+    server.routes.post(ROUTE)(generations)
+    server.routes.get(METADATA_ROUTE)(metadata_route)
+    return True

@@ -1,0 +1,184 @@
+"""The HTTP action endpoint without a server: SGLang-shaped requests become checked calls and a graph of the
+pack's nodes, the graph runs like a workflow and gives what the runtime gives, and the answer has SGLang's shape.
+Over real HTTP inside ComfyUI it is tested in test_comfyui_server.py."""
+
+import base64
+import io
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from comfy_harness import CORE_NODES, execute
+
+MODEL = "nvidia/Cosmos3-Edge-Policy-DROID"
+
+
+@pytest.fixture(scope="module")
+def api(pack):
+    import importlib
+
+    return importlib.import_module(f"{pack.__name__}.action_api")
+
+
+@pytest.fixture
+def droid_dir(tmp_path, monkeypatch, tiny_factory):
+    root = tmp_path / "models"
+    shutil.copytree(tiny_factory(kind="edge", action=True), root / MODEL)
+    monkeypatch.setenv("COSMOS3_MODEL_DIRS", str(root))
+    return root / MODEL
+
+
+def png(height=300, width=400, seed=0) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def b64(data: bytes) -> dict:
+    return {"b64_json": base64.b64encode(data).decode()}
+
+
+def policy_body(**parameters) -> dict:
+    return {"model": MODEL, "input": {"task": "Pick up the red cube", "observation": {
+        "images": {"exterior_image_1_left": b64(png())}, "domain_name": "droid_lerobot"}},
+        "parameters": {"action_horizon": 4, "num_inference_steps": 2, "height": 256, **parameters}}  # fmt: skip
+
+
+def test_a_policy_request_runs_as_a_graph_and_matches_the_runtime(api, pack, droid_dir):
+    from cosmos3_runtime import ActionRequest, load
+
+    call = api.parse_request(policy_body(seed=7), [MODEL])
+    assert (call.action.preset, call.action.chunk_size, call.action.resolution_tier, call.seed) == ("sglang", 4, 256, 7)
+    key = "k1"
+    api.PENDING[key] = {"frames": call.frames, "actions": None}
+    try:
+        prompt = api.prompt_graph(call, key)
+        execute(prompt, {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
+        actions = api.PENDING[key]["actions"]
+    finally:
+        api.PENDING.pop(key)
+    answer = api.envelope(call, actions, "prompt-1")
+    (item,) = answer["data"]
+    assert answer["object"] == "action.generation" and answer["model"] == MODEL
+    assert item["action"]["shape"] == [4, 10] and item["action"]["domain_id"] == 8
+    assert answer["usage"] == {"batch_size": 1, "action_horizon": 4, "action_dim": 10, "denoise_steps": 2,
+                               "prefix_cache_hit": False}  # fmt: skip
+
+    pipe = load(str(droid_dir), dtype="fp32", device="cpu")
+    image = Image.open(io.BytesIO(png())).convert("RGB")
+    direct = pipe.generate("Pick up the red cube", seed=7, steps=2, output="latents",
+                           action=ActionRequest(mode="policy", chunk_size=4, domain="droid_lerobot", resolution_tier=256,
+                                                image=np.array(image)[None], preset="sglang"))  # fmt: skip
+    assert torch.allclose(torch.tensor(item["action"]["values"]), direct.actions, atol=1e-5)
+
+
+def test_multipart_uploads_and_text_fields_are_typed_like_json(api):
+    form = {"task": "Push the T", "domain_name": "pusht", "action_horizon": "8", "seed": "3", "guidance_scale": "2.5",
+            "action_mode": "policy"}  # fmt: skip
+    call = api.parse_request({}, [MODEL], uploads={"image": png(64, 80)}, form=form)
+    assert (call.prompt, call.action.domain, call.action.chunk_size, call.seed, call.guidance) == ("Push the T", "pusht", 8, 3, 2.5)
+    assert call.frames.shape == (1, 64, 80, 3) and call.model == MODEL  # the one Policy checkpoint is the default
+
+
+def test_observations_in_every_sglang_form_decode_to_the_same_frames(api):
+    pixels = np.random.default_rng(1).integers(0, 256, (32, 48, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    forms = [b64(buffer.getvalue()), data_url, pixels.tolist(),
+             {"values": pixels.reshape(-1).tolist(), "shape": [32, 48, 3], "dtype": "uint8"}]
+    for value in forms:
+        frames = api.decode_image(value, "image")
+        assert frames.shape == (1, 32, 48, 3) and torch.equal((frames * 255).round().byte()[0], torch.from_numpy(pixels))
+
+
+def test_an_uploaded_video_is_decoded_in_memory_up_to_the_frames_needed(api, tmp_path):
+    from cosmos3_runtime.media import save_video
+
+    path = save_video(torch.rand(12, 64, 96, 3), tmp_path / "clip.mp4", fps=10)
+    frames = api.decode_video(path.read_bytes(), "video", num_frames=5)
+    assert frames.shape == (5, 64, 96, 3)
+    body = {"model": MODEL, "input": {"task": "", "observation": {"video": b64(path.read_bytes()),
+            "action_mode": "inverse_dynamics", "domain_name": "droid_lerobot"}}}  # fmt: skip
+    call = api.parse_request(body, [MODEL])
+    assert call.action.mode == "inverse_dynamics" and call.frames.shape == (12, 64, 96, 3)  # all 12 of the 17 needed
+
+
+def obs(**fields) -> dict:
+    return {"model": MODEL, "input": {"task": "go", "observation": {"image": b64(png(32, 32)),
+            "domain_name": "droid_lerobot", **fields}}}  # fmt: skip
+
+
+REFUSED = [  # (request, the field the 400 names, words of the message)
+    ("not an object", "body", "JSON object"),
+    ({"model": MODEL, "input": {"task": "go", "observation": {"image": "/etc/passwd", "domain_name": "droid_lerobot"}}},
+     "input.observation.image", "file paths"),
+    ({"model": MODEL, "input": {"task": "go", "observation": {"image": b64(png(32, 32))}}},
+     "input.observation.domain_name", "needs domain_name"),
+    (obs(domain_name="mars_rover"), "input.observation.domain_name", "not a known domain"),
+    (obs(domain_name="libero"), "input.observation.domain_name", "no fixed action width"),
+    (obs(action_mode="forward_dynamics"), "input.observation.action_mode", "produces a video"),
+    (obs(action_mode="dance"), "input.observation.action_mode", "policy, inverse_dynamics"),
+    (obs(action_horizon=6), "input.observation.action_horizon", "multiple of 4"),
+    (obs(action_horizon=0), "input.observation.action_horizon", "multiple of 4"),
+    (obs(action_horizon=8, num_frames=8), "input.observation.num_frames", "action_horizon + 1 = 9"),
+    (obs(raw_action_dim=7), "input.observation.raw_action_dim", "10 wide"),
+    (obs(domain_name=None, domain_id=8), "input.observation.domain_id", "raw_action_dim is required"),
+    (obs(action_mode="inverse_dynamics"), "input.observation.video", "needs a video"),
+    (obs(video=b64(png(32, 32))), "input.observation.video", "not both"),
+    (obs(image={"b64_json": "@@not base64@@"}), "input.observation.image", "not valid base64"),
+    (obs(image=b64(b"not an image")), "input.observation.image", "cannot read image"),
+    (obs(image=[[[300, 0, 0]]]), "input.observation.image", "uint8"),
+    (obs(seed="lots"), "input.observation.seed", "integer"),
+    (obs(num_inference_steps=0), "input.observation.num_inference_steps", "positive"),
+    (obs(height=500), "input.observation.height", "256, 480, 704, 720"),
+    (obs(action_view_point="drone"), "input.observation.action_view_point", "ego_view"),
+    (obs(preset="droid-server"), "input.observation.state", "needs the robot state"),
+    (obs(preset="droid-server", state=[0.0] * 7), "input.observation.state", "8 finite numbers"),
+    (obs(candidate_count=4), "input.observation.candidate_count", "one candidate"),
+    ({**obs(), "model": "../../etc"}, "model", "not an installed checkpoint"),
+    ({**obs(), "runtime": {"response_format": "raw"}}, "runtime.response_format", "envelope"),
+    ({**obs(), "input": {"task": ["a", "b"], "observation": obs()["input"]["observation"]}}, "input.task", "one request per"),
+]
+
+
+@pytest.mark.parametrize("body, where, words", REFUSED, ids=[r[1] + ":" + r[2] for r in REFUSED])
+def test_bad_requests_are_refused_naming_the_field(api, body, where, words):
+    if isinstance(body, dict) and "input" in body:
+        body["input"]["observation"] = {k: v for k, v in body["input"]["observation"].items() if v is not None}
+    with pytest.raises(api.FieldError) as error:
+        api.parse_request(body, [MODEL, "Cosmos3-Nano"])
+    assert error.value.field == where and words in str(error.value), str(error.value)
+    assert error.value.status == 400 and error.value.body()["error"]["param"] == where
+
+
+def test_an_oversized_image_is_refused_from_its_header(api, monkeypatch):
+    monkeypatch.setattr(api, "MAX_FRAME_PIXELS", 100 * 100)
+    with pytest.raises(api.FieldError) as error:
+        api.decode_image(b64(png(200, 200)), "input.observation.image")
+    assert error.value.status == 413 and "over the limit" in str(error.value)
+
+
+def test_the_droid_server_preset_takes_the_state_and_answers_8_wide(api):
+    call = api.parse_request(obs(preset="droid-server", state=[0.1] * 7 + [1.0], raw_action_dim=8), [MODEL])
+    assert call.action.width == 8 and call.action.chunk_size == 32
+    graph = api.prompt_graph(call, "k")
+    assert graph["state"]["inputs"]["values"] == ", ".join(["0.1"] * 7 + ["1.0"])
+    assert graph["action"]["inputs"]["state"] == ["state", 0]
+
+
+def test_the_graph_uses_only_the_packs_nodes_at_their_defaults(api, pack):
+    graph = api.prompt_graph(api.parse_request(obs(), [MODEL]), "k")
+    assert {n["class_type"] for n in graph.values()} <= set(pack.NODE_CLASS_MAPPINGS)
+    sampler = graph["sampler"]["inputs"]
+    assert (sampler["width"], sampler["guidance"], sampler["seed"]) == (0, 0.0, 42)  # 0: the preset's value
+
+
+def test_metadata_describes_the_defaults(api):
+    meta = api.metadata([MODEL])
+    assert meta["object"] == "action.metadata" and meta["defaults"]["num_inference_steps"] == 35
+    assert meta["input"]["domains"]["pusht"] == {"domain_id": 4, "raw_action_dim": 2}

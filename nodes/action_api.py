@@ -592,7 +592,9 @@ async def generations(request):
 
     try:
         body, uploads, form = await read_request(request)
-        call = parse_request(body, checkpoint_names(), uploads, form)
+        # decoding an observation takes a while: off the event loop, so the server keeps answering meanwhile
+        call = await asyncio.get_running_loop().run_in_executor(None, parse_request, body, checkpoint_names(),
+                                                                uploads, form)  # fmt: skip
     except FieldError as exc:
         return web.json_response(exc.body(), status=exc.status)
     key = uuid.uuid4().hex
@@ -600,8 +602,8 @@ async def generations(request):
     try:
         prompt_id, refusal = await services.queue_prompt(prompt_graph(call, key))
         if prompt_id is None:
-            return web.json_response(FieldError("model" if "model" in json.dumps(refusal) else "body",
-                                                services.refusal_text(refusal)).body(), status=400)  # fmt: skip
+            where = "model" if "model" in refusal.get("node_errors", {}) else "body"  # the loader's node id is "model"
+            return web.json_response(FieldError(where, services.refusal_text(refusal)).body(), status=400)
         try:
             record = await services.finished(prompt_id)
         except asyncio.CancelledError:  # the client went away: drop the run if it has not started

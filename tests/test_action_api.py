@@ -182,3 +182,17 @@ def test_metadata_describes_the_defaults(api):
     meta = api.metadata([MODEL])
     assert meta["object"] == "action.metadata" and meta["defaults"]["num_inference_steps"] == 35
     assert meta["input"]["domains"]["pusht"] == {"domain_id": 4, "raw_action_dim": 2}
+
+
+def test_a_failed_run_maps_to_the_status_that_says_whose_fault_it_was(pack):
+    failure = pack.services.failure
+
+    def record(event, **data):
+        return {"status": {"status_str": "error", "messages": [["execution_start", {}], [event, data]]}}
+
+    refused = record("execution_error", exception_type="cosmos3_pack.cosmos3_runtime.errors.InputError",
+                     node_type="Cosmos3Sampler", exception_message="this checkpoint has no action head\n")  # fmt: skip
+    assert failure(refused) == (400, "Cosmos3Sampler: this checkpoint has no action head")
+    assert failure(record("execution_error", exception_type="torch.OutOfMemoryError", node_type="Cosmos3Sampler",
+                          exception_message="CUDA out of memory"))[0] == 500  # fmt: skip
+    assert failure(record("execution_interrupted", node_type="Cosmos3Sampler")) == (503, "the run was cancelled on the server")

@@ -196,3 +196,18 @@ def test_a_failed_run_maps_to_the_status_that_says_whose_fault_it_was(pack):
     assert failure(record("execution_error", exception_type="torch.OutOfMemoryError", node_type="Cosmos3Sampler",
                           exception_message="CUDA out of memory"))[0] == 500  # fmt: skip
     assert failure(record("execution_interrupted", node_type="Cosmos3Sampler")) == (503, "the run was cancelled on the server")
+
+
+def test_a_body_without_a_length_is_cut_off_at_the_limit(api):
+    """Chunked uploads carry no Content-Length: the reader stops once the limit is passed, not at the end."""
+    import asyncio
+
+    sent = []
+
+    async def next_chunk():
+        sent.append(1)
+        return b"x" * 2**19
+
+    with pytest.raises(api.FieldError) as error:
+        asyncio.run(api._read(next_chunk, 2**20, "image"))
+    assert error.value.status == 413 and error.value.field == "image" and len(sent) == 3

@@ -3,7 +3,8 @@
 Every field a user leaves unset (None, or "auto") gets the variant's default; every explicit value
 wins, except on distilled checkpoints, whose step count, guidance 1.0 and fixed sigmas are part of
 the weights. Whenever the runtime changes or ignores something the user asked for, it says so in
-`Settings.notes` (also logged), never silently.
+`Settings.notes` (also logged as a warning), never silently; the notes also name the action preset
+applied (logged at INFO: a robot loop repeats the same request).
 
 Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge:
 7.0 for images, 5.0 for video), flow shift 3.0 for images and Edge, 10.0 for other video; Edge sizes
@@ -62,10 +63,11 @@ def round_frames(n: int) -> int:
 
 
 def resolve(variant: Variant, request: Request) -> Settings:
-    notes: list[str] = []
+    applied: list[str] = []  # what was applied for the request (reported, logged at INFO)
+    notes: list[str] = []  # what of the request was changed or ignored (reported, logged as warnings)
     r = request  # already checked for everything that does not depend on the variant
     if r.action is not None:
-        r = _action_request(variant, r, notes)
+        r = _action_request(variant, r, applied, notes)
     # Frames decide image vs video; variant defaults follow the requested count, before rounding.
     requested_frames = DEFAULT_FRAMES if r.num_frames is None else int(r.num_frames)
     is_image = requested_frames == 1  # defaults follow the request; the mode follows the rounded count
@@ -131,15 +133,17 @@ def resolve(variant: Variant, request: Request) -> Settings:
         use_system_prompt=bool(use_system_prompt),
         mode=mode,
         condition_frames=condition_frames,
-        notes=notes,
+        notes=applied + notes,
         action=r.action,
     )
+    for line in applied:
+        log.info(line)
     for note in notes:
         log.warning(note)
     return settings
 
 
-def _action_request(variant: Variant, r: Request, notes: list[str]) -> Request:
+def _action_request(variant: Variant, r: Request, applied: list[str], notes: list[str]) -> Request:
     """The request an action run samples with: its preset's values where the request leaves them unset,
     chunk + 1 frames on the action canvas."""
     if not variant.has_action:
@@ -149,7 +153,7 @@ def _action_request(variant: Variant, r: Request, notes: list[str]) -> Request:
         raise InputError("distilled checkpoints do not generate actions; use a multi-step checkpoint")
     action = r.action.resolved(variant.default_action_preset)
     preset = action.settings
-    notes.append(f"action preset '{action.preset}' ({preset.source}); explicit values win")
+    applied.append(f"action preset '{action.preset}' ({preset.source}); explicit values win")
     height, width = canvas_size(action.clip(), action.resolution_tier)
     for name, value, fixed in (("num_frames", r.num_frames, action.num_frames), ("width", r.width, width),
                                ("height", r.height, height)):  # fmt: skip

@@ -144,6 +144,21 @@ def test_action_presets(tiny_factory, preset, expected, chunk, tier):
     assert (explicit.steps, explicit.guidance_scale, explicit.fps) == (7, 2.0, 10.0)  # explicit values win
 
 
+def test_the_preset_is_reported_at_info_and_what_is_ignored_as_a_warning(tiny_factory, caplog):
+    """A robot loop runs the same request many times: the preset line must not be a warning each time."""
+    import logging
+
+    from cosmos3_runtime.checkpoint import detect_variant
+    from cosmos3_runtime.settings import resolve
+
+    variant = detect_variant(tiny_factory(kind="edge", action=True))
+    with caplog.at_level(logging.INFO, logger="cosmos3_runtime"):
+        s = resolve(variant, cosmos3_runtime.Request(action=ActionRequest(image=picture(0), preset="sglang"), num_frames=9))
+    levels = {r.getMessage(): r.levelname for r in caplog.records}
+    assert levels[s.notes[0]] == "INFO" and s.notes[0].startswith("action preset 'sglang'")
+    assert levels[s.notes[1]] == "WARNING" and "num_frames 9 ignored" in s.notes[1]
+
+
 def test_the_default_preset_follows_the_checkpoint_name(tiny_factory, tmp_path):
     import shutil
 

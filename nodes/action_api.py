@@ -16,7 +16,6 @@ Defaults are SGLang's (the `sglang` action preset, seed 42); `parameters.preset`
 import asyncio
 import base64
 import binascii
-import io
 import json
 import os
 import time

@@ -15,3 +15,7 @@ class CheckpointError(Cosmos3Error, ValueError):
 
 class InputError(Cosmos3Error, ValueError):
     """A generation request asks for something the model or the runtime cannot do."""
+
+
+class LimitError(InputError):
+    """An input is over a size limit the caller set (for example an uploaded image's pixels)."""

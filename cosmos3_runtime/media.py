@@ -1,4 +1,5 @@
-"""Writing generated frames to files (the CLI's outputs; ComfyUI saves through its own nodes)."""
+"""Reading conditioning media (files, or bytes received in memory) and writing generated frames to files
+(the CLI's outputs; ComfyUI saves through its own nodes)."""
 
 import io
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import InputError
+from .errors import InputError, LimitError
 
 
 def to_uint8(frames: torch.Tensor) -> np.ndarray:
@@ -67,7 +68,7 @@ def read_image(source: "str | Path | bytes", max_pixels: int | None = None):
     try:
         with Image.open(opened) as image:
             if max_pixels is not None and image.width * image.height > max_pixels:
-                raise InputError(f"image {name} is {image.width}x{image.height}, over the limit of {max_pixels} pixels")
+                raise LimitError(f"image {name} is {image.width}x{image.height}, over the limit of {max_pixels} pixels")
             return image.convert("RGB")
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as exc:
         raise InputError(f"cannot read image {name}: {exc}") from None
@@ -86,7 +87,7 @@ def read_video(source: "str | Path | bytes", max_frames: int | None = None, max_
         with av.open(opened) as container:
             for frame in container.decode(video=0):
                 if max_pixels is not None and frame.width * frame.height > max_pixels:
-                    raise InputError(f"video {name} is {frame.width}x{frame.height}, over the limit of {max_pixels} "
+                    raise LimitError(f"video {name} is {frame.width}x{frame.height}, over the limit of {max_pixels} "
                                      "pixels per frame")  # fmt: skip
                 frames.append(frame.to_image())
                 if max_frames is not None and len(frames) >= max_frames:

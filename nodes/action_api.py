@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from ..cosmos3_runtime import InputError
-from ..cosmos3_runtime.action import DOMAIN_IDS, JOINT_WIDTH, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
+from ..cosmos3_runtime.errors import LimitError
+from ..cosmos3_runtime.action import DEFAULT_CHUNK, DOMAIN_IDS, JOINT_WIDTH, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from ..cosmos3_runtime.media import read_image, read_video
 from . import services
 
@@ -73,9 +74,8 @@ def max_upload_bytes() -> int:
 
 
 def _frames(pictures: list) -> torch.Tensor:
-    """PIL images or uint8 RGB arrays of one size -> a ComfyUI IMAGE batch [T, H, W, 3] in [0, 1]."""
-    arrays = [np.asarray(p.convert("RGB")) if hasattr(p, "convert") else p for p in pictures]
-    return torch.from_numpy(np.stack(arrays).astype(np.float32) / 255)
+    """RGB PIL images or uint8 RGB arrays of one size -> a ComfyUI IMAGE batch [T, H, W, 3] in [0, 1]."""
+    return torch.from_numpy(np.stack([np.asarray(p) for p in pictures]).astype(np.float32) / 255)
 
 
 def _encoded(value, where: str, kind: str) -> bytes | None:
@@ -132,7 +132,7 @@ def _decoded(read, where: str):
     try:
         return read()
     except InputError as exc:
-        raise FieldError(where, str(exc), 413 if "over the limit" in str(exc) else 400) from None
+        raise FieldError(where, str(exc), 413 if isinstance(exc, LimitError) else 400) from None
 
 
 def decode_image(value, where: str) -> torch.Tensor:
@@ -174,8 +174,7 @@ class ActionCall:
 
     model: str
     prompt: str
-    action: ActionRequest  # mode, domain, chunk, tier, view point, preset and state; the observation is `frames`
-    frames: torch.Tensor  # IMAGE batch: the observation image [1, H, W, 3] or the clip [T, H, W, 3]
+    action: ActionRequest  # resolved, with the observation
     seed: int = DEFAULT_SEED
     steps: int | None = None
     guidance: float | None = None
@@ -183,6 +182,11 @@ class ActionCall:
     fps: float | None = None
     negative_prompt: str = ""
     request_id: str = field(default_factory=lambda: f"act_{uuid.uuid4().hex}")
+
+    @property
+    def frames(self) -> torch.Tensor:
+        """The observation as an IMAGE batch: the image [1, H, W, 3] or the clip [T, H, W, 3]."""
+        return self.action.clip()
 
 
 class Options:
@@ -311,7 +315,7 @@ def parse_request(body, checkpoints: list[str], uploads: dict | None = None, for
     negative = options.get("negative_prompt", "")
     request_id = body.get("request_id") or body.get("id") or form.get("request_id")
     return ActionCall(
-        model=model, prompt=prompt, action=action, frames=frames,
+        model=model, prompt=prompt, action=action,
         seed=seed, steps=options.positive("num_inference_steps"), guidance=options.positive("guidance_scale"),
         flow_shift=options.positive("flow_shift"), fps=options.positive("fps"), negative_prompt=negative,
         **({"request_id": str(request_id)} if request_id else {}),
@@ -326,7 +330,7 @@ def _chunk(options: Options, preset_chunk: int | None) -> int:
     if horizon is None and frames is not None:
         horizon = frames - 1
     where = options.where("action_horizon" if "action_horizon" in options.values else "num_frames")
-    horizon = horizon if horizon is not None else preset_chunk or 16
+    horizon = horizon if horizon is not None else preset_chunk or DEFAULT_CHUNK
     if horizon < 1 or horizon % 4:
         raise FieldError(where, f"the action horizon must be a positive multiple of 4, got {horizon}")
     return horizon

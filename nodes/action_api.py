@@ -288,7 +288,8 @@ def parse_request(body, checkpoints: list[str], uploads: dict | None = None, for
                                 "request per observation")  # fmt: skip
 
     frames = _observation_frames(mode, observed, uploads, chunk + 1)
-    state = _state(observed)
+    # only the droid-server layout takes a state; SGLang ignores the state its clients often send
+    state = _state(observed) if PRESETS[preset].joint_state else None
     if PRESETS[preset].joint_state and state is None:
         raise FieldError("input.observation.state", f"the {preset} preset needs the robot state: {JOINT_WIDTH} numbers "
                                                     "(7 joint positions and the gripper)")  # fmt: skip

@@ -171,6 +171,12 @@ def test_the_droid_server_preset_takes_the_state_and_answers_8_wide(api):
     assert graph["action"]["inputs"]["state"] == ["state", 0]
 
 
+def test_a_state_is_ignored_outside_the_droid_server_preset(api):
+    """SGLang clients often send their robot's state (any width); SGLang's Cosmos3 path does not use it."""
+    call = api.parse_request(obs(state=[1.0, 2.0, 3.0]), [MODEL])
+    assert call.action.state is None and "state" not in api.prompt_graph(call, "k")
+
+
 def test_the_graph_uses_only_the_packs_nodes_at_their_defaults(api, pack):
     graph = api.prompt_graph(api.parse_request(obs(), [MODEL]), "k")
     assert {n["class_type"] for n in graph.values()} <= set(pack.NODE_CLASS_MAPPINGS)

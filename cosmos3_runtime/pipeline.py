@@ -136,6 +136,7 @@ class Cosmos3Pipeline:
         self.device = device
         self.dtype = dtype
         self._text_cache: OrderedDict[tuple[int, ...], TextKV] = OrderedDict()
+        self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
 
     @property
     def variant(self) -> Variant:

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import types
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,7 @@ class WorkerPool:
             ]
             for process in self.processes:
                 process.start()
+        self._finalizer = weakref.finalize(self, _stop, self.requests, self.processes, self.log_path)
         self._collect(range(len(devices)), timeout=START_TIMEOUT_S)
 
     @property
@@ -266,15 +268,20 @@ class WorkerPool:
         return self  # the workers own their devices
 
     def close(self) -> None:
-        for requests, process in zip(self.requests, self.processes):
-            if process.is_alive():
-                requests.put(("stop", None))
-        for process in self.processes:
-            process.join(timeout=10)
-            if process.is_alive():  # stuck (in a collective with a dead peer, say): end it and reap it
-                process.terminate()
-                process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        Path(self.log_path).unlink(missing_ok=True)
+        self._finalizer()  # also runs when the pool is garbage-collected unclosed (ComfyUI dropped it)
+
+
+def _stop(requests, processes, log_path: str) -> None:
+    """Stop a pool's workers and reap them."""
+    for inbox, process in zip(requests, processes):
+        if process.is_alive():
+            inbox.put(("stop", None))
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():  # stuck (in a collective with a dead peer, say): end it and reap it
+            process.terminate()
+            process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    Path(log_path).unlink(missing_ok=True)

@@ -1,9 +1,11 @@
 """Loading checkpoints: the model loader node, the checkpoint registry, and the default negative prompt."""
 
+import gc
 import json
 import os
+import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..cosmos3_runtime import CheckpointError, Cosmos3Pipeline, InputError, load
 from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, looks_like_repo_id, resolve_repo
@@ -81,36 +83,58 @@ class ModelSpec:
         return services.torch_device() if self.device != "cpu" else services.offload_device()
 
 
-_loaded: dict[ModelSpec, Cosmos3Pipeline | WorkerPool] = {}
+# What is loaded, held weakly: ComfyUI's cache owns the pipelines (through the handles it caches), so /free
+# and cache eviction release them. One checkpoint is kept: loading another releases every handle's hold
+# on the previous one first (a handle that is used again reloads).
+_loaded: "weakref.WeakValueDictionary[ModelSpec, Cosmos3Pipeline | WorkerPool]" = weakref.WeakValueDictionary()
+_holders: "weakref.WeakSet[Holder]" = weakref.WeakSet()
+
+
+class Holder:
+    """A handle's strong reference to its loaded pipeline."""
+
+    __slots__ = ("loaded", "__weakref__")
+
+    def __init__(self):
+        self.loaded = None
+        _holders.add(self)
 
 
 def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
-    """The loaded pipeline of a spec. One checkpoint is kept: loading another frees the previous one."""
-    if spec not in _loaded:
+    """The loaded pipeline of a spec, loading it (and releasing any other) when it is not loaded."""
+    loaded = _loaded.get(spec)
+    if loaded is None:
         release_all()
-        compute = spec.compute_device()
-        dtype = spec.dtype
-        if dtype == "auto" and compute.type != "cpu":
-            dtype = "bf16"  # the released precision; resolved here because offloaded weights load on the CPU
-        if spec.gpus > 1:
-            _loaded[spec] = worker_pool(spec, compute, dtype)
-            return _loaded[spec]
-        home = services.offload_device() if spec.device == "offload" else compute
-        if home.type != "cpu" and os.path.isdir(spec.source):
-            services.free_memory(_folder_bytes(spec.source), home)
-        _loaded[spec] = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
-                             offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap,
-                             quantize=spec.quantize,
-                             linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class())  # fmt: skip
-    return _loaded[spec]
+        loaded = _loaded[spec] = load_pipeline(spec)
+    return loaded
+
+
+def load_pipeline(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
+    compute = spec.compute_device()
+    dtype = spec.dtype
+    if dtype == "auto" and compute.type != "cpu":
+        dtype = "bf16"  # the released precision; resolved here because offloaded weights load on the CPU
+    if spec.gpus > 1:
+        return worker_pool(spec, compute, dtype)
+    home = services.offload_device() if spec.device == "offload" else compute
+    if home.type != "cpu" and os.path.isdir(spec.source):
+        services.free_memory(_folder_bytes(spec.source), home)
+    return load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
+                offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize,
+                linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class())  # fmt: skip
 
 
 def release_all() -> None:
-    for loaded in _loaded.values():
+    """Release every loaded pipeline: worker processes stop, ComfyUI unloads our models, handles let go."""
+    for loaded in list(_loaded.values()):
         if isinstance(loaded, WorkerPool):
             loaded.close()
+        else:
+            services.forget_managed(loaded)
     _loaded.clear()
-    services.forget_managed()
+    for holder in list(_holders):
+        holder.loaded = None
+    gc.collect()
     services.empty_cache()
 
 
@@ -147,15 +171,33 @@ class ModelHandle:
     spec: ModelSpec
     name: str
     part: str = "model"
+    holder: Holder = field(default_factory=Holder, compare=False, repr=False)
 
     @property
     def pipeline(self) -> Cosmos3Pipeline | WorkerPool:
-        return pipeline_for(self.spec)
+        if self.holder.loaded is None:
+            self.holder.loaded = pipeline_for(self.spec)
+        return self.holder.loaded
 
     def memory_needed(self, prompt: str, request) -> int:
         """Bytes a generation needs beyond the weights on this process's device (none for worker pools)."""
         pipe = self.pipeline
         return 0 if isinstance(pipe, WorkerPool) else pipe.memory_needed(prompt, request)
+
+    def model_patcher(self):
+        """The transformer's ComfyUI patcher: the core MODEL (Cosmos3 Core Model), which the pack's own nodes
+        load too, so both paths move the same weights through one patcher."""
+        from .comfy_model import model_patcher
+
+        pipe, spec = self.pipeline, self.spec
+
+        def reload(disable_dynamic=True):  # an independent copy, when ComfyUI asks for one (dynamic VRAM)
+            return model_patcher(load_pipeline(spec), spec.compute_device(), services.offload_device(),
+                                 disable_dynamic=disable_dynamic)  # fmt: skip
+
+        return services.managed_patcher(pipe, pipe.transformer, spec.compute_device(), services.offload_device(),
+                                        make=lambda: model_patcher(pipe, spec.compute_device(), services.offload_device(),
+                                                                   reload=reload))  # fmt: skip
 
     @contextmanager
     def use(self, memory_required: int = 0):
@@ -182,10 +224,13 @@ class ModelHandle:
                     item.to(services.offload_device())
                 services.empty_cache()
             return
-        parts = [pipe.vae, pipe.sound_tokenizer]
-        if self.part == "model" and not self.spec.runtime_placement:
-            parts.append(pipe.transformer)
-        if services.load_managed(parts, self.spec.compute_device(), services.offload_device(), memory_required):
+        if services.in_comfyui():
+            compute, offload = self.spec.compute_device(), services.offload_device()
+            patchers = [services.managed_patcher(pipe, m, compute, offload) for m in (pipe.vae, pipe.sound_tokenizer)
+                        if m is not None]  # fmt: skip
+            if self.part == "model" and not self.spec.runtime_placement:
+                patchers.append(self.model_patcher())
+            services.load_managed(patchers, memory_required)
             pipe.device = pipe.transformer.device  # where ComfyUI put the transformer
         yield pipe
 

@@ -116,9 +116,6 @@ class ManagedPart(torch.nn.Module):
         self.device = device  # the patcher keeps this up to date
 
 
-_managed: dict[tuple[int, ...], object] = {}  # ComfyUI patchers of the loaded pipeline's parts
-
-
 def linear_class():
     """ComfyUI's cast-weight Linear (its memory manager can then load a model partially and stream the rest
     per layer in lowvram modes), or None outside ComfyUI."""
@@ -126,35 +123,39 @@ def linear_class():
     return ops.disable_weight_init.Linear if ops is not None else None
 
 
-def load_managed(modules: list, load_device: torch.device, offload_device: torch.device, memory_required: int = 0) -> bool:
-    """Have ComfyUI load `modules` (one model each) onto `load_device`, unloading other models as needed to fit
-    them and `memory_required` more bytes (the work about to run).
+def in_comfyui() -> bool:
+    return _comfy("comfy.model_patcher") is not None and _comfy("comfy.model_management") is not None
 
-    True when ComfyUI did it; False outside ComfyUI (the modules stay where they are).
-    """
-    patcher_module, mm = _comfy("comfy.model_patcher"), _comfy("comfy.model_management")
-    if patcher_module is None or mm is None:
-        return False
-    patchers = []
-    for module in (m for m in modules if m is not None):
-        key = (id(module),)
-        if key not in _managed:
+
+def managed_patcher(pipeline, module, load_device: torch.device, offload_device: torch.device, make=None):
+    """The ComfyUI patcher of one part of a pipeline, made once and kept with the pipeline (so it goes when the
+    pipeline goes). `make()` builds it (the transformer's is the core MODEL's); default: a plain part."""
+    patchers = pipeline.host.setdefault("comfy_patchers", {})
+    if id(module) not in patchers:
+        if make is None:
             part = ManagedPart([module], next(module.parameters()).device)
-            _managed[key] = patcher_module.CoreModelPatcher(part, load_device=load_device, offload_device=offload_device)
-        patchers.append(_managed[key])
-    mm.load_models_gpu(patchers, memory_required=memory_required)
-    return True
+            patcher = _comfy("comfy.model_patcher").CoreModelPatcher
+            patchers[id(module)] = patcher(part, load_device=load_device, offload_device=offload_device)
+        else:
+            patchers[id(module)] = make()
+    return patchers[id(module)]
 
 
-def forget_managed() -> None:
-    """The pipeline was released: unload and drop its patchers."""
+def load_managed(patchers: list, memory_required: int = 0) -> None:
+    """Have ComfyUI load `patchers` onto their device, unloading other models as needed to fit them and
+    `memory_required` more bytes (the work about to run)."""
+    _comfy("comfy.model_management").load_models_gpu(patchers, memory_required=memory_required)
+
+
+def forget_managed(pipeline) -> None:
+    """The pipeline was released: unload its patchers from ComfyUI and drop them."""
+    patchers = pipeline.host.pop("comfy_patchers", {})
     mm = _comfy("comfy.model_management")
-    if mm is not None and _managed:
-        patchers = set(map(id, _managed.values()))
-        for loaded in [m for m in mm.current_loaded_models if id(m.model) in patchers]:
+    if mm is not None and patchers:
+        ids = set(map(id, patchers.values()))
+        for loaded in [m for m in mm.current_loaded_models if id(m.model) in ids]:
             loaded.model_unload()
             mm.current_loaded_models.remove(loaded)
-    _managed.clear()
 
 
 def check_interrupt() -> None:

@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT))
 from cosmos3_runtime.tiny import make_tiny_checkpoint  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")  # a real ComfyUI checkout: the tier-2 tests import it in-process
 
 
 def require(module: str, minversion: str | None = None):
@@ -84,3 +85,20 @@ def models_dir(tmp_path, monkeypatch, tiny_factory):
         shutil.copytree(tiny_factory(**options), root / name)
     monkeypatch.setenv("COSMOS3_MODEL_DIRS", str(root))
     return root
+
+
+@pytest.fixture(scope="session")
+def comfyui():
+    """The pack imported into a real ComfyUI (COMFYUI_DIR, on the CPU), the way ComfyUI imports it."""
+    import importlib.util
+
+    sys.path.insert(0, COMFYUI_DIR)
+    from comfy.cli_args import args
+
+    args.cpu = True  # before anything imports comfy.model_management
+    spec = importlib.util.spec_from_file_location("cosmos3_tier2", ROOT / "__init__.py",
+                                                  submodule_search_locations=[str(ROOT)])  # fmt: skip
+    pack = importlib.util.module_from_spec(spec)
+    sys.modules["cosmos3_tier2"] = pack
+    spec.loader.exec_module(pack)
+    return pack

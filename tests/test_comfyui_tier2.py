@@ -5,31 +5,14 @@ test_workflows.py declare the same inputs as ComfyUI's real nodes, and that ever
 workflow uses valid values for them.
 """
 
-import importlib.util
-import os
-import sys
+import importlib
 
 import pytest
 
 from comfy_harness import CORE_NODES, declared_inputs, load_json
-from conftest import ROOT
+from conftest import COMFYUI_DIR, ROOT
 
-COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 pytestmark = pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout to run these")
-
-
-@pytest.fixture(scope="module")
-def comfyui():
-    sys.path.insert(0, COMFYUI_DIR)
-    from comfy.cli_args import args
-
-    args.cpu = True  # before anything imports comfy.model_management
-    spec = importlib.util.spec_from_file_location("cosmos3_tier2", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])  # fmt: skip
-    pack = importlib.util.module_from_spec(spec)
-    sys.modules["cosmos3_tier2"] = pack
-    spec.loader.exec_module(pack)
-    return pack
 
 
 def real_inputs(node_id: str) -> dict:
@@ -96,10 +79,10 @@ def test_comfyui_memory_manager_loads_evicts_and_reloads_our_models(comfyui, tin
     text = nodes.Cosmos3TextEncode().encode("a cat", "", "auto", True, True, True)["result"][0]
 
     def ours():
-        return [m for m in mm.current_loaded_models if type(m.model.model).__name__ == "ManagedPart"]
+        return [m for m in mm.current_loaded_models if type(m.model.model).__name__ in ("ManagedPart", "Cosmos3Model")]
 
     first = nodes.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 1)["result"][0]
-    assert len(ours()) == 2  # the VAE (with the sound tokenizer) and the transformer
+    assert len(ours()) == 2  # the VAE (with the sound tokenizer) and the transformer (the core MODEL's patcher)
     mm.unload_all_models()
     assert ours() == []
     (frames, _) = nodes.Cosmos3VAEDecode().decode(vae, first, False, 32, 8)

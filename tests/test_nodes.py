@@ -145,11 +145,29 @@ def test_interrupt_during_sampling_then_a_successful_run(nodes, monkeypatch):
 
 
 def test_switching_checkpoints_frees_the_previous_one(nodes):
+    import weakref
+
     edge, _, _ = load(nodes, "Cosmos3-Edge")
-    first = edge.pipeline
-    load(nodes, "Cosmos3-Nano")
-    assert len(nodes.loader._loaded) == 1 and first not in nodes.loader._loaded.values()
-    assert edge.pipeline.variant.is_edge  # an old handle (still cached by ComfyUI) reloads when used
+    first = weakref.ref(edge.pipeline)
+    nano, _, _ = load(nodes, "Cosmos3-Nano")  # the old handle is still cached (by ComfyUI), its pipeline is not
+    assert first() is None and list(nodes.loader._loaded.values()) == [nano.pipeline]
+    assert edge.pipeline.variant.is_edge  # an old handle reloads when used
+
+
+def test_the_pack_holds_no_pipeline_that_comfyui_dropped(nodes):
+    """ComfyUI's cache owns what it loaded: once it drops the handles (/free, cache eviction), the weights go."""
+    import gc
+    import weakref
+
+    model, vae, _ = load(nodes, "Cosmos3-Edge")
+    pipe = weakref.ref(model.pipeline)
+    first, _ = sample(nodes, model, text(nodes))
+    del model, vae
+    gc.collect()
+    assert pipe() is None and len(nodes.loader._loaded) == 0
+    model, _, _ = load(nodes, "Cosmos3-Edge")  # the next run reloads and gives the same latents
+    again, _ = sample(nodes, model, text(nodes))
+    assert torch.equal(first["samples"], again["samples"])
 
 
 def test_offload_mode_moves_to_the_compute_device_only_while_a_node_runs(nodes, monkeypatch):
@@ -208,7 +226,7 @@ def test_image_and_video_conditioning_nodes(nodes):
 
 def test_scheduler_node_and_guidance_interval_parsing(nodes):
     model, _, _ = load(nodes)
-    (schedule,) = nodes.Cosmos3Scheduler().build("checkpoint", 3, 0.0)
+    schedule, _ = nodes.Cosmos3Scheduler().build("checkpoint", 3, 0.0)
     _, messages = sample(nodes, model, text(nodes), schedule=schedule)
     assert "3 steps (checkpoint)" in messages[1]
     parse = sys.modules[nodes.sampling.Request.__module__].parse_guidance_interval  # the pack's copy of the runtime

@@ -342,6 +342,15 @@ class TextKV:
     keys: list[torch.Tensor]  # each [L, K, D]
     values: list[torch.Tensor]  # each [L, K, D]
 
+    def stacked(self) -> torch.Tensor:
+        """One tensor [layers, 2, L, K, D] (keys, values), for hosts that pass conditioning as tensors."""
+        return torch.stack([torch.stack(pair) for pair in zip(self.keys, self.values)])
+
+    @classmethod
+    def from_stacked(cls, kv: torch.Tensor) -> "TextKV":
+        """The inverse of `stacked` (views, no copy)."""
+        return cls(kv.shape[2], list(kv[:, 0].unbind()), list(kv[:, 1].unbind()))
+
 
 @dataclass
 class SoundTokens:

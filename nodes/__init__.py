@@ -6,6 +6,7 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 
 from . import action_api, services
 from .action_api import Cosmos3APIObservation, Cosmos3APIResult
+from .core import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
@@ -36,6 +37,9 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3ActionPlot": Cosmos3ActionPlot,
     "Cosmos3APIObservation": Cosmos3APIObservation,
     "Cosmos3APIResult": Cosmos3APIResult,
+    "Cosmos3CoreModel": Cosmos3CoreModel,
+    "Cosmos3CoreTextEncode": Cosmos3CoreTextEncode,
+    "Cosmos3ConditionFrames": Cosmos3ConditionFrames,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3ModelLoader": "Cosmos3 Model Loader",
@@ -57,4 +61,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3ActionPlot": "Cosmos3 Action Plot",
     "Cosmos3APIObservation": "Cosmos3 API Observation",
     "Cosmos3APIResult": "Cosmos3 API Result",
+    "Cosmos3CoreModel": "Cosmos3 Core Model",
+    "Cosmos3CoreTextEncode": "Cosmos3 Text Encode (core)",
+    "Cosmos3ConditionFrames": "Cosmos3 Condition Frames (core)",
 }

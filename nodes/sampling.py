@@ -4,10 +4,14 @@ Size, frame count and fps are set once, on the sampler (0 = the checkpoint varia
 reach the prompt's metadata, the latent size and, through the decode node's fps output, the video.
 """
 
+from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, Variant
 from ..cosmos3_runtime.prompts import parse_caption
 from ..cosmos3_runtime.request import (KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
                                        parse_frame_indexes)  # fmt: skip
+from ..cosmos3_runtime.schedulers import unipc_schedule
+from ..cosmos3_runtime.settings import resolve as resolve_settings
 from . import services
+from .prompt_marker import Refusing, refusing
 
 
 def auto_help(name: str) -> str:
@@ -51,10 +55,13 @@ class Cosmos3TextEncode:
 
 
 class Cosmos3Scheduler:
-    DESCRIPTION = "Sampling schedule: automatic, flow UniPC with a flow shift, the checkpoint's own, or distilled."
+    DESCRIPTION = ("Sampling schedule: automatic, flow UniPC with a flow shift, the checkpoint's own, or distilled. Also "
+                   "its sigmas (SIGMAS) for core sampling nodes: connect the model for the checkpoint's own values "
+                   "(a distilled checkpoint's fixed list: sample it with the lcm sampler at cfg 1).")  # fmt: skip
     CATEGORY = "cosmos3"
-    RETURN_TYPES = ("COSMOS3_SCHEDULE",)
-    RETURN_NAMES = ("schedule",)
+    RETURN_TYPES = ("COSMOS3_SCHEDULE", "SIGMAS")
+    RETURN_NAMES = ("schedule", "sigmas")
+    OUTPUT_TOOLTIPS = ("for Cosmos3 Sampler", "for SamplerCustomAdvanced: the exact grid Cosmos3 Sampler walks")
     FUNCTION = "build"
 
     @classmethod
@@ -65,11 +72,40 @@ class Cosmos3Scheduler:
                 "steps": ("INT", {"default": 0, "min": 0, "max": 1000, "tooltip": auto_help("steps")}),
                 "flow_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
                                "tooltip": auto_help("flow_shift")}),  # fmt: skip
-            }
+            },
+            "optional": {
+                "model": ("COSMOS3_MODEL", {"tooltip": "the checkpoint (sigmas: its variant's defaults and distilled "
+                          "list; without it, a multi-step checkpoint is assumed)"}),  # fmt: skip
+                "latent": ("LATENT", {"tooltip": "sigmas: a 1-frame latent takes the image defaults (flow shift 3)"}),
+            },
         }
 
-    def build(self, schedule, steps, flow_shift):
-        return ({"schedule": schedule, "steps": steps or None, "flow_shift": flow_shift or None},)
+    def build(self, schedule, steps, flow_shift, model=None, latent=None):
+        options = {"schedule": schedule, "steps": steps or None, "flow_shift": flow_shift or None}
+        frames = 1 if latent is not None and latent["samples"].shape[2] == 1 else None
+        sigmas = schedule_sigmas(model.pipeline if model is not None else None, options, frames)
+        return (options, sigmas)
+
+
+# Sigmas without a checkpoint: a gated multi-step one's defaults (35 steps, flow shift 10 for video, 3 for images).
+MULTI_STEP = Variant(is_edge=False, is_distilled=False, distilled_sigmas=None, stochastic_distilled=False,
+                     has_action=False, has_sound=False, has_sound_tokenizer=False, default_use_system_prompt=True,
+                     pipeline_class=PIPELINE_CLASSES[0], scheduler_class="UniPCMultistepScheduler")  # fmt: skip
+
+
+class SigmasNeedTheModel(Refusing):
+    refusal = "Cosmos3 Scheduler's sigmas for the 'checkpoint' and 'distilled' schedules read the checkpoint: connect the model to it"
+
+
+def schedule_sigmas(pipe, options: dict, frames: int | None):
+    """The sigmas (float32, ending in 0) Cosmos3 Sampler would walk for these options."""
+    request = Request.build(**options, num_frames=frames)
+    if pipe is not None:
+        return pipe.schedule_for(resolve_settings(pipe.variant, request)).sigmas
+    if request.schedule not in ("auto", "unipc"):  # (the schedule output still serves Cosmos3 Sampler)
+        return refusing(SigmasNeedTheModel)
+    s = resolve_settings(MULTI_STEP, request)
+    return unipc_schedule(s.steps, s.flow_shift).sigmas
 
 
 class Cosmos3ImageToVideo:

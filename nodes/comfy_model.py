@@ -1,0 +1,193 @@
+"""Cosmos3 as a core ComfyUI model: a MODEL that core sampling nodes (KSampler, SamplerCustomAdvanced,
+ModelSamplingSD3, Wan22ImageToVideoLatent's noise mask) work on, around the pack's loaded transformer.
+
+- `Cosmos3Network` is ComfyUI's `diffusion_model`: it adopts the transformer's own submodules (the
+  same tensors, so state-dict names, and LoRA keys, are the checkpoint's) and runs the pack's forward
+  behind ComfyUI's DIFFUSION_MODEL wrapper executor.
+- `Cosmos3Model` (a BaseModel, flow matching with multiplier 1000: t = sigma * 1000, which the
+  transformer scales by its timestep_scale 0.001) builds the prompt's token ids and text K/V once
+  per sampling run in `extra_conds`, from the latent's size and frame count, exactly as the pack's
+  sampler does; the K/V travel as a tensor cond, so prompts of equal length batch and others run as
+  separate forwards.
+- Clean frames (noise_mask 0, as Wan22ImageToVideoLatent sets on encoded frames) stay clean every
+  step and get no time embedding: Cosmos3's rule, not Wan's t = 0.
+
+Importing this module imports ComfyUI: only nodes that run inside ComfyUI import it.
+"""
+
+from types import SimpleNamespace
+
+import comfy.conds
+import comfy.latent_formats
+import comfy.model_base
+import comfy.model_patcher
+import comfy.patcher_extension
+import comfy.supported_models_base
+import torch
+
+from ..cosmos3_runtime import InputError, Request, TextKV
+from ..cosmos3_runtime.budget import estimate
+from ..cosmos3_runtime.request import SPATIAL_FACTOR
+from ..cosmos3_runtime.settings import TEMPORAL_FACTOR, default_flow_shift
+from .prompt_marker import PROMPT_KEY, PromptMarker
+
+TEXT_KV = "cosmos3_text_kv"
+FPS = "cosmos3_fps"
+REFUSED_COND_KEYS = {
+    "area": "area conditioning (ConditioningSetArea) crops the latent, which breaks Cosmos3's joint attention",
+    "mask": "mask conditioning (ConditioningSetMask) crops the latent, which breaks Cosmos3's joint attention; "
+            "use a LATENT noise_mask instead",
+    "control": "ControlNets do not apply to Cosmos3",
+    "gligen": "GLIGEN does not apply to Cosmos3",
+}  # fmt: skip
+
+
+def latent_format(vae_config) -> comfy.latent_formats.Wan22:
+    """Wan 2.2's latent format with this checkpoint's own statistics, normalised with the pack's formula."""
+
+    class Cosmos3Latent(comfy.latent_formats.Wan22):
+        def __init__(self):
+            super().__init__()
+            self.latents_mean = torch.tensor(vae_config.latents_mean).view(1, -1, 1, 1, 1)
+            self.latents_std = torch.tensor(vae_config.latents_std).view(1, -1, 1, 1, 1)
+
+        def process_in(self, latent):
+            mean, std = self.latents_mean.to(latent), self.latents_std.to(latent)
+            return (latent - mean) * (1.0 / std)
+
+        def process_out(self, latent):
+            mean, std = self.latents_mean.to(latent), self.latents_std.to(latent)
+            return latent / (1.0 / std) + mean
+
+    return Cosmos3Latent()
+
+
+class Cosmos3Config(comfy.supported_models_base.BASE):
+    unet_extra_config = {}
+    supported_inference_dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    vae_key_prefix = ["vae."]
+    text_encoder_key_prefix = ["text_encoder."]
+    memory_usage_factor = 1.0  # unused: memory_required is the pack's estimate
+
+    def __init__(self, pipeline):
+        super().__init__({"disable_unet_model_creation": True})  # the network is the pack's, already loaded
+        self.latent_format = latent_format(pipeline.vae.config)
+        variant = pipeline.variant
+        shift = 1.0 if variant.is_distilled else default_flow_shift(variant, is_image=False)
+        self.sampling_settings = {"shift": shift, "multiplier": 1000.0}
+        self.set_inference_dtype(pipeline.transformer.dtype, None)
+
+
+class Cosmos3Network(torch.nn.Module):
+    """The pack's transformer as ComfyUI's diffusion_model: forward(x, timestep, ...) -> velocity like x."""
+
+    def __init__(self, transformer):
+        super().__init__()
+        for name, child in transformer.named_children():
+            self.add_module(name, child)
+        for name, parameter in transformer.named_parameters(recurse=False):
+            self.register_parameter(name, parameter)
+        self.runtime = (transformer,)  # a tuple: not registered twice
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runtime[0].dtype
+
+    def forward(self, x, timestep, context=None, control=None, transformer_options={}, **kwargs):
+        return comfy.patcher_extension.WrapperExecutor.new_class_executor(
+            self._forward,
+            self,
+            comfy.patcher_extension.get_all_wrappers(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL,
+                                                     transformer_options),
+        ).execute(x, timestep, context, control, transformer_options, **kwargs)  # fmt: skip
+
+    def _forward(self, x, timestep, context, control, transformer_options, **kwargs):
+        if TEXT_KV not in kwargs:
+            raise InputError("the Cosmos3 MODEL got no Cosmos3 prompt: connect Cosmos3 Text Encode (core) to the "
+                             "sampler's positive and negative inputs")  # fmt: skip
+        text_kv, fps, mask = kwargs[TEXT_KV], kwargs.get(FPS, 24.0), kwargs.get("denoise_mask")
+        velocities = []
+        for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
+            out = self.runtime[0](x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
+                                  noisy_frames(mask[b]) if mask is not None else None, float(fps))  # fmt: skip
+            velocities.append(out.vision)
+        return torch.cat(velocities)
+
+
+def noisy_frames(mask: torch.Tensor) -> list[int]:
+    """Latent frames with anything left to denoise in a noise mask [C, T, h, w] (1 = denoise)."""
+    return [t for t, m in enumerate(mask.float().amax(dim=(0, 2, 3)).tolist()) if m > 0]
+
+
+class Cosmos3Model(comfy.model_base.BaseModel):
+    def __init__(self, config: Cosmos3Config, pipeline, device=None):
+        super().__init__(config, comfy.model_base.ModelType.FLOW, device=device)
+        self.diffusion_model = Cosmos3Network(pipeline.transformer)
+        self.pipeline = pipeline  # the tokenizer and the variant (not a module: holds no second copy)
+
+    def extra_conds(self, **kwargs):
+        prompt = kwargs.get(PROMPT_KEY)
+        if prompt is None:
+            raise InputError("the Cosmos3 MODEL needs its own conditioning: connect Cosmos3 Text Encode (core) "
+                             "to the sampler, not a CLIP text encoder")  # fmt: skip
+        if not isinstance(kwargs.get("cross_attn"), PromptMarker):
+            raise InputError("this Cosmos3 conditioning was changed by a core node that edits prompt embeddings; "
+                             "Cosmos3 prompts are token ids, so such nodes cannot apply")  # fmt: skip
+        for key, why in REFUSED_COND_KEYS.items():
+            if kwargs.get(key) is not None:
+                raise InputError(f"Cosmos3 conditioning cannot take {why}")
+        noise = kwargs["noise"]
+        channels = self.diffusion_model.runtime[0].config.latent_channel
+        if noise.ndim != 5 or noise.shape[1] != channels:
+            raise InputError(f"the Cosmos3 MODEL samples {channels}-channel Wan 2.2 video latents [B, {channels}, T, "
+                             f"h, w]; this LATENT is {list(noise.shape)}. Make it with Wan22ImageToVideoLatent (or "
+                             "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")  # fmt: skip
+        ids = prompt_ids(self.pipeline, prompt, noise.shape)
+        text = self.diffusion_model.runtime[0].encode_text(torch.tensor(ids, dtype=torch.long))  # once per run
+        out = {TEXT_KV: comfy.conds.CONDRegular(text.stacked().unsqueeze(0)), FPS: comfy.conds.CONDConstant(prompt.fps)}
+        if kwargs.get("denoise_mask") is not None:
+            out["denoise_mask"] = comfy.conds.CONDRegular(kwargs["denoise_mask"])
+        return out
+
+    def extra_conds_shapes(self, **kwargs):
+        """Before tokenizing (memory planning): the K/V cond's shape with the prompt's token bound."""
+        prompt = kwargs.get(PROMPT_KEY)
+        if prompt is None:
+            return {}
+        c = self.diffusion_model.runtime[0].config
+        return {TEXT_KV: [1, c.num_hidden_layers, 2, prompt.token_bound, c.num_key_value_heads, c.head_dim]}
+
+    def scale_latent_inpaint(self, sigma, noise, latent_image, **kwargs):
+        return latent_image  # clean frames stay exactly clean (they are not re-noised to sigma)
+
+    def memory_required(self, input_shape, cond_shapes={}):
+        """The pack's estimate of one forward per batch item (joint text + media attention, text K/V)."""
+        batch, _, frames, h, w = input_shape
+        tokens = max((shape[3] for shape in cond_shapes.get(TEXT_KV, [])), default=0)  # [1, layers, 2, L, K, D]
+        s = SimpleNamespace(height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, latent_frames=frames,
+                            guidance_scale=1.0)  # fmt: skip
+        one = estimate(self.diffusion_model.runtime[0].config, None, s, tokens, 0, self.get_dtype_inference())
+        return batch * one.total
+
+
+def prompt_ids(pipeline, prompt, latent_shape) -> list[int]:
+    """The token ids of a core-path prompt for a latent [B, C, T, h, w], as the pack's sampler builds them."""
+    _, _, frames, h, w = latent_shape
+    request = Request.build(**prompt.options, num_frames=1 + (frames - 1) * TEMPORAL_FACTOR, height=h * SPATIAL_FACTOR,
+                            width=w * SPATIAL_FACTOR, fps=prompt.fps, check_memory=False)  # fmt: skip
+    if prompt.negative:
+        _, _, ids = pipeline.prepare("", Request.build(request, negative_prompt=prompt.text))
+    else:
+        _, ids, _ = pipeline.prepare(prompt.text, request)
+    return ids
+
+
+def model_patcher(pipeline, load_device, offload_device, reload=None, disable_dynamic=False):
+    """A core MODEL patcher around a loaded pipeline's transformer. `reload(disable_dynamic=True)` gives ComfyUI an
+    independent copy when it asks for one (TorchCompileModel and hooks under dynamic VRAM)."""
+    model = Cosmos3Model(Cosmos3Config(pipeline), pipeline, device=load_device)
+    kind = comfy.model_patcher.ModelPatcher if disable_dynamic else comfy.model_patcher.CoreModelPatcher
+    patcher = kind(model, load_device=load_device, offload_device=offload_device)
+    if reload is not None:
+        patcher.cached_patcher_init = (reload, ())
+    return patcher

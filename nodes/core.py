@@ -1,0 +1,116 @@
+"""Nodes for the core ComfyUI path: a Cosmos3 checkpoint as core MODEL and VAE, its CONDITIONING, and the
+latent frame choice for video-to-video. Sampling itself is ComfyUI's (KSampler, SamplerCustomAdvanced).
+
+The pack's own sampler stays the path with serving-stack parity, the image guidance interval, action,
+sound and multi-GPU; what the core path cannot do is refused here with a message saying so.
+"""
+
+import torch
+
+from ..cosmos3_runtime import InputError, WorkerPool
+from ..cosmos3_runtime.request import TRI_STATE, help_of, parse_frame_indexes
+from . import services
+from .prompt_marker import CorePrompt, conditioning
+
+
+class Cosmos3CoreModel:
+    DESCRIPTION = ("The loaded Cosmos3 checkpoint as a core MODEL and VAE, for ComfyUI's own sampling nodes (KSampler, "
+                   "SamplerCustomAdvanced, ModelSamplingSD3) and VAE nodes (VAE Decode, VAE Encode, "
+                   "Wan22ImageToVideoLatent). The MODEL uses the loaded weights; the VAE is ComfyUI's Wan 2.2 VAE "
+                   "with the checkpoint's weights (its own copy).")  # fmt: skip
+    CATEGORY = "cosmos3/core"
+    RETURN_TYPES = ("MODEL", "VAE")
+    RETURN_NAMES = ("model", "vae")
+    OUTPUT_TOOLTIPS = ("a core MODEL: flow matching, shift 10 (Edge 3, distilled 1; change it with ModelSamplingSD3)",
+                       "a core VAE: ComfyUI's Wan 2.2 VAE")  # fmt: skip
+    FUNCTION = "build"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("COSMOS3_MODEL", {"tooltip": "from Cosmos3 Model Loader"})}}
+
+    def build(self, model):
+        spec = model.spec
+        if spec.gpus > 1:
+            raise InputError("the core MODEL runs on one GPU: multi-GPU (gpus > 1) is the Cosmos3 Sampler's; set "
+                             "gpus to 1 on the loader or sample with Cosmos3 Sampler")  # fmt: skip
+        if spec.runtime_placement:
+            raise InputError("offload_text and blocks_to_swap are the Cosmos3 Sampler's memory savers; the core "
+                             "MODEL is placed by ComfyUI's memory manager (start ComfyUI with --lowvram or "
+                             "--reserve-vram to stream layers), so turn them off on the loader")  # fmt: skip
+        pipe = model.pipeline
+        if isinstance(pipe, WorkerPool):
+            raise InputError("the core MODEL needs the checkpoint loaded in this process (gpus 1)")
+        from .comfy_vae import core_vae
+
+        return (model.model_patcher(), core_vae(pipe.vae))
+
+
+class Cosmos3CoreTextEncode:
+    DESCRIPTION = ("A Cosmos3 prompt and negative prompt as core CONDITIONING, for a Cosmos3 MODEL (Cosmos3 Core "
+                   "Model). Token ids are made at sampling time from the latent's size and frame count, with the "
+                   "same metadata (resolution, duration and fps, JSON captions, system prompt) as Cosmos3 Sampler.")  # fmt: skip
+    CATEGORY = "cosmos3/core"
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
+    RETURN_NAMES = ("positive", "negative")
+    FUNCTION = "encode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False,
+                           "tooltip": "prose, or a JSON object (a structured caption: resolution, duration and fps "
+                                      "are filled in from the latent)"}),  # fmt: skip
+                "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "",
+                                    "tooltip": help_of("negative_prompt")}),  # fmt: skip
+                "fps": ("FLOAT", {"default": 24.0, "min": 1.0, "max": 240.0, "step": 0.5,
+                        "tooltip": "the video's frame rate: the duration metadata and the model's fps input"}),  # fmt: skip
+                "system_prompt": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("use_system_prompt")}),
+                "resolution_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_resolution_template")}),
+                "duration_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_duration_template")}),
+                "json_captions": ("BOOLEAN", {"default": True, "tooltip": help_of("json_captions")}),
+            }
+        }
+
+    def encode(self, prompt, negative_prompt, fps, system_prompt, resolution_template, duration_template, json_captions):
+        options = {"use_system_prompt": TRI_STATE[system_prompt], "add_resolution_template": resolution_template,
+                   "add_duration_template": duration_template, "json_captions": json_captions}  # fmt: skip
+        positive = conditioning(CorePrompt(prompt, False, float(fps), options))
+        negative = conditioning(CorePrompt(negative_prompt, True, float(fps), options))
+        return (positive, negative)
+
+
+class Cosmos3ConditionFrames:
+    DESCRIPTION = ("Video-to-video on the core path: keep the chosen latent frames of a LATENT (VAE Encode of a clip, "
+                   "or Wan22ImageToVideoLatent) clean while the sampler makes the rest, through the LATENT's noise mask.")  # fmt: skip
+    CATEGORY = "cosmos3/core"
+    RETURN_TYPES = ("LATENT",)
+    RETURN_NAMES = ("latent",)
+    FUNCTION = "mask"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "samples": ("LATENT",),
+                "condition_frames": ("STRING", {"default": "0,1", "tooltip": help_of("condition_frame_indexes")}),
+            }
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, condition_frames):
+        return services.validation(lambda: parse_frame_indexes(condition_frames), condition_frames)
+
+    def mask(self, samples, condition_frames):
+        latents = samples["samples"]
+        frames = parse_frame_indexes(condition_frames)
+        if latents.ndim != 5 or frames[-1] >= latents.shape[2]:
+            raise InputError(f"condition frames {list(frames)} need a video LATENT with at least {frames[-1] + 1} "
+                             f"latent frames; this one is {list(latents.shape)}")  # fmt: skip
+        b, _, t, h, w = latents.shape
+        mask = torch.ones(b, 1, t, h, w)
+        mask[:, :, list(frames)] = 0.0
+        if samples.get("noise_mask") is not None:  # frames another node already keeps clean stay clean
+            mask = torch.minimum(mask, samples["noise_mask"].reshape(b, -1, t, h, w)[:, :1].float().cpu())
+        return ({**samples, "noise_mask": mask},)

@@ -1,0 +1,65 @@
+"""What a Cosmos3 CONDITIONING holds: the prompt itself (tokenized at sampling time, when the latent's
+size and frame count are known) and, in the slot where core conditionings keep embeddings, a marker.
+
+The marker is a one-element tensor that refuses every tensor operation. Core nodes that edit
+embeddings (ConditioningZeroOut, Concat, Average) and models that are not Cosmos3 would otherwise
+turn it into silent nonsense; with the marker they stop with a message that says what happened.
+No ComfyUI import: the pack's tests build these without ComfyUI.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+PROMPT_KEY = "cosmos3_prompt"
+
+
+@dataclass(frozen=True)
+class CorePrompt:
+    text: str
+    negative: bool  # the unconditional branch: negated metadata templates
+    fps: float
+    options: dict = field(default_factory=dict)  # Request fields: system prompt, templates, json_captions
+
+    @property
+    def token_bound(self) -> int:
+        """A quick upper estimate of the tokens for memory planning (the metadata adds well under 100)."""
+        return math.ceil(len(self.text.encode("utf-8")) / 2) + 100
+
+
+class Refusing(torch.Tensor):
+    """A placeholder tensor that stops any computation made with it, with `refusal` (its shape, dtype and
+    device can still be read)."""
+
+    refusal = ""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _HARMLESS:
+            return super().__torch_function__(func, types, args, kwargs or {})
+        raise RuntimeError(f"{getattr(func, '__name__', repr(func))}(): {cls.refusal}")
+
+    def __deepcopy__(self, memo):
+        return self  # immutable
+
+
+class PromptMarker(Refusing):
+    refusal = ("a Cosmos3 CONDITIONING holds a prompt, not text embeddings: core nodes that edit embeddings "
+               "(ConditioningZeroOut, ConditioningConcat, ConditioningAverage) do not work on Cosmos3 prompts (for an "
+               "unconditional branch use the negative output), and only a Cosmos3 MODEL (Cosmos3 Core Model) can "
+               "sample with it")  # fmt: skip
+
+
+def refusing(cls: type[Refusing], shape=(1,)) -> Refusing:
+    return torch.zeros(shape).as_subclass(cls)
+
+
+_T = torch.Tensor
+_HARMLESS = {_T.shape.__get__, _T.dtype.__get__, _T.device.__get__, _T.ndim.__get__, _T.is_nested.__get__,
+             _T.layout.__get__, _T.requires_grad.__get__, _T.size, _T.dim, _T.numel, _T.__repr__, _T.__format__}  # fmt: skip
+
+
+def conditioning(prompt: CorePrompt) -> list:
+    """A core CONDITIONING ([[tensor, dict]]) carrying one Cosmos3 prompt."""
+    return [[refusing(PromptMarker, (1, 1, 1)), {PROMPT_KEY: prompt}]]

@@ -1,0 +1,270 @@
+"""Cosmos3 as a core ComfyUI model, against a real ComfyUI (COMFYUI_DIR) and diffusers 0.42.1.
+
+Skipped unless COMFYUI_DIR points at a ComfyUI checkout; run by ComfyUI's Python (it needs ComfyUI's
+requirements). The core path is exact against diffusers when given the same noise and sigmas:
+ComfyUI's noise (a CPU generator seeded with the seed), the Cosmos3 Scheduler's SIGMAS, core samplers.
+Tolerances: one forward 1e-5, whole runs 1e-4 (fp32), decoded frames 1/255.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import COMFYUI_DIR, require
+
+pytestmark = pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout to run these")
+
+SIZE = dict(height=48, width=64)
+
+
+@pytest.fixture(scope="module")
+def core(comfyui):
+    import comfy.k_diffusion.sampling
+    import comfy.model_management
+    import comfy.samplers
+    import folder_paths
+    import nodes as comfy_nodes
+
+    class Core:
+        nodes, pack = comfy_nodes, comfyui.nodes
+        samplers, k_sampling, mm, folders = comfy.samplers, comfy.k_diffusion.sampling, comfy.model_management, folder_paths
+
+    return Core
+
+
+@pytest.fixture(scope="module")
+def models(core, tiny_factory, tmp_path_factory):
+    """Tiny checkpoints under ComfyUI's models/cosmos3 names, and a loader for them."""
+    root = tmp_path_factory.mktemp("cosmos3_models")
+    for name, options in {"Cosmos3-Edge": dict(kind="edge"), "Cosmos3-Nano": dict(kind="gated"),
+                          "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True)}.items():  # fmt: skip
+        shutil.copytree(tiny_factory(**options), root / name)
+    flow_match = shutil.copytree(tiny_factory(kind="gated"), root / "Cosmos3-FlowMatch")
+    _flow_match_scheduler(flow_match)
+    core.folders.add_model_folder_path("cosmos3", str(root))
+    return root
+
+
+def _flow_match_scheduler(root):
+    """A multi-step FlowMatch Euler scheduler: diffusers' pipeline then walks exactly Euler steps."""
+    from cosmos3_runtime.tiny import DISTILLED_SCHEDULER
+
+    config = {k: v for k, v in DISTILLED_SCHEDULER.items() if not k.startswith("fixed_step")}
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({**config, "shift": 3.0,
+                                                                          "stochastic_sampling": False}))  # fmt: skip
+    index = json.loads((root / "model_index.json").read_text())
+    index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
+    (root / "model_index.json").write_text(json.dumps(index))
+
+
+def load(core, name):
+    handle, _, _ = core.pack.Cosmos3ModelLoader().load(name, "fp32", "default")["result"]
+    model, vae = core.pack.Cosmos3CoreModel().build(handle)
+    return handle, model, vae
+
+
+def encode(core, prompt, negative="", fps=24.0, templates=True):
+    return core.pack.Cosmos3CoreTextEncode().encode(prompt, negative, fps, "auto", templates, templates, True)
+
+
+def sample(core, model, positive, negative, latent, sigmas, sampler, cfg, seed, mask=None):
+    """SamplerCustomAdvanced with CFGGuider and RandomNoise, as the node runs them."""
+    guider = core.samplers.CFGGuider(model)
+    guider.set_conds(positive, negative)
+    guider.set_cfg(cfg)
+    noise = torch.randn(latent.shape, generator=torch.manual_seed(seed), dtype=torch.float32)  # comfy.sample's noise
+    return guider.sample(noise, latent, sampler, sigmas, denoise_mask=mask, disable_pbar=True, seed=seed)
+
+
+def count_forwards(model):
+    """Record the batch size of every network forward, through ComfyUI's DIFFUSION_MODEL wrapper."""
+    import comfy.patcher_extension
+
+    batches = []
+
+    def wrapper(executor, *args, **kwargs):
+        batches.append(args[0].shape[0])
+        return executor(*args, **kwargs)
+
+    model = model.clone()
+    model.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "count", wrapper)
+    return model, batches
+
+
+def test_one_forward_equals_the_pack_transformer(core, models):
+    handle, model, _ = load(core, "Cosmos3-Edge")
+    pipe = handle.pipeline
+    positive, _ = encode(core, "a red ball rolls", fps=16.0)
+    x = torch.randn(1, 48, 3, 3, 4)
+    sigma = torch.tensor([0.7])
+    conds = model.model.extra_conds(**positive[0][1], cross_attn=positive[0][0], noise=x, device=torch.device("cpu"))
+    denoised = model.model.apply_model(x, sigma, **{k: c.cond for k, c in conds.items()})
+    request = dict(num_frames=9, **SIZE, fps=16.0, negative_prompt="")
+    _, ids, _ = pipe.prepare("a red ball rolls", core.pack.sampling.Request(**request))
+    expected = pipe.transformer(x, sigma * 1000, pipe.text_kv(ids), None, 16.0).vision
+    torch.testing.assert_close((x - denoised) / sigma, expected, atol=1e-5, rtol=0)
+
+
+def test_prompt_lengths_decide_batching_and_kv_is_made_once_per_run(core, models, monkeypatch):
+    handle, model, _ = load(core, "Cosmos3-Edge")
+    transformer = handle.pipeline.transformer
+    calls = []
+    monkeypatch.setattr(transformer, "encode_text", lambda ids, real=transformer.encode_text: calls.append(1) or real(ids))
+    sigmas = torch.tensor([1.0, 0.6, 0.3, 0.0])
+    euler = core.samplers.sampler_object("euler")
+    latent = torch.zeros(1, 48, 2, 3, 4)
+    counted, batches = count_forwards(model)
+    same = encode(core, "a cat", "a cat", templates=False)  # equal lengths: one batched forward per step
+    batched = sample(core, counted, *same, latent, sigmas, euler, 4.0, seed=1)
+    assert batches == [2, 2, 2] and len(calls) == 2  # text K/V: once per prompt per run, not per step
+    batches.clear()
+    different = encode(core, "a cat", "blurry, static, low quality, oversaturated")
+    sample(core, counted, *different, latent, sigmas, euler, 4.0, seed=1)
+    assert batches == [1, 1] * 3  # separate forwards: the text lengths differ
+    alone = sample(core, model, *same, latent, sigmas, euler, 4.0, seed=1)
+    torch.testing.assert_close(batched, alone, atol=1e-6, rtol=0)  # batching changes nothing
+
+
+def test_distilled_through_sigmas_and_lcm_matches_diffusers(core, models):
+    require("diffusers", minversion="0.42.1")
+    import diffusers_reference as ref
+
+    handle, model, _ = load(core, "Cosmos3-Super-Text2Image-4Step")
+    positive, negative = encode(core, "A cat on a sofa.")
+    _, sigmas = core.pack.Cosmos3Scheduler().build("auto", 0, 0.0, model=handle)
+    assert sigmas.tolist() == pytest.approx([1.0, 0.9375, 0.8333333, 0.625, 0.0])
+    seed = 3
+    step_noise = torch.Generator().manual_seed(seed)
+    torch.randn((1, 48, 3, 3, 4), generator=step_noise)  # diffusers draws the initial noise first, then each step's
+
+    def noise_sampler(sigma, sigma_next):
+        return torch.randn((1, 48, 3, 3, 4), generator=step_noise)
+
+    lcm = core.samplers.KSAMPLER(core.k_sampling.sample_lcm, extra_options={"noise_sampler": noise_sampler})
+    got = sample(core, model, positive, negative, torch.zeros(1, 48, 3, 3, 4), sigmas, lcm, 1.0, seed)
+    expected = ref.distilled_pipeline(models / "Cosmos3-Super-Text2Image-4Step")(
+        prompt="A cat on a sofa.", num_frames=9, **SIZE, generator=torch.Generator("cpu").manual_seed(seed),
+        output="latents")  # fmt: skip
+    latent_format = model.model.latent_format
+    assert expected.abs().max() > 0.5
+    torch.testing.assert_close(latent_format.process_in(got), expected.float(), atol=1e-4, rtol=0)
+
+
+def test_multi_step_euler_with_cfg_and_a_negative_matches_diffusers(core, models):
+    require("diffusers", minversion="0.42.1")
+    import diffusers_reference as ref
+
+    handle, model, _ = load(core, "Cosmos3-FlowMatch")
+    prompt, negative_prompt = "A robot arm stacks two cubes.", "blurry"
+    positive, negative = encode(core, prompt, negative_prompt)
+    _, sigmas = core.pack.Cosmos3Scheduler().build("checkpoint", 4, 0.0, model=handle)
+    euler = core.samplers.sampler_object("euler")
+    got = sample(core, model, positive, negative, torch.zeros(1, 48, 3, 3, 4), sigmas, euler, 4.0, seed=5)
+    with torch.no_grad():
+        expected = ref.omni_pipeline(models / "Cosmos3-FlowMatch")(
+            prompt=prompt, negative_prompt=negative_prompt, num_frames=9, **SIZE, num_inference_steps=4,
+            guidance_scale=4.0, generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video  # fmt: skip
+    assert expected.abs().max() > 0.5
+    torch.testing.assert_close(model.model.latent_format.process_in(got), expected.float(), atol=1e-4, rtol=0)
+
+
+def test_ksampler_and_model_sampling_sd3_at_the_checkpoint_shift(core, models):
+    import comfy_extras.nodes_model_advanced as advanced
+
+    _, model, _ = load(core, "Cosmos3-Nano")
+    assert model.get_model_object("model_sampling").shift == 10.0
+    positive, negative = encode(core, "a cat", "blurry")
+    latent = {"samples": torch.zeros(1, 48, 2, 3, 4)}
+    plain = core.nodes.common_ksampler(model, 7, 3, 4.0, "euler", "simple", positive, negative, latent)[0]
+    (shifted,) = advanced.ModelSamplingSD3().patch(model, 10.0)
+    again = core.nodes.common_ksampler(shifted, 7, 3, 4.0, "euler", "simple", positive, negative, latent)[0]
+    assert torch.equal(plain["samples"], again["samples"])
+    (other,) = advanced.ModelSamplingSD3().patch(model, 3.0)
+    changed = core.nodes.common_ksampler(other, 7, 3, 4.0, "euler", "simple", positive, negative, latent)[0]
+    assert (changed["samples"] - plain["samples"]).abs().max() > 1e-3  # the shift really is the model's
+
+
+def test_image_to_video_keeps_the_clean_frame_and_gives_it_no_time_embedding(core, models, monkeypatch):
+    from comfy_extras.nodes_wan import Wan22ImageToVideoLatent
+
+    handle, model, vae = load(core, "Cosmos3-Edge")
+    image = torch.rand(1, 48, 64, 3)
+    latent = Wan22ImageToVideoLatent.execute(vae, 64, 48, 9, 1, start_image=image).args[0]
+    assert latent["noise_mask"][0, 0, :, 0, 0].tolist() == [0.0, 1.0, 1.0]
+    seen = []
+    transformer = handle.pipeline.transformer
+    real = transformer.forward
+    monkeypatch.setattr(transformer, "forward", lambda *a, **k: seen.append(a[3]) or real(*a, **k))
+    positive, negative = encode(core, "a cat walks", "")
+    sigmas = torch.tensor([1.0, 0.5, 0.0])
+    out = sample(core, model, positive, negative, latent["samples"], sigmas, core.samplers.sampler_object("euler"),
+                 3.0, seed=2, mask=latent["noise_mask"])  # fmt: skip
+    assert seen and all(frames == [1, 2] for frames in seen)  # frame 0 is never noisy
+    encoded = vae.encode(image)
+    torch.testing.assert_close(out[:, :, :1], encoded, atol=1e-5, rtol=0)  # and comes back as it went in
+
+
+def test_condition_frames_node_masks_the_chosen_latent_frames(core, models):
+    latent = {"samples": torch.zeros(1, 48, 4, 3, 4)}
+    (masked,) = core.pack.Cosmos3ConditionFrames().mask(latent, "0,2")
+    assert masked["noise_mask"][0, 0, :, 0, 0].tolist() == [0.0, 1.0, 0.0, 1.0]
+    with pytest.raises(core.pack.vae.InputError, match="at least 5 latent frames"):
+        core.pack.Cosmos3ConditionFrames().mask(latent, "4")
+
+
+def test_core_vae_decodes_and_encodes_like_the_pack(core, models):
+    handle, _, vae = load(core, "Cosmos3-Edge")
+    pipe = handle.pipeline
+    raw = torch.randn(1, 48, 2, 3, 4)
+    ours = pipe.decode(raw, raw=True)
+    theirs = vae.decode(raw)[0]
+    assert theirs.shape == ours.shape == (5, 48, 64, 3)
+    assert (theirs - ours).abs().max() <= 1 / 255
+    frames = torch.rand(5, 48, 64, 3)
+    torch.testing.assert_close(vae.encode(frames), pipe.encode(frames, raw=True), atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_core_vae_at_the_released_widths(core):
+    """ComfyUI's own Wan 2.2 VAE class at dim 160 (the released build) with the pack VAE's weights (random,
+    in the released shapes: about 2.8 GB of fp32 for the two copies)."""
+    from cosmos3_tier2.nodes.comfy_vae import core_vae
+
+    from cosmos3_runtime.tiny import vae_config
+    from cosmos3_runtime.vae import VAEConfig, WanVAE
+
+    torch.manual_seed(0)
+    ours = WanVAE(VAEConfig.from_dict({**vae_config(0), "base_dim": 160, "decoder_base_dim": 256})).eval()
+    vae = core_vae(ours)
+    assert vae.first_stage_model.dim == 160
+    raw = torch.randn(1, 48, 2, 2, 2)
+    with torch.no_grad():
+        expected = (ours.decode(raw).float() / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0)
+    got = vae.decode(raw)[0]
+    assert got.shape == expected.shape == (5, 32, 32, 3) and expected.std() > 0.01
+    assert (got - expected).abs().max() <= 1 / 255
+
+
+def test_refusals_name_the_problem_and_the_next_run_works(core, models):
+    import comfy.model_management
+
+    _, model, _ = load(core, "Cosmos3-Edge")
+    positive, negative = encode(core, "a cat", "blurry")
+    sigmas = torch.tensor([1.0, 0.5, 0.0])
+    euler = core.samplers.sampler_object("euler")
+    with pytest.raises(core.pack.vae.InputError, match="48-channel Wan 2.2 video latents.*16"):
+        sample(core, model, positive, negative, torch.zeros(1, 16, 2, 3, 4), sigmas, euler, 3.0, seed=1)
+    for edit in (lambda: core.nodes.ConditioningZeroOut().zero_out(negative),
+                 lambda: core.nodes.ConditioningConcat().concat(positive, negative),
+                 lambda: core.nodes.ConditioningAverage().addWeighted(positive, negative, 0.5)):  # fmt: skip
+        with pytest.raises(RuntimeError, match="holds a prompt, not text embeddings"):
+            edit()
+    with pytest.raises(RuntimeError, match="only a Cosmos3 MODEL"):  # what any other core model does with c[0]
+        comfy.model_management.cast_to_device(positive[0][0], torch.device("cpu"), torch.float16)
+    clip_like = [[torch.zeros(1, 77, 768), {}]]
+    with pytest.raises(core.pack.vae.InputError, match="Cosmos3 Text Encode"):
+        sample(core, model, clip_like, negative, torch.zeros(1, 48, 2, 3, 4), sigmas, euler, 3.0, seed=1)
+    out = sample(core, model, positive, negative, torch.zeros(1, 48, 2, 3, 4), sigmas, euler, 3.0, seed=1)
+    assert out.shape == (1, 48, 2, 3, 4) and torch.isfinite(out).all()

@@ -9,14 +9,11 @@ whose vae/config.json has other widths (the pack's tiny test checkpoints) gets C
 built at the config's widths, through the same `comfy.sd.VAE` constructor, so everything else about
 it (dtype choice, memory estimates, tiling, its model patcher) is core behaviour.
 
-Importing this module imports ComfyUI: only nodes that run inside ComfyUI import it.
+ComfyUI is imported when a VAE is built, not with this module (the renaming is tested without it).
 """
 
 import re
 from contextlib import contextmanager
-
-import comfy.ldm.wan.vae2_2
-import comfy.sd
 
 from ..cosmos3_runtime.vae import VAEConfig, WanVAE
 
@@ -67,6 +64,8 @@ RELEASED = {"dim": 160, "dec_dim": 256, "dim_mult": [1, 2, 4, 4], "num_res_block
 @contextmanager
 def _wan22_widths(widths: dict):
     """Have comfy.sd.VAE build its Wan 2.2 class at `widths` (it passes the released ones)."""
+    import comfy.ldm.wan.vae2_2
+
     released = comfy.ldm.wan.vae2_2.WanVAE
     comfy.ldm.wan.vae2_2.WanVAE = lambda **options: released(**{**options, **widths})
     try:
@@ -75,8 +74,10 @@ def _wan22_widths(widths: dict):
         comfy.ldm.wan.vae2_2.WanVAE = released
 
 
-def core_vae(vae: WanVAE) -> "comfy.sd.VAE":
+def core_vae(vae: WanVAE):
     """A core VAE holding the pack VAE's weights (its own copy, in the dtype ComfyUI picks, managed by ComfyUI)."""
+    import comfy.sd
+
     config = vae.config
     widths = {"dim": config.base_dim, "dec_dim": config.decoder_dim, "dim_mult": list(config.dim_mult),
               "num_res_blocks": config.num_res_blocks, "temperal_downsample": list(config.temperal_downsample)}  # fmt: skip

@@ -106,6 +106,7 @@ def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
     if loaded is None:
         release_all()
         loaded = _loaded[spec] = load_pipeline(spec)
+        weakref.finalize(loaded, services.return_freed_memory_soon)  # when ComfyUI lets go of it
     return loaded
 
 

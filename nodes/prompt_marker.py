@@ -1,7 +1,7 @@
 """What a Cosmos3 CONDITIONING holds: the prompt itself (tokenized at sampling time, when the latent's
 size and frame count are known) and, in the slot where core conditionings keep embeddings, a marker.
 
-The marker is a one-element tensor that refuses every tensor operation. Core nodes that edit
+The marker is a one-element tensor that refuses every computation. Core nodes that edit
 embeddings (ConditioningZeroOut, Concat, Average) and models that are not Cosmos3 would otherwise
 turn it into silent nonsense; with the marker they stop with a message that says what happened.
 No ComfyUI import: the pack's tests build these without ComfyUI.
@@ -29,16 +29,18 @@ class CorePrompt:
 
 
 class Refusing(torch.Tensor):
-    """A placeholder tensor that stops any computation made with it, with `refusal` (its shape, dtype and
-    device can still be read)."""
+    """A placeholder tensor that stops any computation made with it, with `refusal`. Reading what it is
+    (shape, dtype, device, size in bytes: ComfyUI's caches measure their entries) still works."""
 
     refusal = ""
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if func in _HARMLESS:
-            return super().__torch_function__(func, types, args, kwargs or {})
-        raise RuntimeError(f"{getattr(func, '__name__', repr(func))}(): {cls.refusal}")
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        values = result if isinstance(result, (tuple, list)) else (result,)
+        if any(isinstance(value, torch.Tensor) for value in values):  # a computation: its result would be nonsense
+            raise RuntimeError(f"{getattr(func, '__name__', repr(func))}(): {cls.refusal}")
+        return result
 
     def __deepcopy__(self, memo):
         return self  # immutable
@@ -53,11 +55,6 @@ class PromptMarker(Refusing):
 
 def refusing(cls: type[Refusing], shape=(1,)) -> Refusing:
     return torch.zeros(shape).as_subclass(cls)
-
-
-_T = torch.Tensor
-_HARMLESS = {_T.shape.__get__, _T.dtype.__get__, _T.device.__get__, _T.ndim.__get__, _T.is_nested.__get__,
-             _T.layout.__get__, _T.requires_grad.__get__, _T.size, _T.dim, _T.numel, _T.__repr__, _T.__format__}  # fmt: skip
 
 
 def conditioning(prompt: CorePrompt) -> list:

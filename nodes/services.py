@@ -3,8 +3,11 @@
 ComfyUI modules are imported inside the functions: importing this file never imports ComfyUI.
 """
 
+import ctypes
+import ctypes.util
 import logging
 import os
+import threading
 
 import torch
 
@@ -97,6 +100,22 @@ def free_memory(num_bytes: int, device: torch.device) -> None:
     mm = _comfy("comfy.model_management")
     if mm is not None and device.type != "cpu":
         mm.free_memory(num_bytes, device)
+
+
+def return_freed_memory_soon(delay_s: float = 1.0) -> None:
+    """Give freed host memory back to the system once the collection that freed it is over. glibc keeps the freed
+    blocks of a second load in its heap (its mmap threshold rises after the first large free), so a released
+    checkpoint would otherwise stay in the process's RSS."""
+
+    def trim():
+        try:
+            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc: nothing to do
+            pass
+
+    timer = threading.Timer(delay_s, trim)
+    timer.daemon = True
+    timer.start()
 
 
 def empty_cache() -> None:

@@ -37,10 +37,12 @@ def is_link(value) -> bool:
 # Layout: two rows of stages, read left to right then top to bottom; each stage is a titled group.
 TOP_ROW = ("Model", "Input media", "Prompt")
 BOTTOM_ROW = ("Sample", "Output")
-MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt")
-MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action")
+MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt", "Cosmos3CoreModel")
+MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
+               "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames")  # fmt: skip
+SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise")
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
-                "Cosmos3ActionPlot")
+                "Cosmos3ActionPlot", "VAEDecode")  # fmt: skip
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
@@ -69,7 +71,7 @@ def stages(prompt: dict) -> dict[str, str]:
         kind = node["class_type"]
         if kind in MODEL_NODES:
             result[node_id] = "Model"
-        elif kind == "Cosmos3Sampler":  # (a sampler that makes a source clip too: the bottom row has room)
+        elif kind in SAMPLE_NODES:  # (a sampler that makes a source clip too: the bottom row has room)
             result[node_id] = "Sample"
         elif node_id in media_side or kind in ("LoadImage", "LoadVideo", "GetVideoComponents", "Cosmos3RobotState"):
             result[node_id] = "Input media"

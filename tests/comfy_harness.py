@@ -129,7 +129,93 @@ class GetVideoComponents:
         return (video.images, None, video.fps)
 
 
-CORE_NODES = {cls.__name__: cls for cls in (SaveImage, LoadImage, CreateVideo, SaveVideo, LoadVideo, GetVideoComponents)}
+class CoreSampling:
+    """Stand-ins for the core nodes of the core-MODEL workflows: they declare ComfyUI's inputs (checked against
+    the real nodes by test_comfyui_tier2.py) but cannot run without ComfyUI (test_comfyui_server.py runs them)."""
+
+    FUNCTION = "execute"
+
+    def execute(self, **inputs):
+        raise WorkflowError(f"{type(self).__name__} is ComfyUI's own node: run core-MODEL workflows in ComfyUI")
+
+
+SEED = ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True})
+SAMPLERS = ["euler", "uni_pc_bh2", "lcm"]  # the ones the shipped workflows use (a subset of ComfyUI's list)
+
+
+class KSampler(CoreSampling):
+    RETURN_TYPES = ("LATENT",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "seed": SEED,
+                             "steps": ("INT", {"default": 20, "min": 1, "max": 10000}),
+                             "cfg": ("FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01}),
+                             "sampler_name": (SAMPLERS,), "scheduler": (["simple", "beta", "normal"],),
+                             "positive": ("CONDITIONING",), "negative": ("CONDITIONING",), "latent_image": ("LATENT",),
+                             "denoise": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01})}}  # fmt: skip
+
+
+class SamplerCustomAdvanced(CoreSampling):
+    RETURN_TYPES = ("LATENT", "LATENT")
+    RETURN_NAMES = ("output", "denoised_output")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"noise": ("NOISE",), "guider": ("GUIDER",), "sampler": ("SAMPLER",), "sigmas": ("SIGMAS",),
+                             "latent_image": ("LATENT",)}}  # fmt: skip
+
+
+class CFGGuider(CoreSampling):
+    RETURN_TYPES = ("GUIDER",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "positive": ("CONDITIONING",), "negative": ("CONDITIONING",),
+                             "cfg": ("FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01})}}  # fmt: skip
+
+
+class KSamplerSelect(CoreSampling):
+    RETURN_TYPES = ("SAMPLER",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"sampler_name": (SAMPLERS,)}}
+
+
+class RandomNoise(CoreSampling):
+    RETURN_TYPES = ("NOISE",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"noise_seed": SEED}}
+
+
+class Wan22ImageToVideoLatent(CoreSampling):
+    RETURN_TYPES = ("LATENT",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        size = {"min": 32, "max": 16384, "step": 32}
+        return {"required": {"vae": ("VAE",), "width": ("INT", {"default": 1280, **size}),
+                             "height": ("INT", {"default": 704, **size}),
+                             "length": ("INT", {"default": 49, "min": 1, "max": 16384, "step": 4}),
+                             "batch_size": ("INT", {"default": 1, "min": 1, "max": 4096})},
+                "optional": {"start_image": ("IMAGE",)}}  # fmt: skip
+
+
+class VAEDecode(CoreSampling):
+    RETURN_TYPES = ("IMAGE",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "vae": ("VAE",)}}
+
+
+CORE_SAMPLING = (KSampler, SamplerCustomAdvanced, CFGGuider, KSamplerSelect, RandomNoise, Wan22ImageToVideoLatent,
+                 VAEDecode)  # fmt: skip
+CORE_NODES = {cls.__name__: cls for cls in (SaveImage, LoadImage, CreateVideo, SaveVideo, LoadVideo, GetVideoComponents,
+                                            *CORE_SAMPLING)}  # fmt: skip
 
 
 # --- node definitions --------------------------------------------------------------------------

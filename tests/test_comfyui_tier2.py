@@ -20,9 +20,8 @@ def real_inputs(node_id: str) -> dict:
     import nodes as comfy_nodes  # ComfyUI's nodes.py
 
     cls = comfy_nodes.NODE_CLASS_MAPPINGS.get(node_id)
-    if cls is None:
-        module = importlib.import_module("comfy_extras.nodes_video")
-        cls = getattr(module, node_id)
+    for module in ("comfy_extras.nodes_video", "comfy_extras.nodes_custom_sampler", "comfy_extras.nodes_wan"):
+        cls = cls or getattr(importlib.import_module(module), node_id, None)
     if hasattr(cls, "GET_NODE_INFO_V1"):
         info = cls.GET_NODE_INFO_V1()["input"]
     else:

@@ -414,10 +414,10 @@ class Cosmos3Transformer(nn.Module):
     @torch.no_grad()
     def encode_text(self, input_ids: torch.Tensor) -> TextKV:
         """Run the text tower once for a prompt; input_ids [L]."""
-        device = self.embed_tokens.weight.device
-        input_ids = input_ids.to(device).reshape(-1)
+        device = self.device  # the table may stay in host memory (a host's low-VRAM placement): look up there
+        input_ids = input_ids.reshape(-1)
         cos, sin = self.rope(text_positions(input_ids.numel(), device=device))
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device)).to(device)
         keys, values = [], []
         for layer in self.layers:
             x, k, v = layer.text(x, cos, sin)

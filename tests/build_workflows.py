@@ -40,7 +40,8 @@ BOTTOM_ROW = ("Sample", "Output")
 MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt", "Cosmos3CoreModel")
 MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
                "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames")  # fmt: skip
-SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise")
+SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise",
+                "Cosmos3Scheduler")
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
                 "Cosmos3ActionPlot", "VAEDecode")  # fmt: skip
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46

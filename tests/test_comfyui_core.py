@@ -268,3 +268,22 @@ def test_refusals_name_the_problem_and_the_next_run_works(core, models):
         sample(core, model, clip_like, negative, torch.zeros(1, 48, 2, 3, 4), sigmas, euler, 3.0, seed=1)
     out = sample(core, model, positive, negative, torch.zeros(1, 48, 2, 3, 4), sigmas, euler, 3.0, seed=1)
     assert out.shape == (1, 48, 2, 3, 4) and torch.isfinite(out).all()
+
+
+def test_the_model_is_the_loaded_weights_and_an_independent_copy_can_be_made(core, models):
+    """Same tensors (checkpoint names, so LoRA keys match); `cached_patcher_init` (what ComfyUI calls for a
+    non-dynamic delegate under dynamic VRAM: TorchCompileModel, hooks) gives an independent copy that samples the same."""
+    handle, model, _ = load(core, "Cosmos3-Edge")
+    transformer = handle.pipeline.transformer
+    weights = model.model.state_dict()
+    key = "diffusion_model.layers.0.self_attn.add_q_proj.weight"
+    assert weights[key].data_ptr() == transformer.layers[0].self_attn.add_q_proj.weight.data_ptr()
+    assert sum(k.startswith("diffusion_model.") for k in weights) == len(transformer.state_dict())
+    factory, args = model.cached_patcher_init
+    copy = factory(*args, disable_dynamic=True)
+    assert type(copy).__name__ == "ModelPatcher" and copy.model.diffusion_model.runtime[0] is not transformer
+    positive, negative = encode(core, "a cat", "blurry")
+    sigmas, euler = torch.tensor([1.0, 0.5, 0.0]), core.samplers.sampler_object("euler")
+    latent = torch.zeros(1, 48, 2, 3, 4)
+    assert torch.equal(sample(core, model, positive, negative, latent, sigmas, euler, 3.0, seed=4),
+                       sample(core, copy, positive, negative, latent, sigmas, euler, 3.0, seed=4))

@@ -240,7 +240,10 @@ def resolve(name: str | os.PathLike, components=("transformer", "vae", "tokenize
     try:
         return resolve_repo(text, components, local_files_only)
     except CheckpointError as exc:
-        raise CheckpointError(f"no folder {path.absolute()}, and as a Hugging Face repo id: {exc}") from None
+        repo_id, subfolder = split_repo_id(text)
+        tried = f"repo {repo_id}" + (f", subfolder {subfolder}" if subfolder else "")
+        raise CheckpointError(f"no such checkpoint folder: {path.absolute()}; also tried as a Hugging Face repo id "
+                              f"({tried}): {exc}") from None
 
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w.-]+)*")
@@ -259,8 +262,7 @@ def resolve_repo(name: str, components=("transformer", "vae", "tokenizer"), loca
     if not looks_like_repo_id(name):
         raise CheckpointError(f"{name!r} is not a Hugging Face repo id: the form is namespace/name (e.g. "
                               "nvidia/Cosmos3-Nano), optionally /subfolder; paths are not accepted here")  # fmt: skip
-    parts = name.split("/")
-    repo_id, subfolder = "/".join(parts[:2]), "/".join(parts[2:])
+    repo_id, subfolder = split_repo_id(name)
     prefix = f"{subfolder}/" if subfolder else ""
     patterns = [prefix + p for c in ("config", *components) for p in COMPONENT_PATTERNS[c]]
     needed = ["model_index.json", *(c for c in components if c != "tokenizer")]
@@ -280,11 +282,20 @@ def resolve_repo(name: str, components=("transformer", "vae", "tokenizer"), loca
             f"{repo_id} is not in the local Hugging Face cache and downloads are off; download it first "
             f"(huggingface-cli download {repo_id})"
         )
-    log.warning("downloading the files of %s from the Hugging Face Hub that are not in the local cache", repo_id)
-    try:
+    from huggingface_hub import HfApi
+
+    try:  # before announcing a download: does the repo exist, and can the Hub be reached?
+        HfApi().model_info(repo_id)
+        log.warning("downloading the files of %s from the Hugging Face Hub that are not in the local cache", repo_id)
         return Path(snapshot_download(repo_id, allow_patterns=patterns)) / subfolder
     except Exception as exc:  # network, auth, unknown repo: each ends the same way for the user
-        raise CheckpointError(f"could not download {repo_id} from the Hugging Face Hub: {exc}") from exc
+        raise CheckpointError(f"could not read {repo_id} from the Hugging Face Hub ({type(exc).__name__}: {exc})") from exc
+
+
+def split_repo_id(name: str) -> tuple[str, str]:
+    """`namespace/repo/sub/folder` -> ("namespace/repo", "sub/folder")."""
+    parts = name.split("/")
+    return "/".join(parts[:2]), "/".join(parts[2:])
 
 
 def _env_offline() -> bool:

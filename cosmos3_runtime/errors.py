@@ -12,6 +12,10 @@ class Cosmos3Error(Exception):
 class CheckpointError(Cosmos3Error, ValueError):
     """A checkpoint folder, config file or weight file is missing, malformed or incompatible."""
 
+    def __init__(self, message: str):
+        # one line, whatever a library (the Hub, safetensors, json) put into the text it quotes
+        super().__init__(" ".join(line.strip() for line in str(message).splitlines() if line.strip()))
+
 
 class InputError(Cosmos3Error, ValueError):
     """A generation request asks for something the model or the runtime cannot do."""

@@ -286,8 +286,9 @@ def test_names_that_are_neither_folders_nor_repo_ids(name):
 
 
 def test_a_missing_repo_shaped_path_says_both_what_it_looked_for(hub_cache):
-    with pytest.raises(CheckpointError, match="no folder .*models/Cosmos3-Nano, and as a Hugging Face repo id: "
-                                              "models/Cosmos3-Nano is not in the local Hugging Face cache"):
+    with pytest.raises(CheckpointError, match=r"no such checkpoint folder: .*models/Cosmos3-Nano; also tried as a "
+                                              r"Hugging Face repo id \(repo models/Cosmos3-Nano\): models/Cosmos3-Nano "
+                                              "is not in the local Hugging Face cache"):
         cosmos3_runtime.load("models/Cosmos3-Nano", local_files_only=True)
 
 
@@ -306,3 +307,8 @@ assert before == [p.float().sum().item() for p in model.parameters()]
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:] or f"crashed with signal {-result.returncode}"
+
+
+def test_checkpoint_errors_are_one_line_whatever_a_library_wrote():
+    assert str(CheckpointError("cannot read x (OSError: first line\n  second line\n)")) == \
+        "cannot read x (OSError: first line second line )"

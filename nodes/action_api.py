@@ -469,6 +469,7 @@ def prompt_graph(call: ActionCall, key: str) -> dict:
 class Cosmos3APIObservation:
     DESCRIPTION = "Used by the HTTP action endpoint: the observation its request carried (held in memory)."
     CATEGORY = "cosmos3/api"
+    DEV_ONLY = True  # internal to the endpoint: ComfyUI lists it only in developer mode
     RETURN_TYPES = ("IMAGE",)
     RETURN_NAMES = ("frames",)
     FUNCTION = "frames"
@@ -486,6 +487,7 @@ class Cosmos3APIObservation:
 class Cosmos3APIResult:
     DESCRIPTION = "Used by the HTTP action endpoint: hands the actions back to its waiting request."
     CATEGORY = "cosmos3/api"
+    DEV_ONLY = True
     RETURN_TYPES = ()
     OUTPUT_NODE = True
     FUNCTION = "hand_back"

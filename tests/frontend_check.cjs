@@ -1,6 +1,7 @@
 // Opens every UI workflow in a running ComfyUI's real front end (headless Chromium) and prints, as one
 // JSON line: the front end's own API conversion of each (app.graphToPrompt), the page errors seen
-// while it loaded, the zoom the template browser's fit-to-view gives it, and the report text a workflow with a missing checkpoint gets on its loader.
+// while it loaded, the zoom the template browser's fit-to-view gives it, the report text a workflow with a missing
+// checkpoint gets on its loader, and what the node search lists for a few queries.
 // Usage: node frontend_check.cjs URL WORKFLOW_DIR SCREENSHOT_DIR  (NODE_PATH must reach playwright-core;
 // CHROMIUM names the browser). Run by tests/test_comfyui_server.py.
 const fs = require("fs");
@@ -52,6 +53,21 @@ async function main() {
     const node = window.app.graph.getNodeById(id);
     return node.widgets.find((w) => w.name === "cosmos3_report")?.value ?? "";
   }, loader.id);
+  // The node search, as a user opens it (double click on an empty canvas): what a query lists.
+  report.search = {};
+  for (const term of ["Cosmos3 Core Model", "Cosmos3 API"]) {
+    await page.evaluate(() => window.app.graph.clear());
+    await page.waitForTimeout(300);
+    await page.mouse.dblclick(800, 500);
+    await page.waitForTimeout(800);
+    await page.keyboard.type(term);
+    await page.waitForTimeout(1500);
+    report.search[term] = await page.evaluate(() =>
+      [...document.querySelectorAll('[role="option"]')].map((o) => o.innerText.replace(/\s+/g, " ").trim()));
+    await page.screenshot({ path: path.join(shotDir, `search_${term.replace(/ /g, "_")}.png`) });
+    await page.keyboard.press("Escape");
+    await page.waitForTimeout(300);
+  }
   await browser.close();
   console.log(JSON.stringify(report));
 }

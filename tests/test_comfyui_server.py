@@ -178,6 +178,9 @@ def test_the_front_end_opens_and_converts_every_ui_workflow(server, tmp_path):
         assert report["errors"][path.stem] == [], report["errors"][path.stem]
         assert report["template_scale"][path.stem] >= 0.6  # opened from the template browser: text still drawn
     assert "checkpoint not installed: Cosmos3-Missing" in report["missing_notice"]
+    # the endpoint's internal nodes are developer-mode only: the node search does not offer them
+    assert any("Cosmos3 Core Model" in hit for hit in report["search"]["Cosmos3 Core Model"]), report["search"]
+    assert not any("Cosmos3 API" in hit for hit in report["search"]["Cosmos3 API"]), report["search"]
 
 
 def test_two_worker_processes_start_inside_comfyui(server):

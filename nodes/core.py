@@ -8,8 +8,9 @@ sound and multi-GPU; what the core path cannot do is refused here with a message
 import torch
 
 from ..cosmos3_runtime import InputError, WorkerPool
-from ..cosmos3_runtime.request import TRI_STATE, help_of, parse_frame_indexes
+from ..cosmos3_runtime.request import help_of, parse_frame_indexes
 from . import services
+from .sampling import prompt_inputs, prompt_options
 from .prompt_marker import CorePrompt, conditioning
 
 
@@ -59,23 +60,15 @@ class Cosmos3CoreTextEncode:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False,
-                           "tooltip": "prose, or a JSON object (a structured caption: resolution, duration and fps "
-                                      "are filled in from the latent)"}),  # fmt: skip
-                "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "",
-                                    "tooltip": help_of("negative_prompt")}),  # fmt: skip
+                **prompt_inputs("the latent's size and frame count and this node's fps"),
                 "fps": ("FLOAT", {"default": 24.0, "min": 1.0, "max": 240.0, "step": 0.5,
                         "tooltip": "the video's frame rate: the duration metadata and the model's fps input"}),  # fmt: skip
-                "system_prompt": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("use_system_prompt")}),
-                "resolution_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_resolution_template")}),
-                "duration_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_duration_template")}),
-                "json_captions": ("BOOLEAN", {"default": True, "tooltip": help_of("json_captions")}),
             }
         }
 
-    def encode(self, prompt, negative_prompt, fps, system_prompt, resolution_template, duration_template, json_captions):
-        options = {"use_system_prompt": TRI_STATE[system_prompt], "add_resolution_template": resolution_template,
-                   "add_duration_template": duration_template, "json_captions": json_captions}  # fmt: skip
+    def encode(self, prompt, negative_prompt, system_prompt, resolution_template, duration_template, json_captions,
+               fps):  # fmt: skip
+        options = prompt_options(system_prompt, resolution_template, duration_template, json_captions)
         positive = conditioning(CorePrompt(prompt, False, float(fps), options))
         negative = conditioning(CorePrompt(negative_prompt, True, float(fps), options))
         return (positive, negative)

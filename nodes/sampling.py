@@ -18,6 +18,27 @@ def auto_help(name: str) -> str:
     return f"{help_of(name)}; 0 = automatic"
 
 
+def prompt_inputs(filled_from: str) -> dict:
+    """The prompt widgets of both text-encode nodes: the prompts and how their metadata is applied."""
+    return {
+        "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False,
+                   "tooltip": "prose, or a JSON object (a structured caption: resolution, duration and fps are filled "
+                              f"in from {filled_from})"}),  # fmt: skip
+        "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "",
+                            "tooltip": help_of("negative_prompt")}),  # fmt: skip
+        "system_prompt": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("use_system_prompt")}),
+        "resolution_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_resolution_template")}),
+        "duration_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_duration_template")}),
+        "json_captions": ("BOOLEAN", {"default": True, "tooltip": help_of("json_captions")}),
+    }
+
+
+def prompt_options(system_prompt, resolution_template, duration_template, json_captions) -> dict:
+    """Those widgets as Request fields."""
+    return {"use_system_prompt": TRI_STATE[system_prompt], "add_resolution_template": resolution_template,
+            "add_duration_template": duration_template, "json_captions": json_captions}  # fmt: skip
+
+
 class Cosmos3TextEncode:
     DESCRIPTION = "A prompt (prose or a JSON caption) and a negative prompt, with the metadata templates to apply."
     CATEGORY = "cosmos3"
@@ -27,30 +48,12 @@ class Cosmos3TextEncode:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False,
-                           "tooltip": "prose, or a JSON object (a structured caption: resolution, duration and fps "
-                                      "are filled in from the sampler)"}),  # fmt: skip
-                "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "",
-                                    "tooltip": help_of("negative_prompt")}),  # fmt: skip
-                "system_prompt": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("use_system_prompt")}),
-                "resolution_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_resolution_template")}),
-                "duration_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_duration_template")}),
-                "json_captions": ("BOOLEAN", {"default": True, "tooltip": help_of("json_captions")}),
-            }
-        }
+        return {"required": prompt_inputs("the sampler")}
 
     def encode(self, prompt, negative_prompt, system_prompt, resolution_template, duration_template, json_captions):
         kind = "JSON caption" if json_captions and parse_caption(prompt) is not None else "prose"
-        text = {
-            "prompt": prompt,
-            "negative_prompt": negative_prompt,
-            "use_system_prompt": TRI_STATE[system_prompt],
-            "add_resolution_template": resolution_template,
-            "add_duration_template": duration_template,
-            "json_captions": json_captions,
-        }
+        text = {"prompt": prompt, "negative_prompt": negative_prompt,
+                **prompt_options(system_prompt, resolution_template, duration_template, json_captions)}  # fmt: skip
         return {"ui": {"text": [f"prompt read as {kind}"]}, "result": (text,)}
 
 

@@ -30,6 +30,20 @@ def require(module: str, minversion: str | None = None):
     return imported
 
 
+def use_flow_match_scheduler(root: Path) -> Path:
+    """Give a copied tiny checkpoint a multi-step FlowMatch Euler scheduler (shift 3, no fixed sigma list): diffusers'
+    task pipeline then walks plain Euler steps on its grid."""
+    from cosmos3_runtime.tiny import DISTILLED_SCHEDULER
+
+    config = {k: v for k, v in DISTILLED_SCHEDULER.items() if not k.startswith("fixed_step")}
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({**config, "shift": 3.0,
+                                                                          "stochastic_sampling": False}))  # fmt: skip
+    index = json.loads((root / "model_index.json").read_text())
+    index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
+    (root / "model_index.json").write_text(json.dumps(index))
+    return root
+
+
 @pytest.fixture(scope="session")
 def tiny_factory(tmp_path_factory):
     """Build (and cache) a tiny checkpoint for a given set of make_tiny_checkpoint options."""

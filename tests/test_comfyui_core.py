@@ -6,13 +6,12 @@ ComfyUI's noise (a CPU generator seeded with the seed), the Cosmos3 Scheduler's 
 Tolerances: one forward 1e-5, whole runs 1e-4 (fp32), decoded frames 1/255.
 """
 
-import json
 import shutil
 
 import pytest
 import torch
 
-from conftest import COMFYUI_DIR, require
+from conftest import COMFYUI_DIR, require, use_flow_match_scheduler
 
 pytestmark = pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout to run these")
 
@@ -41,22 +40,9 @@ def models(core, tiny_factory, tmp_path_factory):
     for name, options in {"Cosmos3-Edge": dict(kind="edge"), "Cosmos3-Nano": dict(kind="gated"),
                           "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True)}.items():  # fmt: skip
         shutil.copytree(tiny_factory(**options), root / name)
-    flow_match = shutil.copytree(tiny_factory(kind="gated"), root / "Cosmos3-FlowMatch")
-    _flow_match_scheduler(flow_match)
+    use_flow_match_scheduler(shutil.copytree(tiny_factory(kind="gated"), root / "Cosmos3-FlowMatch"))
     core.folders.add_model_folder_path("cosmos3", str(root))
     return root
-
-
-def _flow_match_scheduler(root):
-    """A multi-step FlowMatch Euler scheduler: diffusers' pipeline then walks exactly Euler steps."""
-    from cosmos3_runtime.tiny import DISTILLED_SCHEDULER
-
-    config = {k: v for k, v in DISTILLED_SCHEDULER.items() if not k.startswith("fixed_step")}
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({**config, "shift": 3.0,
-                                                                          "stochastic_sampling": False}))  # fmt: skip
-    index = json.loads((root / "model_index.json").read_text())
-    index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
-    (root / "model_index.json").write_text(json.dumps(index))
 
 
 def load(core, name):
@@ -66,7 +52,7 @@ def load(core, name):
 
 
 def encode(core, prompt, negative="", fps=24.0, templates=True):
-    return core.pack.Cosmos3CoreTextEncode().encode(prompt, negative, fps, "auto", templates, templates, True)
+    return core.pack.Cosmos3CoreTextEncode().encode(prompt, negative, "auto", templates, templates, True, fps)
 
 
 def sample(core, model, positive, negative, latent, sigmas, sampler, cfg, seed, mask=None):

@@ -12,7 +12,7 @@ from cosmos3_runtime.vae import VAEConfig, WanVAE
 
 
 def test_text_encode_makes_a_positive_and_a_negative_prompt(pack):
-    positive, negative = pack.Cosmos3CoreTextEncode().encode("a cat", "blurry", 16.0, "off", False, True, True)
+    positive, negative = pack.Cosmos3CoreTextEncode().encode("a cat", "blurry", "off", False, True, True, 16.0)
     (marker, meta), = positive
     prompt = meta["cosmos3_prompt"]
     assert (prompt.text, prompt.negative, prompt.fps) == ("a cat", False, 16.0)
@@ -25,7 +25,7 @@ def test_text_encode_makes_a_positive_and_a_negative_prompt(pack):
 def test_the_marker_can_be_measured_and_copied_but_not_computed_with(pack):
     """ComfyUI's caches size their entries (numel * element_size) and deep-copy conditionings; everything
     that would compute with it (ConditioningZeroOut, Concat, Average, another model's cast) stops with a message."""
-    (marker, _), = pack.Cosmos3CoreTextEncode().encode("a cat", "", 24.0, "auto", True, True, True)[0]
+    (marker, _), = pack.Cosmos3CoreTextEncode().encode("a cat", "", "auto", True, True, True, 24.0)[0]
     assert marker.numel() * marker.element_size() == 4 and marker.device.type == "cpu" and marker.ndim == 3
     assert copy.deepcopy(marker) is marker
     for compute in (torch.zeros_like, lambda m: torch.cat((m, m), 1), lambda m: m * 0.5 + m,

@@ -7,7 +7,7 @@ conditioned frames after every step (diffusers' base pipeline lets them drift by
 
 import numpy as np
 import pytest
-from conftest import require
+from conftest import require, use_flow_match_scheduler
 import torch
 from PIL import Image
 
@@ -108,18 +108,9 @@ def test_token_ids_match_diffusers(checkpoint, ours, prompt, negative, frames, s
 
 def test_multi_step_flow_match_checkpoint_matches_diffusers(tiny_gated, tmp_path):
     """A FlowMatch Euler scheduler without a fixed sigma list: multi-step, run as diffusers' task pipeline runs it."""
-    import json
     import shutil
 
-    from cosmos3_runtime.tiny import DISTILLED_SCHEDULER
-
-    root = shutil.copytree(tiny_gated, tmp_path / "flow-match")
-    config = {k: v for k, v in DISTILLED_SCHEDULER.items() if not k.startswith("fixed_step")}
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({**config, "shift": 3.0,
-                                                                          "stochastic_sampling": False}))  # fmt: skip
-    index = json.loads((root / "model_index.json").read_text())
-    index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
-    (root / "model_index.json").write_text(json.dumps(index))
+    root = use_flow_match_scheduler(shutil.copytree(tiny_gated, tmp_path / "flow-match"))
     common = dict(prompt="A robot arm stacks two cubes.", negative_prompt="blurry", num_frames=9, **SIZE)
     with torch.no_grad():
         expected = ref.omni_pipeline(root)(**common, num_inference_steps=STEPS, guidance_scale=4.0,

@@ -184,8 +184,8 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3APIObservation": ["key"],
         "Cosmos3APIResult": ["key"],
         "Cosmos3CoreModel": [],
-        "Cosmos3CoreTextEncode": ["prompt", "negative_prompt", "fps", "system_prompt", "resolution_template",
-                                  "duration_template", "json_captions"],
+        "Cosmos3CoreTextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template",
+                                  "duration_template", "json_captions", "fps"],
         "Cosmos3ConditionFrames": ["condition_frames"],
     }  # fmt: skip
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected

@@ -200,7 +200,7 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x).square()
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D].
 
     Batched 4-D inputs matter: for 3-D ones PyTorch's CPU dispatch falls back to the math kernel,
@@ -213,6 +213,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
 
 class MoTAttention(nn.Module):
     """Attention with separate text (UND) and media (GEN) projections and q/k norms."""
+
+    # The media attention: None is SDPA (`attention`); a host may set a function with `attention`'s shapes
+    # (q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D], no mask), e.g. ComfyUI's selected backend. The causal
+    # text prefill always runs SDPA: it runs once per prompt, and no host backend has a causal mode.
+    media_attention = None
 
     def __init__(self, config: TransformerConfig, text_output: bool):
         super().__init__()
@@ -263,7 +268,7 @@ class MoTAttention(nn.Module):
             q = shards.to_heads(q)
             k, v = shards.to_heads(k)[: shards.tokens], shards.to_heads(v)[: shards.tokens]
             text_k, text_v = shards.my_heads(text_k), shards.my_heads(text_v)
-        out = attention(q, torch.cat([text_k, k]), torch.cat([text_v, v]), causal=False)
+        out = (self.media_attention or attention)(q, torch.cat([text_k, k]), torch.cat([text_v, v]))
         if shards is not None:
             out = shards.to_tokens(out.view(out.shape[0], -1, self.head_dim)).flatten(1)
         return self.to_add_out(out)
@@ -395,6 +400,11 @@ class Cosmos3Transformer(nn.Module):
             self.action_proj_in = DomainAwareLinear(config.action_dim, H, n)
             self.action_proj_out = DomainAwareLinear(H, config.action_dim, n)
             self.action_modality_embed = nn.Parameter(torch.zeros(H))
+
+    def use_media_attention(self, attend) -> None:
+        """Run every layer's media attention with `attend` (see MoTAttention.media_attention; None: SDPA)."""
+        for layer in self.layers:
+            layer.self_attn.media_attention = attend
 
     @property
     def dtype(self) -> torch.dtype:

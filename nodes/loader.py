@@ -120,9 +120,11 @@ def load_pipeline(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
     home = services.offload_device() if spec.device == "offload" else compute
     if home.type != "cpu" and os.path.isdir(spec.source):
         services.free_memory(_folder_bytes(spec.source), home)
-    return load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
+    pipe = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
                 offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize,
                 linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class())  # fmt: skip
+    pipe.transformer.use_media_attention(services.media_attention())  # ComfyUI's backend, inside ComfyUI
+    return pipe
 
 
 def release_all() -> None:

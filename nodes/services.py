@@ -142,6 +142,20 @@ def linear_class():
     return ops.disable_weight_init.Linear if ops is not None else None
 
 
+def media_attention():
+    """ComfyUI's attention backend (what --use-sage-attention / --use-flash-attention select) in the runtime's
+    media-attention shapes, or None outside ComfyUI (the runtime then uses SDPA)."""
+    attention = _comfy("comfy.ldm.modules.attention")
+    if attention is None:
+        return None
+
+    def attend(q, k, v):  # q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D]
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, N, D]
+        return attention.optimized_attention(q, k, v, q.shape[1], skip_reshape=True, enable_gqa=True)[0]
+
+    return attend
+
+
 def in_comfyui() -> bool:
     return _comfy("comfy.model_patcher") is not None and _comfy("comfy.model_management") is not None
 

@@ -273,3 +273,59 @@ def test_the_model_is_the_loaded_weights_and_an_independent_copy_can_be_made(cor
     latent = torch.zeros(1, 48, 2, 3, 4)
     assert torch.equal(sample(core, model, positive, negative, latent, sigmas, euler, 3.0, seed=4),
                        sample(core, copy, positive, negative, latent, sigmas, euler, 3.0, seed=4))
+
+
+def test_media_attention_runs_on_comfyuis_backend_and_matches_sdpa(core, models, monkeypatch):
+    """Inside ComfyUI the media attention calls ComfyUI's optimized_attention (what --use-sage-attention and
+    --use-flash-attention select); outside, SDPA; same velocities. The causal text prefill stays SDPA."""
+    import comfy.ldm.modules.attention as attention
+
+    handle, model, _ = load(core, "Cosmos3-Edge")
+    transformer = handle.pipeline.transformer
+    assert transformer.layers[0].self_attn.media_attention is not None
+    calls = []
+    real = attention.optimized_attention
+    monkeypatch.setattr(attention, "optimized_attention", lambda *a, **k: calls.append(k) or real(*a, **k))
+    x, t = torch.randn(1, 48, 2, 3, 4), torch.tensor(600.0)
+    text = transformer.encode_text(torch.arange(20))
+    ours = transformer(x, t, text, None, 24.0).vision
+    assert len(calls) == len(transformer.layers) and calls[0]["enable_gqa"]  # media attention only
+    transformer.use_media_attention(None)  # the runtime's own SDPA
+    try:
+        torch.testing.assert_close(ours, transformer(x, t, text, None, 24.0).vision, atol=1e-5, rtol=0)
+    finally:
+        transformer.use_media_attention(core.pack.services.media_attention())
+    assert len(calls) == len(transformer.layers)
+
+
+def count_transformer_forwards(monkeypatch, handle) -> list:
+    transformer, calls = handle.pipeline.transformer, []
+    real = transformer.forward
+    monkeypatch.setattr(transformer, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("cache", ["EasyCache", "LazyCache"])
+@pytest.mark.parametrize("mode", ["t2v", "i2v"])
+def test_step_caches_skip_forwards_and_keep_clean_frames_clean(core, models, monkeypatch, cache, mode):
+    """EasyCache (a DIFFUSION_MODEL wrapper: it needs the network's forward behind the executor) and LazyCache
+    (a PREDICT_NOISE wrapper) skip transformer forwards; the prompt and negative differ in length, so each
+    has its own forwards and cache entries; on I2V the clean frame stays as encoded."""
+    import comfy_extras.nodes_easycache as easycache
+    from comfy_extras.nodes_wan import Wan22ImageToVideoLatent
+
+    handle, model, vae = load(core, "Cosmos3-Edge")
+    node = {"EasyCache": easycache.EasyCacheNode, "LazyCache": easycache.LazyCacheNode}[cache]
+    cached = node.execute(model, 3.0, 0.1, 0.95, False).args[0]  # a threshold that lets it skip
+    image = torch.rand(1, 48, 64, 3)
+    latent = Wan22ImageToVideoLatent.execute(vae, 64, 48, 9, 1, start_image=image if mode == "i2v" else None).args[0]
+    positive, negative = encode(core, "a cat walks", "blurry, static")
+    sigmas = core.pack.Cosmos3Scheduler().build("unipc", 20, 0.0, model=handle)[1]
+    calls = count_transformer_forwards(monkeypatch, handle)
+    out = sample(core, cached, positive, negative, latent["samples"], sigmas, core.samplers.sampler_object("euler"),
+                 4.0, seed=3, mask=latent.get("noise_mask"))  # fmt: skip
+    assert len(calls) <= 2 * 20 * 2 / 3, len(calls)  # at least a third of the 40 forwards skipped
+    assert torch.isfinite(out).all()
+    if mode == "i2v":
+        torch.testing.assert_close(out[:, :, :1], vae.encode(image), atol=1e-5, rtol=0)
+

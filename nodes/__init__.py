@@ -6,7 +6,7 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 
 from . import action_api, services
 from .action_api import Cosmos3APIObservation, Cosmos3APIResult
-from .core import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode
+from .core import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode, Cosmos3LoraLoader
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
@@ -40,6 +40,7 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3CoreModel": Cosmos3CoreModel,
     "Cosmos3CoreTextEncode": Cosmos3CoreTextEncode,
     "Cosmos3ConditionFrames": Cosmos3ConditionFrames,
+    "Cosmos3LoraLoader": Cosmos3LoraLoader,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3ModelLoader": "Cosmos3 Model Loader",
@@ -64,4 +65,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3CoreModel": "Cosmos3 Core Model",
     "Cosmos3CoreTextEncode": "Cosmos3 Text Encode (core)",
     "Cosmos3ConditionFrames": "Cosmos3 Condition Frames (core)",
+    "Cosmos3LoraLoader": "Cosmos3 LoRA Loader (core)",
 }

@@ -88,6 +88,7 @@ class Cosmos3Network(torch.nn.Module):
         for name, parameter in transformer.named_parameters(recurse=False):
             self.register_parameter(name, parameter)
         self.runtime = (transformer,)  # a tuple: not registered twice
+        self.inner_forward = self._forward  # one bound method: torch.compile guards on its identity
 
     @property
     def dtype(self) -> torch.dtype:
@@ -95,7 +96,7 @@ class Cosmos3Network(torch.nn.Module):
 
     def forward(self, x, timestep, context=None, control=None, transformer_options={}, **kwargs):
         return comfy.patcher_extension.WrapperExecutor.new_class_executor(
-            self._forward,
+            self.inner_forward,
             self,
             comfy.patcher_extension.get_all_wrappers(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL,
                                                      transformer_options),

@@ -48,6 +48,26 @@ def model_roots() -> list[str]:
     return roots
 
 
+def lora_names() -> list[str]:
+    """The .safetensors files in ComfyUI's loras folders ([] outside ComfyUI)."""
+    folder_paths = _comfy("folder_paths")
+    names = folder_paths.get_filename_list("loras") if folder_paths is not None else []
+    return [n for n in names if n.endswith(".safetensors")]
+
+
+def read_lora(name: str) -> dict:
+    """A LoRA's tensors, read from the loras folder (safetensors only: nothing is unpickled; the name cannot
+    leave the folder)."""
+    from safetensors.torch import load_file
+
+    from ..cosmos3_runtime import InputError
+
+    path = _comfy("folder_paths").get_full_path("loras", name) if name.endswith(".safetensors") else None
+    if path is None:
+        raise InputError(f"LoRA {name!r} is not a .safetensors file in models/loras")
+    return load_file(path)
+
+
 def validation(check, value) -> bool | str:
     """A VALIDATE_INPUTS result: True, or the error text that the front end shows on the node."""
     from ..cosmos3_runtime import InputError

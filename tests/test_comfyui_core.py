@@ -329,3 +329,122 @@ def test_step_caches_skip_forwards_and_keep_clean_frames_clean(core, models, mon
     if mode == "i2v":
         torch.testing.assert_close(out[:, :, :1], vae.encode(image), atol=1e-5, rtol=0)
 
+
+
+def test_torch_compile_model_gives_the_plain_output_without_recompiling(core, models, monkeypatch):
+    import comfy.ldm.modules.attention as attention
+    import torch._dynamo
+    from comfy_extras.nodes_torch_compile import TorchCompileModel
+
+    # (ComfyUI's CPU default, sub-quadratic attention, reads free memory inside the graph: a guard that changes)
+    monkeypatch.setattr(attention, "optimized_attention", attention.attention_pytorch)
+    _, model, _ = load(core, "Cosmos3-Edge")
+    compiled = TorchCompileModel.execute(model, "inductor").args[0]
+    positive, negative = encode(core, "a cat", "blurry")
+    sigmas, euler = torch.tensor([1.0, 0.7, 0.4, 0.0]), core.samplers.sampler_object("euler")
+    latent = torch.zeros(1, 48, 2, 3, 4)
+    plain = sample(core, model, positive, negative, latent, sigmas, euler, 3.0, seed=8)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    first = sample(core, compiled, positive, negative, latent, sigmas, euler, 3.0, seed=8)
+    frames = dict(torch._dynamo.utils.counters["frames"])
+    second = sample(core, compiled, positive, negative, latent, sigmas, euler, 3.0, seed=8)
+    assert dict(torch._dynamo.utils.counters["frames"]) == frames  # the second run compiled nothing new
+    torch.testing.assert_close(first, plain, atol=1e-4, rtol=0)
+    assert torch.equal(first, second)
+    assert not torch._dynamo.utils.counters["graph_break"]  # text-to-video: the whole forward is one graph
+
+
+LORA_MODULES = ("layers.0.self_attn.add_q_proj", "layers.0.self_attn.to_k", "layers.1.mlp_moe_gen.down_proj")
+
+
+def write_lora(path, transformer, prefix, rank=4, seed=0, modules=LORA_MODULES):
+    """A PEFT-style LoRA (lora_A [r, in], lora_B [out, r], no alpha: scale 1) and its merged deltas."""
+    from safetensors.torch import save_file
+
+    generator, tensors, deltas = torch.Generator().manual_seed(seed), {}, {}
+    for name in modules:
+        weight = transformer.get_submodule(name).weight
+        a = torch.randn(rank, weight.shape[1], generator=generator) * 0.3
+        b = torch.randn(weight.shape[0], rank, generator=generator) * 0.3
+        tensors[f"{prefix}{name}.lora_A.weight"], tensors[f"{prefix}{name}.lora_B.weight"] = a, b
+        deltas[name] = b @ a
+    save_file(tensors, str(path))
+    return deltas
+
+
+@pytest.fixture
+def loras(core, tmp_path):
+    core.folders.add_model_folder_path("loras", str(tmp_path))
+    return tmp_path
+
+
+def merged_model(core, models, name, deltas, strength):
+    """The same checkpoint loaded again with the LoRA merged into its weights (the reference)."""
+    import sys
+
+    runtime = sys.modules["cosmos3_tier2.cosmos3_runtime"]
+    pipe = runtime.load(models / name, dtype=torch.float32)
+    pipe.transformer.use_media_attention(core.pack.services.media_attention())
+    with torch.no_grad():
+        for module, delta in deltas.items():
+            pipe.transformer.get_submodule(module).weight += strength * delta
+    from cosmos3_tier2.nodes.comfy_model import model_patcher
+
+    return model_patcher(pipe, torch.device("cpu"), torch.device("cpu")), pipe
+
+
+@pytest.mark.parametrize("style", ["core loader, diffusion_model.*", "pack node, transformer.*",
+                                   "pack node, base_model.model.*"])  # fmt: skip
+def test_a_lora_equals_the_same_lora_merged_into_the_weights(core, models, loras, style):
+    handle, model, _ = load(core, "Cosmos3-Edge")
+    prefix = {"core": "diffusion_model.", "pack node, t": "transformer.", "pack node, b": "base_model.model."}[
+        next(p for p in ("core", "pack node, t", "pack node, b") if style.startswith(p))]  # fmt: skip
+    deltas = write_lora(loras / "cosmos3_test.safetensors", handle.pipeline.transformer, prefix)
+    if style.startswith("core"):
+        (patched,) = core.nodes.LoraLoaderModelOnly().load_lora_model_only(model, "cosmos3_test.safetensors", 0.7)
+    else:
+        result = core.pack.Cosmos3LoraLoader().load(model, "cosmos3_test.safetensors", 0.7)
+        patched, report = result["result"]
+        assert report.startswith("cosmos3_test.safetensors: 3 modules patched") and "not placed" not in report
+    reference, _ = merged_model(core, models, "Cosmos3-Edge", deltas, 0.7)
+    positive, negative = encode(core, "a cat", "blurry")  # to_k is on the text tower: the prompt's K/V change
+    sigmas, euler = torch.tensor([1.0, 0.6, 0.3, 0.0]), core.samplers.sampler_object("euler")
+    latent = torch.zeros(1, 48, 2, 3, 4)
+    got = sample(core, patched, positive, negative, latent, sigmas, euler, 3.0, seed=6)
+    expected = sample(core, reference, positive, negative, latent, sigmas, euler, 3.0, seed=6)
+    plain = sample(core, model, positive, negative, latent, sigmas, euler, 3.0, seed=6)
+    assert (expected - plain).abs().max() > 1e-2  # the LoRA does something
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    if not style.startswith("core"):
+        (zero, _) = core.pack.Cosmos3LoraLoader().load(model, "cosmos3_test.safetensors", 0.0)["result"]
+        assert torch.equal(sample(core, zero, positive, negative, latent, sigmas, euler, 3.0, seed=6), plain)
+
+
+def test_lora_refusals_name_the_problem(core, models, loras):
+    from safetensors.torch import save_file
+
+    handle, model, _ = load(core, "Cosmos3-Edge")
+    node = core.pack.Cosmos3LoraLoader()
+    save_file({"double_blocks.0.img_attn.qkv.lora_A.weight": torch.zeros(4, 8),
+               "double_blocks.0.img_attn.qkv.lora_B.weight": torch.zeros(8, 4)}, str(loras / "flux.safetensors"))
+    with pytest.raises(core.pack.vae.InputError, match="looks like a LoRA for Flux"):
+        node.load(model, "flux.safetensors", 1.0)
+    save_file({"something.else.lora_A.weight": torch.zeros(4, 8)}, str(loras / "nothing.safetensors"))
+    with pytest.raises(core.pack.vae.InputError, match="none of the 1 keys"):
+        node.load(model, "nothing.safetensors", 1.0)
+    transformer = handle.pipeline.transformer
+    write_lora(loras / "shaped.safetensors", transformer, "transformer.", modules=LORA_MODULES[:1])
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(loras / "shaped.safetensors"))
+    tensors["transformer.layers.0.self_attn.add_q_proj.lora_A.weight"] = torch.zeros(4, 7)  # another model's width
+    save_file(tensors, str(loras / "shaped.safetensors"))
+    with pytest.raises(core.pack.vae.InputError, match="add_q_proj.weight.*does not fit"):
+        node.load(model, "shaped.safetensors", 1.0)
+    with pytest.raises(core.pack.vae.InputError, match="not a .safetensors file"):
+        node.load(model, "../../etc/passwd", 1.0)
+    positive, negative = encode(core, "a cat", "")
+    out = sample(core, model, positive, negative, torch.zeros(1, 48, 2, 3, 4), torch.tensor([1.0, 0.0]),
+                 core.samplers.sampler_object("euler"), 1.0, seed=1)  # fmt: skip
+    assert torch.isfinite(out).all()  # the model is unharmed

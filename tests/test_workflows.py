@@ -187,6 +187,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3CoreTextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template",
                                   "duration_template", "json_captions", "fps"],
         "Cosmos3ConditionFrames": ["condition_frames"],
+        "Cosmos3LoraLoader": ["lora_name", "strength"],
     }  # fmt: skip
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
 

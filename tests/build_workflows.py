@@ -37,7 +37,8 @@ def is_link(value) -> bool:
 # Layout: two rows of stages, read left to right then top to bottom; each stage is a titled group.
 TOP_ROW = ("Model", "Input media", "Prompt")
 BOTTOM_ROW = ("Sample", "Output")
-MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt", "Cosmos3CoreModel")
+MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt", "Cosmos3CoreModel", "EasyCache", "TorchCompileModel",
+               "Cosmos3LoraLoader")  # fmt: skip
 MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
                "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames")  # fmt: skip
 SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise",

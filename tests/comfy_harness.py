@@ -212,7 +212,28 @@ class VAEDecode(CoreSampling):
         return {"required": {"samples": ("LATENT",), "vae": ("VAE",)}}
 
 
-CORE_SAMPLING = (KSampler, SamplerCustomAdvanced, CFGGuider, KSamplerSelect, RandomNoise, Wan22ImageToVideoLatent,
+class EasyCache(CoreSampling):
+    RETURN_TYPES = ("MODEL",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        fraction = {"min": 0.0, "max": 1.0, "step": 0.01}
+        return {"required": {"model": ("MODEL",),
+                             "reuse_threshold": ("FLOAT", {"default": 0.2, "min": 0.0, "max": 3.0, "step": 0.01}),
+                             "start_percent": ("FLOAT", {"default": 0.15, **fraction}),
+                             "end_percent": ("FLOAT", {"default": 0.95, **fraction}),
+                             "verbose": ("BOOLEAN", {"default": False})}}  # fmt: skip
+
+
+class TorchCompileModel(CoreSampling):
+    RETURN_TYPES = ("MODEL",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "backend": (["inductor", "cudagraphs"], {"default": "inductor"})}}
+
+
+CORE_SAMPLING = (EasyCache, TorchCompileModel, KSampler, SamplerCustomAdvanced, CFGGuider, KSamplerSelect, RandomNoise, Wan22ImageToVideoLatent,
                  VAEDecode)  # fmt: skip
 CORE_NODES = {cls.__name__: cls for cls in (SaveImage, LoadImage, CreateVideo, SaveVideo, LoadVideo, GetVideoComponents,
                                             *CORE_SAMPLING)}  # fmt: skip

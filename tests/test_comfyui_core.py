@@ -448,3 +448,19 @@ def test_lora_refusals_name_the_problem(core, models, loras):
     out = sample(core, model, positive, negative, torch.zeros(1, 48, 2, 3, 4), torch.tensor([1.0, 0.0]),
                  core.samplers.sampler_object("euler"), 1.0, seed=1)  # fmt: skip
     assert torch.isfinite(out).all()  # the model is unharmed
+
+
+def test_easycache_at_its_most_eager_still_ends_with_a_sensible_result(core, models, monkeypatch):
+    import comfy_extras.nodes_easycache as easycache
+
+    handle, model, _ = load(core, "Cosmos3-Edge")
+    eager = easycache.EasyCacheNode.execute(model, 3.0, 0.0, 1.0, False).args[0]
+    positive, negative = encode(core, "a cat", "blurry")
+    sigmas = core.pack.Cosmos3Scheduler().build("unipc", 20, 0.0, model=handle)[1]
+    calls = count_transformer_forwards(monkeypatch, handle)
+    out = sample(core, eager, positive, negative, torch.zeros(1, 48, 2, 3, 4), sigmas,
+                 core.samplers.sampler_object("euler"), 4.0, seed=3)  # fmt: skip
+    assert 2 <= len(calls) < 40 and torch.isfinite(out).all() and out.abs().max() < 100
+    plain = sample(core, model, positive, negative, torch.zeros(1, 48, 2, 3, 4), sigmas,
+                   core.samplers.sampler_object("euler"), 4.0, seed=3)  # fmt: skip
+    assert torch.isfinite(plain).all()  # and the model without the cache is untouched

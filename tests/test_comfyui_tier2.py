@@ -20,8 +20,10 @@ def real_inputs(node_id: str) -> dict:
     import nodes as comfy_nodes  # ComfyUI's nodes.py
 
     cls = comfy_nodes.NODE_CLASS_MAPPINGS.get(node_id)
-    for module in ("comfy_extras.nodes_video", "comfy_extras.nodes_custom_sampler", "comfy_extras.nodes_wan"):
-        cls = cls or getattr(importlib.import_module(module), node_id, None)
+    for module in ("comfy_extras.nodes_video", "comfy_extras.nodes_custom_sampler", "comfy_extras.nodes_wan",
+                   "comfy_extras.nodes_easycache", "comfy_extras.nodes_torch_compile"):
+        found = importlib.import_module(module)
+        cls = cls or getattr(found, node_id, None) or getattr(found, node_id + "Node", None)
     if hasattr(cls, "GET_NODE_INFO_V1"):
         info = cls.GET_NODE_INFO_V1()["input"]
     else:

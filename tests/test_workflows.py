@@ -25,7 +25,7 @@ from conftest import ROOT
 
 API = sorted((ROOT / "workflows" / "api").glob("*.json"))
 ACTION = [p for p in API if "_droid_" in p.name]  # action workflows (Edge-Policy-DROID)
-CORE = [p for p in API if p.stem.endswith("_core")]  # core-MODEL workflows: ComfyUI samples (test_comfyui_server.py)
+CORE = [p for p in API if p.stem.endswith(("_core", "_easycache"))]  # ComfyUI samples them (test_comfyui_server.py)
 UI = sorted((ROOT / "workflows").glob("*.json"))
 
 

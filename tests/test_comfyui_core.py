@@ -464,3 +464,20 @@ def test_easycache_at_its_most_eager_still_ends_with_a_sensible_result(core, mod
     plain = sample(core, model, positive, negative, torch.zeros(1, 48, 2, 3, 4), sigmas,
                    core.samplers.sampler_object("euler"), 4.0, seed=3)  # fmt: skip
     assert torch.isfinite(plain).all()  # and the model without the cache is untouched
+
+
+def test_a_lora_on_the_core_model_leaves_the_pack_sampler_unchanged(core, models, loras):
+    """Both paths share one patcher: ComfyUI unpatches the LoRA'd clone when the pack's sampler loads the model."""
+    handle, model, _ = load(core, "Cosmos3-Edge")
+    write_lora(loras / "shared.safetensors", handle.pipeline.transformer, "transformer.")
+    text = core.pack.Cosmos3TextEncode().encode("a cat", "blurry", "auto", True, True, True)["result"][0]
+
+    def pack_sample():
+        return core.pack.Cosmos3Sampler().sample(handle, text, 64, 48, 5, 0.0, 3.0, "auto", 1)["result"][0]["samples"]
+
+    before = pack_sample()
+    patched, _ = core.pack.Cosmos3LoraLoader().load(model, "shared.safetensors", 1.0)["result"]
+    positive, negative = encode(core, "a cat", "blurry")
+    sample(core, patched, positive, negative, torch.zeros(1, 48, 2, 3, 4), torch.tensor([1.0, 0.5, 0.0]),
+           core.samplers.sampler_object("euler"), 3.0, seed=1)  # fmt: skip
+    assert torch.equal(pack_sample(), before)

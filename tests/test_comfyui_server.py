@@ -78,6 +78,7 @@ def server(tmp_path_factory, tiny_factory):
     (base / "custom_nodes" / "cosmos3").symlink_to(ROOT, target_is_directory=True)
     for name, options in CHECKPOINTS.items():
         shutil.copytree(tiny_factory(**options), base / "models" / "cosmos3" / name)
+    _write_loras(base / "models" / "loras", base / "models" / "cosmos3" / "Cosmos3-Edge" / "transformer")
     (base / "input").mkdir()
     pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(base / "input" / "example.png")
@@ -108,6 +109,21 @@ def server(tmp_path_factory, tiny_factory):
     except subprocess.TimeoutExpired:
         process.kill()
     log.close()
+
+
+def _write_loras(folder: Path, transformer: Path) -> None:
+    """A LoRA for the tiny Edge checkpoint (diffusers' transformer.* keys) and one whose keys are Flux's."""
+    from safetensors.torch import save_file
+
+    from cosmos3_runtime.weights import read_headers
+
+    folder.mkdir(parents=True)
+    out_features, in_features = read_headers(transformer)[0]["layers.0.self_attn.add_q_proj.weight"]["shape"]
+    module = "transformer.layers.0.self_attn.add_q_proj"
+    save_file({f"{module}.lora_A.weight": torch.randn(4, in_features), f"{module}.lora_B.weight": torch.randn(out_features, 4)},
+              str(folder / "cosmos3_edge_test.safetensors"))  # fmt: skip
+    save_file({"double_blocks.0.img_attn.qkv.lora_A.weight": torch.zeros(4, 8),
+               "double_blocks.0.img_attn.qkv.lora_B.weight": torch.zeros(8, 4)}, str(folder / "flux_style.safetensors"))
 
 
 def _run(url: str, prompt: dict, timeout: float = 300) -> dict:
@@ -147,6 +163,26 @@ def test_every_api_workflow_runs_in_the_server(server, path):
     reports = [text for output in history["outputs"].values() for text in output.get("text", [])]
     modes = ("t2i", "t2v", "i2v", "v2v", "policy", "forward_dynamics", "inverse_dynamics")
     assert any(line.startswith(modes) for line in reports), reports
+
+
+def test_a_lora_on_the_core_model_and_a_lora_for_another_model(server):
+    url, _ = server
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2v_core.json").read_text()))
+    prompt["30"] = {"class_type": "Cosmos3LoraLoader", "inputs": {"model": ["2", 0], "strength": 0.8,
+                                                                 "lora_name": "cosmos3_edge_test.safetensors"}}  # fmt: skip
+    prompt["6"]["inputs"]["model"] = ["30", 0]
+    history = _run(url, prompt)
+    assert history["status"]["status_str"] == "success", history["status"]
+    assert history["outputs"]["30"]["text"] == ["cosmos3_edge_test.safetensors: 1 modules patched at strength 0.8"]
+    prompt["30"]["inputs"]["lora_name"] = "flux_style.safetensors"
+    history = _run(url, prompt)
+    errors = [data.get("exception_message", "") for event, data in history["status"]["messages"] if event == "execution_error"]
+    assert history["status"]["status_str"] == "error" and "looks like a LoRA for Flux" in errors[0], errors
+    prompt["30"]["inputs"].update(lora_name="../../secret.safetensors")
+    status, reply = _call(f"{url}/prompt", {"prompt": prompt})
+    assert status == 400 and reply["node_errors"]["30"]["errors"][0]["type"] == "value_not_in_list", reply
+    prompt["6"]["inputs"]["model"] = ["2", 0]  # and without the LoRA the next run works
+    assert _run(url, prompt)["status"]["status_str"] == "success"
 
 
 def test_queue_time_validation_rejects_a_bad_size(server):

@@ -15,6 +15,7 @@ ModelSamplingSD3, Wan22ImageToVideoLatent's noise mask) work on, around the pack
 Importing this module imports ComfyUI: only nodes that run inside ComfyUI import it.
 """
 
+import logging
 from types import SimpleNamespace
 
 import comfy.conds
@@ -31,6 +32,7 @@ from ..cosmos3_runtime.request import SPATIAL_FACTOR
 from ..cosmos3_runtime.settings import TEMPORAL_FACTOR, default_flow_shift
 from .prompt_marker import PROMPT_KEY, PromptMarker
 
+log = logging.getLogger("cosmos3")
 TEXT_KV = "cosmos3_text_kv"
 FPS = "cosmos3_fps"
 REFUSED_COND_KEYS = {
@@ -81,7 +83,7 @@ class Cosmos3Config(comfy.supported_models_base.BASE):
 class Cosmos3Network(torch.nn.Module):
     """The pack's transformer as ComfyUI's diffusion_model: forward(x, timestep, ...) -> velocity like x."""
 
-    def __init__(self, transformer):
+    def __init__(self, transformer, distilled: bool = False):
         super().__init__()
         for name, child in transformer.named_children():
             self.add_module(name, child)
@@ -89,6 +91,7 @@ class Cosmos3Network(torch.nn.Module):
             self.register_parameter(name, parameter)
         self.runtime = (transformer,)  # a tuple: not registered twice
         self.inner_forward = self._forward  # one bound method: torch.compile guards on its identity
+        self.distilled, self.warned_cfg = distilled, False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -107,6 +110,10 @@ class Cosmos3Network(torch.nn.Module):
             raise InputError("the Cosmos3 MODEL got no Cosmos3 prompt: connect Cosmos3 Text Encode (core) to the "
                              "sampler's positive and negative inputs")  # fmt: skip
         text_kv, fps, mask = kwargs[TEXT_KV], kwargs.get(FPS, 24.0), kwargs.get("denoise_mask")
+        if self.distilled and 1 in transformer_options.get("cond_or_uncond", ()) and not self.warned_cfg:
+            self.warned_cfg = True  # once per model: the sampler runs this every step
+            log.warning("Cosmos3: this distilled checkpoint samples with cfg 1 (guidance is distilled in); the "
+                        "sampler's cfg is above 1, so it runs an unconditional pass the checkpoint was not made for")
         velocities = []
         for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
             out = self.runtime[0](x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
@@ -123,7 +130,7 @@ def noisy_frames(mask: torch.Tensor) -> list[int]:
 class Cosmos3Model(comfy.model_base.BaseModel):
     def __init__(self, config: Cosmos3Config, pipeline, device=None):
         super().__init__(config, comfy.model_base.ModelType.FLOW, device=device)
-        self.diffusion_model = Cosmos3Network(pipeline.transformer)
+        self.diffusion_model = Cosmos3Network(pipeline.transformer, pipeline.variant.is_distilled)
         self.pipeline = pipeline  # the tokenizer and the variant (not a module: holds no second copy)
 
     def extra_conds(self, **kwargs):

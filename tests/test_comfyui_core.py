@@ -113,7 +113,7 @@ def test_prompt_lengths_decide_batching_and_kv_is_made_once_per_run(core, models
     torch.testing.assert_close(batched, alone, atol=1e-6, rtol=0)  # batching changes nothing
 
 
-def test_distilled_through_sigmas_and_lcm_matches_diffusers(core, models):
+def test_distilled_through_sigmas_and_lcm_matches_diffusers(core, models, caplog):
     require("diffusers", minversion="0.42.1")
     import diffusers_reference as ref
 
@@ -130,6 +130,11 @@ def test_distilled_through_sigmas_and_lcm_matches_diffusers(core, models):
 
     lcm = core.samplers.KSAMPLER(core.k_sampling.sample_lcm, extra_options={"noise_sampler": noise_sampler})
     got = sample(core, model, positive, negative, torch.zeros(1, 48, 3, 3, 4), sigmas, lcm, 1.0, seed)
+    with caplog.at_level("WARNING", logger="cosmos3"):  # cfg above 1 on a distilled checkpoint: said, once
+        sample(core, model, positive, negative, torch.zeros(1, 48, 3, 3, 4), sigmas, lcm, 2.0, seed)
+        sample(core, model, positive, negative, torch.zeros(1, 48, 3, 3, 4), sigmas, lcm, 2.0, seed)
+    assert [r.message.startswith("Cosmos3: this distilled checkpoint samples with cfg 1") for r in caplog.records
+            if r.name == "cosmos3"] == [True]  # fmt: skip
     expected = ref.distilled_pipeline(models / "Cosmos3-Super-Text2Image-4Step")(
         prompt="A cat on a sofa.", num_frames=9, **SIZE, generator=torch.Generator("cpu").manual_seed(seed),
         output="latents")  # fmt: skip

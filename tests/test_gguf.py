@@ -1,0 +1,54 @@
+"""GGUF dequantization in torch against the `gguf` package's own numpy reference: bit-equal for every type."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import require
+from cosmos3_runtime.gguf_dequant import BLOCKS, dequantize
+
+gguf = require("gguf")
+from gguf import GGMLQuantizationType, dequantize as reference_dequantize, quantize as reference_quantize  # noqa: E402
+
+FP16_FIELDS = {  # byte offsets of each block's fp16 scales (random bytes there could be inf / nan)
+    "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}  # fmt: skip
+QUANTIZED = sorted(FP16_FIELDS)
+
+
+def random_blocks(qtype: str, rows: int, values: int, seed: int = 0) -> np.ndarray:
+    """Random bytes for every field, with finite random fp16 scales: [rows, bytes per row]."""
+    block, size = BLOCKS[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * values // block, size), dtype=np.uint8)
+    for offset in FP16_FIELDS[qtype]:
+        blocks[:, offset : offset + 2] = rng.normal(0, 0.05, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED)
+def test_random_blocks_dequantize_exactly_like_gguf(qtype):
+    raw = random_blocks(qtype, rows=6, values=512)
+    expected = reference_dequantize(raw, GGMLQuantizationType[qtype])
+    got = dequantize(torch.from_numpy(raw), qtype, (6, 512))
+    assert got.dtype == torch.float32 and got.shape == (6, 512)
+    assert torch.equal(got, torch.from_numpy(expected)), (got - torch.from_numpy(expected)).abs().max()
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "F16", "BF16", "F32"])
+def test_weights_written_by_gguf_come_back(qtype):
+    """Real weights quantized by the gguf package's writer path (the types it can write), read back here."""
+    weights = np.random.default_rng(1).normal(0, 0.02, (64, 256)).astype(np.float32)
+    kind = GGMLQuantizationType[qtype]
+    stored = reference_quantize(weights, kind)
+    got = dequantize(torch.from_numpy(np.ascontiguousarray(stored).view(np.uint8)), qtype, (64, 256))
+    assert torch.equal(got, torch.from_numpy(reference_dequantize(stored, kind).astype(np.float32)))
+    assert (got - torch.from_numpy(weights)).abs().max() < 0.02  # and it is the weights, roughly
+
+
+def test_unsupported_types_and_sizes_are_named():
+    with pytest.raises(ValueError, match="GGUF type IQ2_XXS is not supported"):
+        dequantize(torch.zeros(66, dtype=torch.uint8), "IQ2_XXS", (256,))
+    with pytest.raises(ValueError, match="34 bytes of Q8_0 cannot hold a tensor of shape \\[64\\]"):
+        dequantize(torch.zeros(34, dtype=torch.uint8), "Q8_0", (64,))

@@ -17,6 +17,8 @@ Block layouts (QK_K = 256 values per K-quant super-block; "d" and "dmin" are fp1
 - Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 int8 scales, d.
 """
 
+import math
+
 import torch
 
 QK_K = 256
@@ -122,10 +124,7 @@ def dequantize(data: torch.Tensor, qtype: str, shape) -> torch.Tensor:
         raise ValueError(f"GGUF type {qtype} is not supported; supported: {', '.join(BLOCKS)}")
     values, size = BLOCKS[qtype]
     data = data.reshape(-1)
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    if data.numel() * values != count * size:
+    if data.numel() * values != math.prod(shape) * size:
         raise ValueError(f"{data.numel()} bytes of {qtype} cannot hold a tensor of shape {list(shape)}")
     if qtype in ("F32", "F16", "BF16"):
         return data.contiguous().view(getattr(torch, {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[qtype])

@@ -57,13 +57,9 @@ def comfy_keys(state_dict: dict, config: VAEConfig) -> dict:
     return {comfy_key(k, config.num_res_blocks): v for k, v in state_dict.items()}
 
 
-RELEASED = {"dim": 160, "dec_dim": 256, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
-            "temperal_downsample": [False, True, True]}  # fmt: skip
-
-
 @contextmanager
 def _wan22_widths(widths: dict):
-    """Have comfy.sd.VAE build its Wan 2.2 class at `widths` (it passes the released ones)."""
+    """Have comfy.sd.VAE build its Wan 2.2 class at `widths` (it passes the released ones; at those, nothing changes)."""
     import comfy.ldm.wan.vae2_2
 
     released = comfy.ldm.wan.vae2_2.WanVAE
@@ -82,6 +78,6 @@ def core_vae(vae: WanVAE):
     widths = {"dim": config.base_dim, "dec_dim": config.decoder_dim, "dim_mult": list(config.dim_mult),
               "num_res_blocks": config.num_res_blocks, "temperal_downsample": list(config.temperal_downsample)}  # fmt: skip
     state_dict = comfy_keys(vae.state_dict(), config)
-    with _wan22_widths({} if widths == RELEASED else widths):
+    with _wan22_widths(widths):
         vae = comfy.sd.VAE(sd=state_dict)
     return vae

@@ -10,8 +10,8 @@ import torch
 from ..cosmos3_runtime import InputError, WorkerPool
 from ..cosmos3_runtime.request import help_of, parse_frame_indexes
 from . import services
-from .sampling import prompt_inputs, prompt_options
 from .prompt_marker import CorePrompt, conditioning
+from .sampling import prompt_inputs, prompt_options
 
 
 NO_LORAS = "(no .safetensors LoRAs in models/loras)"

@@ -193,14 +193,13 @@ class ModelHandle:
         from .comfy_model import model_patcher
 
         pipe, spec = self.pipeline, self.spec
+        compute, offload = spec.compute_device(), services.offload_device()
 
         def reload(disable_dynamic=True):  # an independent copy, when ComfyUI asks for one (dynamic VRAM)
-            return model_patcher(load_pipeline(spec), spec.compute_device(), services.offload_device(),
-                                 disable_dynamic=disable_dynamic)  # fmt: skip
+            return model_patcher(load_pipeline(spec), compute, offload, disable_dynamic=disable_dynamic)
 
-        return services.managed_patcher(pipe, pipe.transformer, spec.compute_device(), services.offload_device(),
-                                        make=lambda: model_patcher(pipe, spec.compute_device(), services.offload_device(),
-                                                                   reload=reload))  # fmt: skip
+        return services.managed_patcher(pipe, pipe.transformer, compute, offload,
+                                        make=lambda: model_patcher(pipe, compute, offload, reload=reload))
 
     @contextmanager
     def use(self, memory_required: int = 0):

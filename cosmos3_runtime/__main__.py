@@ -1,4 +1,4 @@
-"""Command line: `python -m cosmos3_runtime {generate,demo,info,make-tiny} ...`."""
+"""Command line: `python -m cosmos3_runtime {generate,demo,info,quantize,make-tiny} ...`."""
 
 import argparse
 import logging
@@ -12,9 +12,10 @@ import torch
 from .action import MODES, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from .checkpoint import Checkpoint, read_json, resolve
 from .errors import Cosmos3Error, InputError
+from .gguf_convert import WRITABLE, convert, describe_types
 from .media import LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions, save_wav
 from .parallel import init_from_env
-from .pipeline import load
+from .pipeline import load, open_gguf
 from .request import Request, add_arguments, options_from_args
 from .tiny import KINDS, SIZES, make_tiny_checkpoint
 from .transformer import Cosmos3Transformer, tower_of
@@ -85,7 +86,8 @@ def cmd_generate(args) -> None:
 
 
 def low_vram_options(args) -> dict:
-    return {"offload_text": args.offload_text, "blocks_to_swap": args.blocks_to_swap, "quantize": args.quantize}
+    return {"offload_text": args.offload_text, "blocks_to_swap": args.blocks_to_swap, "quantize": args.quantize,
+            "transformer_file": args.transformer_file}
 
 
 def cmd_info(args) -> None:
@@ -107,9 +109,28 @@ def cmd_info(args) -> None:
           + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in towers.items()) + ")")
     print("in memory:  " + ", ".join(f"{name} {total * size / 2**30:,.2f} GiB"
                                      for name, size in (("bf16", 2), ("fp8", 1), ("fp32", 4))))  # fmt: skip
+    gguf = open_gguf(checkpoint, args.transformer_file)
+    if gguf is not None:
+        print(f"on disk:    transformer GGUF {gguf.path.name}: {describe_types(gguf.types())}")
+        print(f"gguf:       quantization {gguf.field('cosmos3.quantization') or 'not recorded'}, other tensors in "
+              f"{gguf.field('cosmos3.kept_type') or 'their stored types'}; converted from a "
+              f"{gguf.field('cosmos3.variant') or 'checkpoint of unrecorded variant'}")  # fmt: skip
+        return
     stored, missing = stored_bytes(checkpoint.path("transformer"))
     files = ", ".join(f"{dtype} {n / 2**30:,.2f} GiB" for dtype, n in sorted(stored.items())) or "none present"
     print(f"on disk:    transformer {files}" + (f"; {len(missing)} weight file(s) missing" if missing else ""))
+
+
+def cmd_quantize(args) -> None:
+    """Convert a checkpoint's transformer to one GGUF file."""
+
+    def progress(done, total):
+        print(f"\rquantizing {done / total:6.1%}", end="", file=sys.stderr, flush=True)
+
+    written = convert(args.checkpoint, args.output, args.type, progress=progress)
+    print(file=sys.stderr)
+    print(f"wrote {args.output}: {describe_types(written)}")
+    print(f"load it by putting it alone in the checkpoint's transformer/ folder, or with --transformer-file {args.output}")
 
 
 def cmd_demo(args) -> None:
@@ -180,7 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="print a checkpoint's variant, shapes and sizes (reads config files only)")
     p.add_argument("checkpoint", help="checkpoint folder or Hugging Face repo id in the local cache")
+    p.add_argument("--transformer-file", help="a .gguf file that replaces the transformer's weights")
     p.set_defaults(run=cmd_info)
+
+    p = sub.add_parser("quantize", help="convert a checkpoint's transformer to a GGUF file")
+    p.add_argument("checkpoint", help="checkpoint folder (bf16 safetensors) or Hugging Face repo id")
+    p.add_argument("output", help="the .gguf file to write")
+    p.add_argument("--type", choices=WRITABLE, default="q8_0", help="block type of the transformer blocks' linear "
+                   "weights; everything else stays BF16 [default: q8_0]")  # fmt: skip
+    p.set_defaults(run=cmd_quantize)
 
     for loading in (generate, sub.choices["demo"]):
         loading.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -191,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "during each forward (bit-identical) [default: 0]")  # fmt: skip
         loading.add_argument("--quantize", choices=["fp8"], default=None, help="store the transformer's weights as "
                              "fp8 with per-channel scales (about half the memory)")  # fmt: skip
+        loading.add_argument("--transformer-file", help="a .gguf file to load the transformer's weights from (a "
+                             "single .gguf in transformer/ is found without it)")  # fmt: skip
 
     p = sub.add_parser("make-tiny", help="write a tiny random checkpoint in the released layout")
     p.add_argument("folder")

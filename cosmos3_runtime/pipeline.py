@@ -14,6 +14,7 @@ from . import budget
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError
+from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
@@ -78,9 +79,16 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                     linear_class: type | None = None) -> Cosmos3Transformer:  # fmt: skip
+                     linear_class: type | None = None, gguf: GGUFFile | None = None) -> Cosmos3Transformer:  # fmt: skip
+    """The transformer from the folder's safetensors, or from `gguf` (its block-type linears stay quantized)."""
     config = checkpoint.transformer_config()
     rename = checkpoint_key_mapper(config)
+    if gguf is not None:
+        with torch.device("meta"), linear_layers(linear_class):
+            model = Cosmos3Transformer(config)
+            expect_gguf_linears(model, gguf, rename)
+        load_gguf_weights(model, gguf, dtype, device, rename, keep_fp32=("time_embedder.",))
+        return model
     headers, _ = read_headers(checkpoint.path("transformer"))
     fp8_weights = {rename(key) for key, entry in headers.items() if entry["dtype"] == "F8_E4M3"}  # ModelOpt fp8
     with torch.device("meta"), linear_layers(linear_class):
@@ -454,6 +462,7 @@ def load(
     blocks_to_swap: int = 0,
     quantize: str | None = None,
     linear_class: type | None = None,
+    transformer_file: str | os.PathLike | None = None,
 ) -> Cosmos3Pipeline:
     """Load a Cosmos3 checkpoint from a folder or a Hugging Face repo id (`namespace/repo[/subfolder]`).
 
@@ -465,6 +474,8 @@ def load(
     With any of them the weights are read into CPU memory first and only what stays on the device
     is moved there. `linear_class`: a host's nn.Linear subclass for the transformer's linear layers
     (ComfyUI passes its cast-weight layers, so its memory manager can stream them per layer).
+    GGUF: a single .gguf file in transformer/, or `transformer_file` (a .gguf anywhere), replaces the
+    safetensors shards; its quantized linear weights stay quantized in memory.
     """
     if quantize not in (None, "fp8"):
         raise InputError(f"quantize must be None or 'fp8', got {quantize!r}")
@@ -476,8 +487,12 @@ def load(
     components = ("transformer", "tokenizer", "vae") if load_vae_weights else ("transformer", "tokenizer")
     checkpoint = Checkpoint(resolve(path, components=components, local_files_only=local_files_only))
     tokenizer = PromptTokenizer(checkpoint.tokenizer_dir())
+    gguf = open_gguf(checkpoint, transformer_file)
+    if gguf is not None and quantize:
+        raise InputError(f"quantize={quantize!r} cannot apply to {gguf.path.name}: a GGUF file is already quantized; "
+                         "load it without quantize")  # fmt: skip
     low_vram = offload_text or blocks_to_swap or quantize
-    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class)
+    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class, gguf)
     if quantize == "fp8":
         quantize_fp8(transformer, fast=fast_fp8_available(device))
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
@@ -495,6 +510,12 @@ def load(
         pipe.use_low_vram(offload_text, blocks_to_swap)  # swapped and offloaded parts stay in CPU memory
         pipe.to(device)  # the rest goes to the device
     return pipe
+
+
+def open_gguf(checkpoint: Checkpoint, transformer_file=None) -> GGUFFile | None:
+    """The checked header of the GGUF file the transformer loads from, or None for safetensors."""
+    path = gguf_file(checkpoint.path("transformer"), transformer_file)
+    return None if path is None else GGUFFile(path)
 
 
 def check_geometry(vae: VAEConfig, transformer, source: Path) -> None:

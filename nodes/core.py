@@ -169,6 +169,9 @@ class Cosmos3LoraLoader:
         patches = comfy.lora.load_lora(lora, key_map, log_missing=False)
         weights = model.model.state_dict()
         for target, adapter in patches.items():
+            if not weights[target].is_floating_point() or weights[target].dtype in (torch.float8_e4m3fn,):
+                raise InputError(f"{lora_name}: {target} is stored quantized ({weights[target].dtype}: a GGUF or fp8 "
+                                 "model), where a LoRA cannot be added; load the checkpoint's bf16 weights for LoRAs")  # fmt: skip
             up, down = getattr(adapter, "weights", (None, None))[:2]
             shape = tuple(weights[target].shape)
             if up is not None and down is not None and (up.shape[0], down.shape[-1]) != shape[:1] + shape[-1:]:

@@ -13,6 +13,7 @@ from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 
 NO_CHECKPOINTS = "(no checkpoint folders in models/cosmos3)"
+OWN_WEIGHTS = "(the checkpoint's own)"  # transformer_file: the folder's safetensors, or the one .gguf in transformer/
 DEVICE_MODES = ["default", "cpu", "offload"]
 
 
@@ -73,6 +74,7 @@ class ModelSpec:
     offload_text: bool = False
     blocks_to_swap: int = 0
     quantize: str | None = None
+    transformer_file: str | None = None  # a .gguf replacing the folder's transformer weights
 
     @property
     def runtime_placement(self) -> bool:
@@ -119,10 +121,12 @@ def load_pipeline(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
         return worker_pool(spec, compute, dtype)
     home = services.offload_device() if spec.device == "offload" else compute
     if home.type != "cpu" and os.path.isdir(spec.source):
-        services.free_memory(_folder_bytes(spec.source), home)
+        extra = os.path.getsize(spec.transformer_file) if spec.transformer_file else 0
+        services.free_memory(_folder_bytes(spec.source) + extra, home)
     pipe = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
                 offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize,
-                linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class())  # fmt: skip
+                linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class(),
+                transformer_file=spec.transformer_file)  # fmt: skip
     pipe.transformer.use_media_attention(services.media_attention())  # ComfyUI's backend, inside ComfyUI
     return pipe
 
@@ -160,7 +164,8 @@ def worker_pool(spec: ModelSpec, compute, dtype: str) -> WorkerPool:
         devices = ["cpu"] * spec.gpus
     return WorkerPool(spec.source, devices, sp=sp, cfg_parallel=cfg_parallel, dtype=dtype,
                       local_files_only=spec.local_files_only, offload_text=spec.offload_text,
-                      blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize)  # fmt: skip
+                      blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize,
+                      transformer_file=spec.transformer_file)  # fmt: skip
 
 
 def _folder_bytes(folder: str) -> int:
@@ -273,6 +278,10 @@ class Cosmos3ModelLoader:
                                    "transformer layers from RAM during sampling (same results, less VRAM, slower)"}),  # fmt: skip
                 "quantize": (["none", "fp8"], {"default": "none", "tooltip": "fp8: transformer weights in fp8 with "
                              "per-channel scales (about half the VRAM; small differences)"}),  # fmt: skip
+                "transformer_file": ([OWN_WEIGHTS, *services.gguf_names()], {"default": OWN_WEIGHTS, "tooltip": "a "
+                                     "GGUF transformer (Q8_0 ... Q4) from models/diffusion_models or models/unet, kept "
+                                     "quantized in memory; a single .gguf in the checkpoint's transformer/ folder is "
+                                     "used without this"}),  # fmt: skip
             },
         }
 
@@ -285,7 +294,7 @@ class Cosmos3ModelLoader:
         return True
 
     def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False, gpus=1, multi_gpu="sequence",
-             offload_text=False, blocks_to_swap=0, quantize="none"):  # fmt: skip
+             offload_text=False, blocks_to_swap=0, quantize="none", transformer_file=OWN_WEIGHTS):  # fmt: skip
         repo = hf_repo_id.strip()
         if repo:  # a repo id only: never a path, so a workflow cannot point outside the model folders
             source, name, local_only = str(resolve_repo(repo, local_files_only=not allow_download)), repo, True
@@ -293,13 +302,14 @@ class Cosmos3ModelLoader:
             raise CheckpointError("no checkpoint selected: put diffusers-layout Cosmos3 folders in ComfyUI/models/cosmos3/")
         else:
             source, name, local_only = checkpoint_path(model_name), model_name, True
+        gguf = None if transformer_file == OWN_WEIGHTS else services.gguf_path(transformer_file)
         spec = ModelSpec(source, dtype, device, local_only, gpus, multi_gpu, offload_text, blocks_to_swap,
-                         None if quantize == "none" else quantize)  # fmt: skip
+                         None if quantize == "none" else quantize, gguf)  # fmt: skip
         handle = ModelHandle(spec, name)
         pipe = handle.pipeline
         where = f"{gpus} GPUs ({multi_gpu})" if gpus > 1 else spec.device
         low_vram = [f for f, on in (("text offloaded", offload_text), (f"{blocks_to_swap} blocks swapped", blocks_to_swap),
-                                    (quantize, quantize != "none")) if on]  # fmt: skip
+                                    (quantize, quantize != "none"), (transformer_file, gguf)) if on]  # fmt: skip
         where += "".join(f", {item}" for item in low_vram)
         info = f"{name}: {pipe.variant.describe()} ({pipe.dtype}, {where})"
         services.log.info("Cosmos3 loaded %s", info)

@@ -25,7 +25,8 @@ def _comfy(module: str):
 
 
 def register_model_folder() -> None:
-    """Make models/cosmos3 a ComfyUI model folder (extra_model_paths.yaml can add more)."""
+    """Make models/cosmos3 a ComfyUI model folder (extra_model_paths.yaml can add more), and list .gguf files in
+    diffusion_models (and unet, the same folder name in ComfyUI)."""
     folder_paths = _comfy("folder_paths")
     if folder_paths is None:
         return
@@ -34,6 +35,9 @@ def register_model_folder() -> None:
         folder_paths.folder_names_and_paths["cosmos3"] = ([default], set())
     elif default not in folder_paths.folder_names_and_paths["cosmos3"][0]:
         folder_paths.add_model_folder_path("cosmos3", default)
+    paths, extensions = folder_paths.folder_names_and_paths["diffusion_models"]
+    if ".gguf" not in extensions:  # a new set: the default one is shared by every model folder
+        folder_paths.folder_names_and_paths["diffusion_models"] = (paths, set(extensions) | {".gguf"})
 
 
 def model_roots() -> list[str]:
@@ -66,6 +70,22 @@ def read_lora(name: str) -> dict:
     if path is None:
         raise InputError(f"LoRA {name!r} is not a .safetensors file in models/loras")
     return load_file(path)
+
+
+def gguf_names() -> list[str]:
+    """The .gguf files in ComfyUI's diffusion_models (and unet) folders ([] outside ComfyUI)."""
+    folder_paths = _comfy("folder_paths")
+    names = folder_paths.get_filename_list("diffusion_models") if folder_paths is not None else []
+    return [n for n in names if n.lower().endswith(".gguf")]
+
+
+def gguf_path(name: str) -> str:
+    """The path of a .gguf file listed by `gguf_names` (a name cannot leave those folders)."""
+    from ..cosmos3_runtime import InputError
+
+    if name not in gguf_names():
+        raise InputError(f"transformer_file {name!r} is not a .gguf file in models/diffusion_models or models/unet")
+    return _comfy("folder_paths").get_full_path("diffusion_models", name)
 
 
 def validation(check, value) -> bool | str:

@@ -486,3 +486,35 @@ def test_a_lora_on_the_core_model_leaves_the_pack_sampler_unchanged(core, models
     sample(core, patched, positive, negative, torch.zeros(1, 48, 2, 3, 4), torch.tensor([1.0, 0.5, 0.0]),
            core.samplers.sampler_object("euler"), 3.0, seed=1)  # fmt: skip
     assert torch.equal(pack_sample(), before)
+
+
+def test_a_gguf_transformer_from_diffusion_models_runs_on_the_core_path(core, models, loras, tmp_path):
+    """A .gguf picked in the loader's transformer_file: ComfyUI's memory manager counts its quantized bytes, core
+    sampling runs on the quantized weights (close to the safetensors run), and a LoRA is refused."""
+    from cosmos3_runtime.gguf_convert import convert
+
+    convert(models / "Cosmos3-Edge", tmp_path / "cosmos3-edge-q8_0.gguf", "q8_0")
+    core.folders.add_model_folder_path("diffusion_models", str(tmp_path))
+    loader = core.pack.Cosmos3ModelLoader()
+    assert "cosmos3-edge-q8_0.gguf" in loader.INPUT_TYPES()["optional"]["transformer_file"][0]
+    with pytest.raises(core.pack.vae.InputError, match="not a .gguf file in models/diffusion_models"):
+        loader.load("Cosmos3-Edge", "fp32", "default", transformer_file="../cosmos3-edge-q8_0.gguf")
+    handle, _, info = loader.load("Cosmos3-Edge", "fp32", "default", transformer_file="cosmos3-edge-q8_0.gguf")["result"]
+    assert "cosmos3-edge-q8_0.gguf" in info
+    model, _ = core.pack.Cosmos3CoreModel().build(handle)
+    transformer = handle.pipeline.transformer
+    quantized = sum(p.numel() for p in transformer.parameters() if p.dtype == torch.uint8)
+    assert quantized > 0.9 * sum(p.numel() * p.element_size() for p in transformer.parameters()) / 4
+    held = sum(p.numel() * p.element_size() for p in transformer.parameters())
+    assert held <= model.model_size() <= held + 4096  # the transformer's bytes (plus the sampling's sigma table)
+
+    positive, negative = encode(core, "a red cube", "blurry")
+    latent, sigmas = torch.zeros(1, 48, 2, 3, 4), torch.tensor([1.0, 0.6, 0.0])
+    core_run = sample(core, model, positive, negative, latent, sigmas, core.samplers.sampler_object("euler"), 3.0, 2)
+    _, plain_model, _ = load(core, "Cosmos3-Edge")
+    plain = sample(core, plain_model, positive, negative, latent, sigmas, core.samplers.sampler_object("euler"), 3.0, 2)
+    error = ((core_run - plain).abs().mean() / plain.abs().mean()).item()
+    assert 1e-5 < error < 0.05, error  # Q8_0 weights: used, and close
+    write_lora(loras / "on_gguf.safetensors", transformer, "transformer.", modules=LORA_MODULES[:1])
+    with pytest.raises(core.pack.vae.InputError, match="stored quantized .*GGUF"):
+        core.pack.Cosmos3LoraLoader().load(model, "on_gguf.safetensors", 1.0)

@@ -5,26 +5,11 @@ import pytest
 import torch
 
 from conftest import require
-from cosmos3_runtime.gguf_dequant import BLOCKS, dequantize
+from cosmos3_runtime.gguf_dequant import dequantize
+from gguf_files import QUANTIZED, random_blocks
 
 gguf = require("gguf")
 from gguf import GGMLQuantizationType, dequantize as reference_dequantize, quantize as reference_quantize  # noqa: E402
-
-FP16_FIELDS = {  # byte offsets of each block's fp16 scales (random bytes there could be inf / nan)
-    "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
-    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-}  # fmt: skip
-QUANTIZED = sorted(FP16_FIELDS)
-
-
-def random_blocks(qtype: str, rows: int, values: int, seed: int = 0) -> np.ndarray:
-    """Random bytes for every field, with finite random fp16 scales: [rows, bytes per row]."""
-    block, size = BLOCKS[qtype]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, (rows * values // block, size), dtype=np.uint8)
-    for offset in FP16_FIELDS[qtype]:
-        blocks[:, offset : offset + 2] = rng.normal(0, 0.05, (len(blocks), 1)).astype(np.float16).view(np.uint8)
-    return blocks.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED)

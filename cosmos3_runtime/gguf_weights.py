@@ -1,0 +1,163 @@
+"""GGUF transformer weights: finding the file, checking it against the folder's config, and loading it with
+the linear weights kept quantized.
+
+A GGUF file stands in for the transformer's safetensors shards: same tensor names, `general.architecture`
+"cosmos3". The `gguf` package's reader memory-maps it. The transformer blocks' linear weights stored in a
+block type (Q8_0 ... Q2_K) stay as their bytes (`GGUFLinear.weight`, uint8) wherever the model goes (GPU,
+CPU, block swap, a host's memory manager, which therefore counts quantized bytes), and each forward
+expands the one weight it needs on the layer's device. Everything else (norms, biases, embeddings, the time, action and sound projections)
+is expanded once at load into the model's dtype, whatever type the file stores it in.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import CheckpointError
+from .gguf_dequant import BLOCKS, dequantize
+
+ARCHITECTURE = "cosmos3"
+FLOAT_TYPES = ("F32", "F16", "BF16")
+BLOCK_LINEARS = "layers."  # linears under this prefix run quantized; any other quantized tensor is expanded at load
+
+
+class GGUFLinear(nn.Module):
+    """A linear layer whose weight stays in a GGUF block type; it is dequantized per forward."""
+
+    def __init__(self, linear: nn.Linear, qtype: str):
+        super().__init__()
+        values, size = BLOCKS[qtype]
+        out_features, in_features = linear.weight.shape
+        row_bytes = in_features // values * size
+        self.weight = nn.Parameter(torch.empty(out_features, row_bytes, dtype=torch.uint8, device="meta"),
+                                   requires_grad=False)  # fmt: skip
+        self.bias = linear.bias
+        self.qtype, self.in_features, self.out_features = qtype, in_features, out_features
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.weight, self.qtype, (self.out_features, self.in_features)).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantized(x.dtype), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
+
+
+def gguf_file(folder: Path, transformer_file: str | Path | None = None) -> Path | None:
+    """The GGUF file the transformer loads from (`transformer_file`, or the one .gguf in `folder`), or None when
+    it loads from the folder's safetensors."""
+    if transformer_file is not None:
+        path = Path(transformer_file)
+        if path.suffix.lower() != ".gguf":
+            raise CheckpointError(f"transformer_file {path} is not a .gguf file; only GGUF files replace the "
+                                  "transformer's safetensors")  # fmt: skip
+        if not path.is_file():
+            raise CheckpointError(f"transformer_file {path} does not exist")
+        return path
+    found = sorted(folder.glob("*.gguf"))
+    shards = sorted(folder.glob("*.safetensors"))
+    if len(found) > 1 or (found and shards):
+        names = ", ".join(p.name for p in found + shards[:2]) + (" ..." if len(shards) > 2 else "")
+        raise CheckpointError(f"{folder} holds both {found[0].name} and other transformer weights ({names}): it is "
+                              "ambiguous which to load; keep one of them there (or move the .gguf out and name it "
+                              "with transformer_file)")  # fmt: skip
+    return found[0] if found else None
+
+
+class GGUFFile:
+    """A GGUF file's header: its metadata and tensor entries (name -> (type name, torch shape)). Reading it
+    checks the file is whole and a Cosmos3 transformer; no tensor data is read."""
+
+    def __init__(self, path: Path):
+        from gguf import GGUFReader
+
+        self.path = Path(path)
+        try:
+            self.reader = GGUFReader(self.path)
+        except (ValueError, IndexError, OSError, KeyError) as exc:
+            raise CheckpointError(f"{self.path} is not a readable GGUF file ({exc}); it is truncated or corrupt, "
+                                  "copy or convert it again") from exc  # fmt: skip
+        architecture = self.field("general.architecture")
+        if architecture != ARCHITECTURE:
+            raise CheckpointError(f"{self.path} is a GGUF file for architecture {architecture!r}, not "
+                                  f"{ARCHITECTURE!r}: it holds another model's weights")  # fmt: skip
+        size = self.path.stat().st_size
+        self.tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._entries = {t.name: t for t in self.reader.tensors}
+        for t in self.reader.tensors:
+            if t.data_offset + t.n_bytes > size:
+                raise CheckpointError(f"{self.path} is truncated: tensor {t.name} ends at byte "
+                                      f"{t.data_offset + t.n_bytes:,}, the file has {size:,}; copy it again")  # fmt: skip
+            if t.tensor_type.name not in BLOCKS:
+                raise CheckpointError(f"{self.path}: tensor {t.name} is stored as GGUF type {t.tensor_type.name}, "
+                                      f"which this runtime does not read (supported: {', '.join(BLOCKS)})")  # fmt: skip
+            self.tensors[t.name] = (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
+
+    def field(self, key: str):
+        field = self.reader.fields.get(key)
+        return None if field is None else field.contents()
+
+    def types(self) -> dict[str, tuple[int, int]]:
+        """Per type name: (tensors, bytes)."""
+        totals: dict[str, tuple[int, int]] = {}
+        for t in self.reader.tensors:
+            count, n = totals.get(t.tensor_type.name, (0, 0))
+            totals[t.tensor_type.name] = (count + 1, n + int(t.n_bytes))
+        return totals
+
+    def data(self, name: str) -> torch.Tensor:
+        """The stored bytes of one tensor (uint8, a CPU copy: the file can then change under a loaded model)."""
+        t = self._entries[name]
+        return torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(-1).copy())
+
+
+def expect_gguf_linears(model: nn.Module, file: GGUFFile, rename) -> None:
+    """Make GGUFLinear shells (on the meta device) for the transformer blocks' linears whose weight the file stores
+    in a block type."""
+    quantized = {rename(name): qtype for name, (qtype, _) in file.tensors.items() if qtype not in FLOAT_TYPES}
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if full.startswith(BLOCK_LINEARS) and isinstance(child, nn.Linear) and f"{full}.weight" in quantized:
+                setattr(module, child_name, GGUFLinear(child, quantized[f"{full}.weight"]))
+
+
+def load_gguf_weights(model: nn.Module, file: GGUFFile, dtype: torch.dtype, device: torch.device, rename,
+                      keep_fp32: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """Fill the meta parameters of `model` (with `expect_gguf_linears` shells) from `file`. Every name, type and
+    shape is checked against the model before any tensor is read."""
+    expected = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    plan = {}
+    for key, (qtype, shape) in file.tensors.items():
+        name = rename(key)
+        if name is None:
+            continue
+        if name not in expected:
+            raise CheckpointError(f"{file.path}: tensor {key} does not exist in a model built from the folder's "
+                                  "config.json; the GGUF file was converted from another checkpoint")  # fmt: skip
+        owner = modules.get(name.rpartition(".")[0])
+        want = (owner.out_features, owner.in_features) if isinstance(owner, GGUFLinear) else tuple(expected[name].shape)
+        if shape != want:
+            raise CheckpointError(f"{file.path}: tensor {key} has shape {list(shape)}, the folder's config.json "
+                                  f"implies {list(want)}; the GGUF file belongs to another checkpoint")  # fmt: skip
+        plan[name] = (key, qtype, shape)
+    missing = [name for name in expected if name not in plan]
+    if missing:
+        raise CheckpointError(f"{file.path}: tensor {missing[0]} is missing" + (f" (and {len(missing) - 1} more)" if
+                              len(missing) > 1 else "") + "; the GGUF file is incomplete or for another config")  # fmt: skip
+    state = {}
+    for name, (key, qtype, shape) in plan.items():
+        raw = file.data(key)
+        if expected[name].dtype == torch.uint8:  # a GGUFLinear weight: its bytes, as they are
+            state[name] = raw.reshape(expected[name].shape).to(device)
+        else:
+            target = torch.float32 if name.startswith(keep_fp32) else dtype
+            state[name] = dequantize(raw, qtype, shape).to(device=device, dtype=target)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.requires_grad_(False)
+    model.eval()

@@ -3,7 +3,8 @@
     python benchmarks/bench_memory.py                         # computed table: every variant, 8-24 GB fits
     python benchmarks/bench_memory.py --measure --variant edge --device cuda   # measured on a GPU
 
-Options compared: default, offload_text, blocks_to_swap, fp8 and all three combined.
+Options compared: default, offload_text, blocks_to_swap, fp8, GGUF Q8_0 and Q4_0 (random blocks: the
+speed of a GGUF layer depends on its type and shape, not its values) and text + swap + fp8 combined.
 - Computed (any machine, nothing allocated): weight bytes each option leaves on the compute device,
   counted from the model's parameters on the meta device under that option's placement, plus the
   activations of the request from the runtime's own estimate (`budget.estimate`).
@@ -25,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from cosmos3_runtime import budget  # noqa: E402
+from cosmos3_runtime.gguf_dequant import BLOCKS  # noqa: E402
+from cosmos3_runtime.gguf_weights import BLOCK_LINEARS, GGUFLinear  # noqa: E402
 from cosmos3_runtime.offload import BlockSwap, TextOffload  # noqa: E402
 from cosmos3_runtime.quantize import quantize_fp8  # noqa: E402
 from cosmos3_runtime.transformer import Cosmos3Transformer, TransformerConfig, tower_of  # noqa: E402
@@ -41,12 +44,17 @@ REQUESTS = {"edge": (832, 480, 81), "nano": (1280, 720, 81)}
 GIB = 2**30
 
 
+GGUF_SCALES = {"Q8_0": 0.02 / 74, "Q4_0": 0.02 / 4.6}  # block scale for weights of std ~0.02 from random bytes
+
+
 def options(swap: int) -> dict[str, dict]:
     return {
         "default": {},
         "offload_text": dict(offload_text=True),
         f"blocks_to_swap={swap}": dict(blocks_to_swap=swap),
         "fp8": dict(fp8=True),
+        "gguf Q8_0": dict(gguf="Q8_0"),
+        "gguf Q4_0": dict(gguf="Q4_0"),
         f"combined (text, {swap} blocks, fp8)": dict(offload_text=True, blocks_to_swap=swap, fp8=True),
     }
 
@@ -64,6 +72,9 @@ def computed_weights(config: TransformerConfig, option: dict) -> int:
         size = p.numel() * (4 if name.startswith("time_embedder") else 2)
         if option.get("fp8") and p.ndim == 2 and not name.startswith("time_embedder"):
             size = p.numel() + p.shape[0] * 4  # fp8 values and a float32 scale per row
+        if option.get("gguf") and p.ndim == 2 and name.startswith(BLOCK_LINEARS):
+            values, block = BLOCKS[option["gguf"]]
+            size = p.numel() // values * block
         layer = int(name.split(".")[1]) if name.startswith("layers.") else None
         if tower == "media tower" and layer in swapped:
             swapped_bytes[layer] = swapped_bytes.get(layer, 0) + size
@@ -99,18 +110,30 @@ def computed_table(swap: int) -> None:
         print()
 
 
-def random_model(config: TransformerConfig, device: str) -> Cosmos3Transformer:
+def random_model(config: TransformerConfig, device: str, gguf: str | None = None) -> Cosmos3Transformer:
+    """Random bf16 weights (made on `device`: fast on a GPU); `gguf`: the blocks' linears as random blocks."""
     with torch.device("meta"):
         model = Cosmos3Transformer(config)
-    model = model.to_empty(device=device).to(torch.bfloat16)
+        if gguf is not None:
+            for name, module in list(model.named_modules()):
+                for child_name, child in list(module.named_children()):
+                    if f"{name}.".startswith(BLOCK_LINEARS) and isinstance(child, torch.nn.Linear):
+                        setattr(module, child_name, GGUFLinear(child, gguf))
+    model = model.to_empty(device=device)
     generator = torch.Generator(device).manual_seed(0)
     for p in model.parameters():
-        p.data.normal_(0, 0.02, generator=generator)
+        if p.dtype == torch.uint8:  # random quantized values, then a sane fp16 scale at each block's start
+            blocks = p.data.view(-1, BLOCKS[gguf][1])
+            blocks.random_(0, 256, generator=generator)
+            blocks[:, :2] = torch.full((len(blocks), 1), GGUF_SCALES[gguf], dtype=torch.float16, device=device).view(torch.uint8)
+        else:
+            p.data = p.data.to(torch.bfloat16).normal_(0, 0.02, generator=generator)
     model.time_embedder.float()
     return model.eval()
 
 
-def measure(variant: str, device: str, swap: int, layers: int | None, size, steps: int) -> None:
+def measure(variant: str, device: str, swap: int, layers: int | None, size, steps: int, only=(),
+            total_steps: int = 35) -> None:  # fmt: skip
     raw = dict(RELEASED[variant])
     if device == "cpu":
         raw["num_hidden_layers"] = layers or 2
@@ -121,17 +144,14 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
     latents = torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
     ids = torch.arange(300) % config.vocab_size
     results = {}
-    for label, option in options(swap).items():
-        model = random_model(config, "cpu")
+    chosen = {label: option for label, option in options(swap).items() if not only or label in only}
+    for label, option in chosen.items():
+        model = random_model(config, device, option.get("gguf"))
         if option.get("fp8"):
             quantize_fp8(model)
         text_offload = TextOffload(model, torch.device("cpu")) if option.get("offload_text") else None
         if option.get("blocks_to_swap"):
             model.streamer = BlockSwap(model, option["blocks_to_swap"])
-        held = {id(p) for part in (text_offload, model.streamer) if part is not None for p in part.held()}
-        for p in model.parameters():
-            if id(p) not in held:
-                p.data = p.data.to(device)
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -157,13 +177,14 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
         del model, text
         if device == "cuda":
             torch.cuda.empty_cache()
-    base_peak, base_time = results["default"]
-    print(f"{variant} {w}x{h}x{f}, {steps} steps, device {device}")
-    print("| option | peak GiB | vs default | s per step | vs default |")
-    print("|---|---|---|---|---|")
+    base_peak, base_time = results.get("default", next(iter(results.values())))
+    base = "default" if "default" in results else next(iter(results))
+    print(f"{variant} {w}x{h}x{f}, {steps} timed steps (two forwards each: CFG), device {device}; ratios against {base}")
+    print(f"| option | peak GiB | vs {base} | s per step | vs {base} | {total_steps} steps |")
+    print("|---|---|---|---|---|---|")
     for label, (peak, seconds) in results.items():
         memory = f"{peak:.2f} | {peak / base_peak:.2f}x" if device == "cuda" else "n/a | n/a"
-        print(f"| {label} | {memory} | {seconds:.3f} | {seconds / base_time:.2f}x |")
+        print(f"| {label} | {memory} | {seconds:.3f} | {seconds / base_time:.2f}x | {seconds * total_steps:.0f} s |")
 
 
 def main() -> None:
@@ -174,12 +195,15 @@ def main() -> None:
     parser.add_argument("--blocks-to-swap", type=int, default=8)
     parser.add_argument("--layers", type=int, default=None, help="CPU timing: depth of the reduced model")
     parser.add_argument("--size", default=None, help="WxHxF (default: the variant's default video)")
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2, help="steps timed (after one warm-up step)")
+    parser.add_argument("--options", nargs="+", default=(), help="measure only these options (labels as printed)")
+    parser.add_argument("--no-table", action="store_true", help="skip the computed table")
     args = parser.parse_args()
-    computed_table(args.blocks_to_swap)
+    if not args.no_table:
+        computed_table(args.blocks_to_swap)
     if args.measure:
         size = tuple(int(v) for v in args.size.split("x")) if args.size else REQUESTS[args.variant]
-        measure(args.variant, args.device, args.blocks_to_swap, args.layers, size, args.steps)
+        measure(args.variant, args.device, args.blocks_to_swap, args.layers, size, args.steps, args.options)
 
 
 if __name__ == "__main__":

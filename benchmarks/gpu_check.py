@@ -1,11 +1,15 @@
-"""The project's GPU check: the CUDA code paths on a tiny checkpoint, then the memory benchmark at released shapes.
+"""The project's GPU check: the CUDA code paths on a tiny checkpoint, then speed and memory at released shapes.
 
-    python benchmarks/gpu_check.py            # needs a CUDA device; about two minutes on an H100-class GPU
+    python benchmarks/gpu_check.py            # needs a CUDA device; about five minutes on an H200-class GPU
 
 Checks (each prints PASS or FAIL with its figure): bf16 generation on the GPU close to fp32 on the CPU;
 offload_text and blocks_to_swap bit-identical to the default on the GPU (side-stream prefetch with
-pinned memory); fp8 weights run and stay close; the text tower and swapped layers are off the GPU
-after a run. Then `bench_memory.py --measure` for Edge (and Nano when the GPU has room).
+pinned memory); fp8 and GGUF (Q8_0, Q4_0 files from the converter) weights run and stay close, GGUF with
+block swap bit-identical to GGUF alone; the text tower and swapped layers are off the GPU after a run.
+Then one speed table from `bench_memory.py --measure` (random weights in the released shapes): Edge
+832x480x81 with CFG, seconds per step (and for 35 steps) and peak VRAM for bf16, fp8, Q8_0, Q4_0,
+offload_text and blocks_to_swap; Nano at its default size with fp8 and Q4_0 when the GPU has room. What
+could not run is printed with the reason.
 """
 
 import subprocess
@@ -19,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
+from cosmos3_runtime.gguf_convert import convert  # noqa: E402
 from cosmos3_runtime.tiny import make_tiny_checkpoint  # noqa: E402
 
 REQUEST = dict(width=128, height=96, num_frames=9, steps=4, seed=3, output="latents", negative_prompt="blurry")
@@ -51,10 +56,27 @@ def main() -> int:
         fp8 = cosmos3_runtime.load(root, device="cuda", dtype="bf16", quantize="fp8").generate("a cat", **REQUEST).latents
         error = (fp8 - base).abs().mean().item() / base.abs().mean().item()
         results.append(check("fp8 weights", error < 0.1, f"relative mean difference to bf16 {error:.4f}"))
-    bench = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--measure"]
-    subprocess.run(bench + ["--variant", "edge"], check=False)
+        for qtype, bound in (("q8_0", 0.05), ("q4_0", 0.4)):
+            path = Path(tmp) / f"{qtype}.gguf"
+            convert(root, path, qtype)
+            quantized = cosmos3_runtime.load(root, device="cuda", dtype="bf16", transformer_file=path)
+            latents = quantized.generate("a cat", **REQUEST).latents
+            swapped = cosmos3_runtime.load(root, device="cuda", dtype="bf16", transformer_file=path, blocks_to_swap=3)
+            same = torch.equal(swapped.generate("a cat", **REQUEST).latents, latents)
+            error = (latents - base).abs().mean().item() / base.abs().mean().item()
+            results.append(check(f"GGUF {qtype} on the GPU (and with 3 blocks swapped)", error < bound and same,
+                                 f"relative mean difference to bf16 {error:.4f}, swap bit-identical={same}"))  # fmt: skip
+    bench = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--measure", "--no-table", "--steps", "2"]
+    runs = [("edge", ["--size", "832x480x81", "--options", "default", "fp8", "gguf Q8_0", "gguf Q4_0", "offload_text",
+                      "blocks_to_swap=8"])]  # fmt: skip
     if torch.cuda.get_device_properties(0).total_memory > 80 * 2**30:
-        subprocess.run(bench + ["--variant", "nano"], check=False)
+        runs.append(("nano", ["--options", "fp8", "gguf Q4_0"]))
+    else:
+        print("not run: Nano at 1280x720x81 (needs a GPU with more than 80 GiB)")
+    for variant, extra in runs:
+        done = subprocess.run(bench + ["--variant", variant, *extra], check=False, timeout=240)
+        if done.returncode != 0:
+            print(f"not run: the {variant} speed table (bench_memory.py exited with {done.returncode}; see above)")
     return 0 if all(results) else 1
 
 

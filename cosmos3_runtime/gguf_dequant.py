@@ -27,6 +27,7 @@ BLOCKS = {  # type name -> (values per block, bytes per block)
     "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
     "Q2_K": (QK_K, 84), "Q3_K": (QK_K, 110), "Q4_K": (QK_K, 144), "Q5_K": (QK_K, 176), "Q6_K": (QK_K, 210),
 }  # fmt: skip
+FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # stored as they are
 
 
 def _fp16(b: torch.Tensor) -> torch.Tensor:
@@ -126,9 +127,8 @@ def dequantize(data: torch.Tensor, qtype: str, shape) -> torch.Tensor:
     data = data.reshape(-1)
     if data.numel() * values != math.prod(shape) * size:
         raise ValueError(f"{data.numel()} bytes of {qtype} cannot hold a tensor of shape {list(shape)}")
-    if qtype in ("F32", "F16", "BF16"):
-        return data.contiguous().view(getattr(torch, {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[qtype])
-                                      ).float().reshape(shape)  # fmt: skip
+    if qtype in FLOAT_DTYPES:
+        return data.contiguous().view(FLOAT_DTYPES[qtype]).float().reshape(shape)
     blocks = data.reshape(-1, size)
     out = _k_quant(qtype, blocks) if qtype.endswith("_K") else _legacy(qtype, blocks)
     return out.reshape(shape)

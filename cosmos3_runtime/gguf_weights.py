@@ -9,6 +9,7 @@ expands the one weight it needs on the layer's device. Everything else (norms, b
 is expanded once at load into the model's dtype, whatever type the file stores it in.
 """
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import CheckpointError
-from .gguf_dequant import BLOCKS, dequantize
+from .gguf_dequant import BLOCKS, FLOAT_DTYPES, dequantize
 
 ARCHITECTURE = "cosmos3"
-FLOAT_TYPES = ("F32", "F16", "BF16")
 BLOCK_LINEARS = "layers."  # linears under this prefix run quantized; any other quantized tensor is expanded at load
 
 
@@ -110,15 +110,18 @@ class GGUFFile:
         return totals
 
     def data(self, name: str) -> torch.Tensor:
-        """The stored bytes of one tensor (uint8, a CPU copy: the file can then change under a loaded model)."""
-        t = self._entries[name]
-        return torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(-1).copy())
+        """The stored bytes of one tensor (uint8), a view of the memory-mapped file: whatever is kept from it must
+        be copied (so that the file can change under a loaded model)."""
+        raw = np.ascontiguousarray(self._entries[name].data).view(np.uint8).reshape(-1)
+        with warnings.catch_warnings():  # the map is read-only, and nothing writes to this view
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(raw)
 
 
 def expect_gguf_linears(model: nn.Module, file: GGUFFile, rename) -> None:
     """Make GGUFLinear shells (on the meta device) for the transformer blocks' linears whose weight the file stores
     in a block type."""
-    quantized = {rename(name): qtype for name, (qtype, _) in file.tensors.items() if qtype not in FLOAT_TYPES}
+    quantized = {rename(name): qtype for name, (qtype, _) in file.tensors.items() if qtype not in FLOAT_DTYPES}
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
@@ -153,11 +156,13 @@ def load_gguf_weights(model: nn.Module, file: GGUFFile, dtype: torch.dtype, devi
     state = {}
     for name, (key, qtype, shape) in plan.items():
         raw = file.data(key)
+        target = torch.float32 if name.startswith(keep_fp32) else dtype
         if expected[name].dtype == torch.uint8:  # a GGUFLinear weight: its bytes, as they are
-            state[name] = raw.reshape(expected[name].shape).to(device)
+            state[name] = raw.reshape(expected[name].shape).to(device, copy=True)
+        elif qtype in FLOAT_DTYPES:  # one cast from the mapped values, no float32 detour
+            state[name] = raw.view(FLOAT_DTYPES[qtype]).reshape(shape).to(device, target, copy=True)
         else:
-            target = torch.float32 if name.startswith(keep_fp32) else dtype
-            state[name] = dequantize(raw, qtype, shape).to(device=device, dtype=target)
+            state[name] = dequantize(raw, qtype, shape).to(device, target)
     model.load_state_dict(state, strict=False, assign=True)
     model.requires_grad_(False)
     model.eval()

@@ -35,7 +35,7 @@ def register_model_folder() -> None:
         folder_paths.folder_names_and_paths["cosmos3"] = ([default], set())
     elif default not in folder_paths.folder_names_and_paths["cosmos3"][0]:
         folder_paths.add_model_folder_path("cosmos3", default)
-    paths, extensions = folder_paths.folder_names_and_paths["diffusion_models"]
+    paths, extensions = folder_paths.folder_names_and_paths.get("diffusion_models", ([], {".gguf"}))
     if ".gguf" not in extensions:  # a new set: the default one is shared by every model folder
         folder_paths.folder_names_and_paths["diffusion_models"] = (paths, set(extensions) | {".gguf"})
 

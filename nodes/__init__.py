@@ -4,8 +4,7 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 `services`, which imports them lazily and falls back when they are absent.
 """
 
-from . import action_api, services
-from .action_api import Cosmos3APIObservation, Cosmos3APIResult
+from . import serving, services
 from .core import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode, Cosmos3LoraLoader
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
@@ -15,7 +14,7 @@ from .sampling import (Cosmos3ImageToVideo, Cosmos3LatentToVideo, Cosmos3Sampler
 from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 
 services.register_model_folder()
-action_api.register_routes()
+serving.register_routes()
 
 NODE_CLASS_MAPPINGS = {
     "Cosmos3ModelLoader": Cosmos3ModelLoader,
@@ -35,8 +34,8 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3LoadActions": Cosmos3LoadActions,
     "Cosmos3SaveActions": Cosmos3SaveActions,
     "Cosmos3ActionPlot": Cosmos3ActionPlot,
-    "Cosmos3APIObservation": Cosmos3APIObservation,
-    "Cosmos3APIResult": Cosmos3APIResult,
+    "Cosmos3APIObservation": serving.Cosmos3APIObservation,
+    "Cosmos3APIResult": serving.Cosmos3APIResult,
     "Cosmos3CoreModel": Cosmos3CoreModel,
     "Cosmos3CoreTextEncode": Cosmos3CoreTextEncode,
     "Cosmos3ConditionFrames": Cosmos3ConditionFrames,

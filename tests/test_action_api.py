@@ -18,9 +18,24 @@ MODEL = "nvidia/Cosmos3-Edge-Policy-DROID"
 
 @pytest.fixture(scope="module")
 def api(pack):
-    import importlib
+    """The request and answer shapes every transport shares."""
+    return pack.serving.requests
 
-    return importlib.import_module(f"{pack.__name__}.action_api")
+
+@pytest.fixture(scope="module")
+def graph(pack):
+    return pack.serving.graph
+
+
+def run_graph(graph, pack, call) -> dict:
+    """What `graph.run` does, without ComfyUI's queue: the request's prompt executed by the harness."""
+    key = "k1"
+    graph.PENDING[key] = {"frames": [a.clip() for _, a in call.inputs], "actions": {}}
+    try:
+        execute(graph.prompt_graph(call, key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
+        return graph.PENDING[key]["actions"]
+    finally:
+        graph.PENDING.pop(key)
 
 
 @pytest.fixture
@@ -48,25 +63,17 @@ def policy_body(**parameters) -> dict:
         "parameters": {"action_horizon": 4, "num_inference_steps": 2, "height": 256, **parameters}}  # fmt: skip
 
 
-def test_a_policy_request_runs_as_a_graph_and_matches_the_runtime(api, pack, droid_dir):
+def test_a_policy_request_runs_as_a_graph_and_matches_the_runtime(api, graph, pack, droid_dir):
     from cosmos3_runtime import ActionRequest, load
 
     call = api.parse_request(policy_body(seed=7), [MODEL])
     assert (call.action.preset, call.action.chunk_size, call.action.resolution_tier, call.seed) == ("sglang", 4, 256, 7)
-    key = "k1"
-    api.PENDING[key] = {"frames": call.frames, "actions": None}
-    try:
-        prompt = api.prompt_graph(call, key)
-        execute(prompt, {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
-        actions = api.PENDING[key]["actions"]
-    finally:
-        api.PENDING.pop(key)
-    answer = api.envelope(call, actions, "prompt-1")
+    answer = api.envelope(call, run_graph(graph, pack, call), "prompt-1")
     (item,) = answer["data"]
     assert answer["object"] == "action.generation" and answer["model"] == MODEL
     assert item["action"]["shape"] == [4, 10] and item["action"]["domain_id"] == 8
-    assert answer["usage"] == {"batch_size": 1, "action_horizon": 4, "action_dim": 10, "denoise_steps": 2,
-                               "prefix_cache_hit": False}  # fmt: skip
+    assert answer["usage"] == {"batch_size": 1, "action_horizon": 4, "action_dim": 10, "candidate_count": 1,
+                               "denoise_steps": 2, "prefix_cache_hit": False}  # fmt: skip
 
     pipe = load(str(droid_dir), dtype="fp32", device="cpu")
     image = Image.open(io.BytesIO(png())).convert("RGB")
@@ -80,8 +87,9 @@ def test_multipart_uploads_and_text_fields_are_typed_like_json(api):
     form = {"task": "Push the T", "domain_name": "pusht", "action_horizon": "8", "seed": "3", "guidance_scale": "2.5",
             "action_mode": "policy"}  # fmt: skip
     call = api.parse_request({}, [MODEL], uploads={"image": png(64, 80)}, form=form)
-    assert (call.prompt, call.action.domain, call.action.chunk_size, call.seed, call.guidance) == ("Push the T", "pusht", 8, 3, 2.5)
-    assert call.frames.shape == (1, 64, 80, 3) and call.model == MODEL  # the one Policy checkpoint is the default
+    assert (call.inputs[0][0], call.action.domain, call.action.chunk_size, call.seed, call.guidance) == (
+        "Push the T", "pusht", 8, 3, 2.5)
+    assert call.action.clip().shape == (1, 64, 80, 3) and call.model == MODEL  # the one Policy checkpoint is the default
 
 
 def test_observations_in_every_sglang_form_decode_to_the_same_frames(api):
@@ -105,7 +113,7 @@ def test_an_uploaded_video_is_decoded_in_memory_up_to_the_frames_needed(api, tmp
     body = {"model": MODEL, "input": {"task": "", "observation": {"video": b64(path.read_bytes()),
             "action_mode": "inverse_dynamics", "domain_name": "droid_lerobot"}}}  # fmt: skip
     call = api.parse_request(body, [MODEL])
-    assert call.action.mode == "inverse_dynamics" and call.frames.shape == (12, 64, 96, 3)  # all 12 of the 17 needed
+    assert call.action.mode == "inverse_dynamics" and call.action.clip().shape == (12, 64, 96, 3)  # 12 of the 17 needed
 
 
 def obs(**fields) -> dict:
@@ -139,10 +147,15 @@ REFUSED = [  # (request, the field the 400 names, words of the message)
     (obs(action_view_point="drone"), "input.observation.action_view_point", "ego_view"),
     (obs(preset="droid-server"), "input.observation.state", "needs the robot state"),
     (obs(preset="droid-server", state=[0.0] * 7), "input.observation.state", "8 finite numbers"),
-    (obs(candidate_count=4), "input.observation.candidate_count", "one candidate"),
+    (obs(candidate_count=5), "input.observation.candidate_count", "must be 1 to 4"),
+    (obs(candidate_count=2, candidate_reducer="median"), "input.observation.candidate_reducer", "mean"),
+    (obs(return_candidates="maybe"), "input.observation.return_candidates", "true or false"),
+    (obs(image=[b64(png(32, 32))] * 5), "input.observation.image", "at most 4"),
+    (obs(image=[b64(png(32, 32))] * 2, candidate_count=2), "input.observation.candidate_count", "exactly one"),
     ({**obs(), "model": "../../etc"}, "model", "not an installed checkpoint"),
     ({**obs(), "runtime": {"response_format": "raw"}}, "runtime.response_format", "envelope"),
-    ({**obs(), "input": {"task": ["a", "b"], "observation": obs()["input"]["observation"]}}, "input.task", "one request per"),
+    ({**obs(), "input": {"task": ["a", "b"], "observation": obs()["input"]["observation"]}}, "input.task",
+     "one per observation image (1), got 2"),
 ]
 
 
@@ -163,24 +176,24 @@ def test_an_oversized_image_is_refused_from_its_header(api, monkeypatch):
     assert error.value.status == 413 and "over the limit" in str(error.value)
 
 
-def test_the_droid_server_preset_takes_the_state_and_answers_8_wide(api):
+def test_the_droid_server_preset_takes_the_state_and_answers_8_wide(api, graph):
     call = api.parse_request(obs(preset="droid-server", state=[0.1] * 7 + [1.0], raw_action_dim=8), [MODEL])
     assert call.action.width == 8 and call.action.chunk_size == 32
-    graph = api.prompt_graph(call, "k")
-    assert graph["state"]["inputs"]["values"] == ", ".join(["0.1"] * 7 + ["1.0"])
-    assert graph["action"]["inputs"]["state"] == ["state", 0]
+    prompt = graph.prompt_graph(call, "k")
+    assert prompt["state_0"]["inputs"]["values"] == ", ".join(["0.1"] * 7 + ["1.0"])
+    assert prompt["action_0"]["inputs"]["state"] == ["state_0", 0]
 
 
-def test_a_state_is_ignored_outside_the_droid_server_preset(api):
+def test_a_state_is_ignored_outside_the_droid_server_preset(api, graph):
     """SGLang clients often send their robot's state (any width); SGLang's Cosmos3 path does not use it."""
     call = api.parse_request(obs(state=[1.0, 2.0, 3.0]), [MODEL])
-    assert call.action.state is None and "state" not in api.prompt_graph(call, "k")
+    assert call.action.state is None and "state_0" not in graph.prompt_graph(call, "k")
 
 
-def test_the_graph_uses_only_the_packs_nodes_at_their_defaults(api, pack):
-    graph = api.prompt_graph(api.parse_request(obs(), [MODEL]), "k")
-    assert {n["class_type"] for n in graph.values()} <= set(pack.NODE_CLASS_MAPPINGS)
-    sampler = graph["sampler"]["inputs"]
+def test_the_graph_uses_only_the_packs_nodes_at_their_defaults(api, graph, pack):
+    prompt = graph.prompt_graph(api.parse_request(obs(), [MODEL]), "k")
+    assert {n["class_type"] for n in prompt.values()} <= set(pack.NODE_CLASS_MAPPINGS)
+    sampler = prompt["sampler_0_0"]["inputs"]
     assert (sampler["width"], sampler["guidance"], sampler["seed"]) == (0, 0.0, 42)  # 0: the preset's value
 
 
@@ -204,7 +217,7 @@ def test_a_failed_run_maps_to_the_status_that_says_whose_fault_it_was(pack):
     assert failure(record("execution_interrupted", node_type="Cosmos3Sampler")) == (503, "the run was cancelled on the server")
 
 
-def test_a_body_without_a_length_is_cut_off_at_the_limit(api):
+def test_a_body_without_a_length_is_cut_off_at_the_limit(api, pack):
     """Chunked uploads carry no Content-Length: the reader stops once the limit is passed, not at the end."""
     import asyncio
 
@@ -215,5 +228,86 @@ def test_a_body_without_a_length_is_cut_off_at_the_limit(api):
         return b"x" * 2**19
 
     with pytest.raises(api.FieldError) as error:
-        asyncio.run(api._read(next_chunk, 2**20, "image"))
+        asyncio.run(pack.serving.http._read(next_chunk, 2**20, "image"))
     assert error.value.status == 413 and error.value.field == "image" and len(sent) == 3
+
+
+def test_a_batch_and_candidates_run_as_parallel_chains_of_one_prompt(api, graph, pack, droid_dir):
+    """Two observations with a prompt each equal two single requests; two candidates answer the mean of the runs
+    at seed and seed + 1, each listed with return_candidates."""
+    images = [b64(png(32, 32, seed=s)) for s in (1, 2)]
+    body = policy_body(seed=5)
+    body["input"] = {"task": ["Pick up the red cube", "Open the drawer"], "observation": {
+        "image": images, "domain_name": "droid_lerobot"}}  # fmt: skip
+    call = api.parse_request(body, [MODEL])
+    assert len(call.inputs) == 2 and [p for p, _ in call.inputs] == ["Pick up the red cube", "Open the drawer"]
+    answer = api.envelope(call, run_graph(graph, pack, call), "p")
+    assert [d["input_index"] for d in answer["data"]] == [0, 1] and answer["usage"]["batch_size"] == 2
+    for i, (task, image) in enumerate(zip(["Pick up the red cube", "Open the drawer"], images)):
+        single = policy_body(seed=5)
+        single["input"] = {"task": task, "observation": {"image": image, "domain_name": "droid_lerobot"}}
+        one = api.parse_request(single, [MODEL])
+        alone = api.envelope(one, run_graph(graph, pack, one), "p")["data"][0]["action"]["values"]
+        assert answer["data"][i]["action"]["values"] == alone
+
+    candidates = api.parse_request(policy_body(seed=5, candidate_count=2, return_candidates=True), [MODEL])
+    item = api.envelope(candidates, run_graph(graph, pack, candidates), "p", numpy=True)["data"][0]
+    runs = [item["candidates"][c]["action"]["values"] for c in (0, 1)]
+    assert [item["candidates"][c]["seed"] for c in (0, 1)] == [5, 6] and not np.array_equal(*runs)
+    assert item["action"]["values"].dtype == np.float32 and item["candidate_reducer"] == "mean"
+    np.testing.assert_allclose(item["action"]["values"], (runs[0] + runs[1]) / 2, rtol=1e-6)
+    first = api.parse_request(policy_body(seed=5), [MODEL])
+    np.testing.assert_array_equal(api.envelope(first, run_graph(graph, pack, first), "p", numpy=True)["data"][0]
+                                  ["action"]["values"], runs[0])  # fmt: skip
+
+
+def test_msgpack_numpy_is_the_openpi_encoding(pack):
+    codec = pack.serving.msgpack_numpy
+    packed = codec.packb(np.zeros(2, np.float32))
+    assert packed.hex() == ("84c40b5f5f6e6461727261795f5fc3c40464617461c4080000000000000000c4056474797065a33c6634"
+                            "c40573686170659102")  # the bytes openpi's msgpack_numpy writes for np.zeros(2, float32)
+    back = codec.unpackb(codec.packb({"image": np.arange(12, dtype=np.uint8).reshape(2, 2, 3), "x": np.float64(1.5)}))
+    assert back["image"].shape == (2, 2, 3) and back["image"].flags.writeable and back["x"] == 1.5
+    for bad in (b"\xc1", codec.packb({"__ndarray__": True, "data": b"\x00" * 3, "dtype": "<f4", "shape": [1]}),
+                codec.packb({"__ndarray__": True, "data": b"", "dtype": "|O", "shape": [0]})):  # fmt: skip
+        with pytest.raises(ValueError):
+            codec.unpackb(bad)
+
+
+def droid_observation(**extra) -> dict:
+    rng = np.random.default_rng(0)
+    return {"observation/exterior_image_1_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/wrist_image_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/joint_position": np.linspace(-1, 1, 7), "observation/gripper_position": np.array([0.25]),
+            "prompt": "put the marker in the cup", **extra}  # fmt: skip
+
+
+def test_a_droid_observation_becomes_a_droid_server_request(api, pack):
+    openpi = pack.serving.openpi
+    observation = droid_observation(seed=3, action_horizon=8)
+    call = api.parse_request(openpi.action_request(observation), [MODEL])
+    a = call.action
+    assert (a.preset, a.domain, a.chunk_size, call.seed, call.inputs[0][0]) == ("droid-server", "droid_lerobot", 8, 3,
+                                                                                  "put the marker in the cup")  # fmt: skip
+    np.testing.assert_allclose(a.state.numpy(), [*np.linspace(-1, 1, 7), 0.25], rtol=1e-6)
+    canvas = openpi.composed(observation)
+    assert canvas.shape == (540, 640, 3)
+    assert canvas[360:, 320:].max() == 0  # no second exterior camera: its slot is black
+    assert canvas[:360, :140].max() == 0 and canvas[:360, 140:500].mean() > 60  # wrist 224x224 -> 360x360, centred
+    with_second = openpi.composed(droid_observation(**{"observation/exterior_image_2_left": np.full((90, 160, 3), 200,
+                                                                                                    np.uint8)}))  # fmt: skip
+    assert with_second[360:, 320:].min() == 200  # 16:9 fills its 180x320 slot
+
+
+@pytest.mark.parametrize("change, key, words", [
+    ({"observation/wrist_image_left": None}, "observation/wrist_image_left", "is missing"),
+    ({"observation/joint_position": np.zeros(6)}, "observation/joint_position", "7 finite numbers"),
+    ({"observation/gripper_position": np.array([np.nan])}, "observation/gripper_position", "1 finite numbers"),
+    ({"observation/exterior_image_1_left": np.zeros((8, 8, 3), np.float32)}, "observation/exterior_image_1_left", "uint8"),
+    ({"prompt": 3}, "prompt", "a string"),
+])  # fmt: skip
+def test_a_malformed_droid_observation_names_the_key(api, pack, change, key, words):
+    observation = {k: v for k, v in {**droid_observation(), **change}.items() if v is not None}
+    with pytest.raises(api.FieldError) as error:
+        api.parse_request(pack.serving.openpi.action_request(observation), [MODEL])
+    assert error.value.field == key and words in str(error.value), str(error.value)

@@ -499,6 +499,10 @@ def test_a_gguf_transformer_from_diffusion_models_runs_on_the_core_path(core, mo
     assert "cosmos3-edge-q8_0.gguf" in loader.INPUT_TYPES()["optional"]["transformer_file"][0]
     with pytest.raises(core.pack.vae.InputError, match="not a .gguf file in models/diffusion_models"):
         loader.load("Cosmos3-Edge", "fp32", "default", transformer_file="../cosmos3-edge-q8_0.gguf")
+    whole = (tmp_path / "cosmos3-edge-q8_0.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(core.pack.loader.CheckpointError, match="truncated"):  # and nothing half-loaded is kept:
+        loader.load("Cosmos3-Edge", "fp32", "default", transformer_file="cut.gguf")
     handle, _, info = loader.load("Cosmos3-Edge", "fp32", "default", transformer_file="cosmos3-edge-q8_0.gguf")["result"]
     assert "cosmos3-edge-q8_0.gguf" in info
     model, _ = core.pack.Cosmos3CoreModel().build(handle)

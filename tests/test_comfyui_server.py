@@ -52,6 +52,7 @@ CHECKPOINTS = {  # model folder names the shipped workflows use
 
 
 UPLOAD_LIMIT_MB = 1  # the action endpoint's upload limit in this server (default 64)
+MAX_CONNECTIONS = 3  # websocket connections it serves at once (default 8)
 
 
 def _port() -> int:
@@ -88,7 +89,8 @@ def server(tmp_path_factory, tiny_factory):
     process = subprocess.Popen([python, "main.py", "--cpu", "--disable-api-nodes", "--listen", "127.0.0.1",
                                 "--port", str(port), "--base-directory", str(base)],
                                cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT,
-                               env={**os.environ, "COSMOS3_API_MAX_UPLOAD_MB": str(UPLOAD_LIMIT_MB)})  # fmt: skip
+                               env={**os.environ, "COSMOS3_API_MAX_UPLOAD_MB": str(UPLOAD_LIMIT_MB),
+                                    "COSMOS3_API_MAX_CONNECTIONS": str(MAX_CONNECTIONS)})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     (base / "server.pid").write_text(str(process.pid))
     deadline = time.monotonic() + 120

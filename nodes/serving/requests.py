@@ -1,19 +1,15 @@
-"""The action endpoint: SGLang's action API on ComfyUI's server, for robot clients that already speak it.
+"""The action request and its answer, shared by every transport (HTTP, realtime websocket, openpi).
 
-`POST /cosmos3/v1/actions/generations` takes the request SGLang's `/v1/actions/generations` takes (JSON, or
-multipart/form-data with the observation uploaded as a file) and answers with its `action.generation`
-envelope. `GET /cosmos3/v1/actions/metadata` describes what it accepts.
-
-Each request becomes an API prompt of the pack's own nodes, queued like any workflow, so it waits its turn for
-the GPU and reuses a loaded checkpoint. Two nodes sit at the ends of that graph: Cosmos3 API Observation hands
-over the decoded observation, which stays in this process's memory (uploads are never written to disk and
-client file names are never used), and Cosmos3 API Result hands the actions back. As in SGLang, the video the
-model co-generates is not decoded.
+A request is SGLang's `/v1/actions/generations` request: {"input": {"task", "observation": {...}}, "parameters":
+{...}} or a flat observation, with observation images as uploads, base64, pixel lists, tensor payloads or
+numpy arrays (msgpack). One image gives one input; a list of images or a [B, H, W, C] array is a batch, with one
+prompt for all or one each. `candidate_count` > 1 samples that many chunks from seeds seed, seed + 1, ... and
+answers their mean (`candidate_reducer` "mean"), listing each one too with `return_candidates`. The answer is
+SGLang's `action.generation` envelope, `data[i]` for input i.
 
 Defaults are SGLang's (the `sglang` action preset, seed 42); `parameters.preset` picks another preset.
 """
 
-import asyncio
 import base64
 import binascii
 import json
@@ -25,19 +21,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..cosmos3_runtime import InputError
-from ..cosmos3_runtime.errors import LimitError
-from ..cosmos3_runtime.action import DEFAULT_CHUNK, DOMAIN_IDS, JOINT_WIDTH, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
-from ..cosmos3_runtime.media import read_image, read_video
-from . import services
+from ...cosmos3_runtime import InputError
+from ...cosmos3_runtime.action import DEFAULT_CHUNK, DOMAIN_IDS, JOINT_WIDTH, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
+from ...cosmos3_runtime.errors import LimitError
+from ...cosmos3_runtime.media import read_image, read_video
 
-ROUTE = "/cosmos3/v1/actions/generations"
-METADATA_ROUTE = "/cosmos3/v1/actions/metadata"
 ENDPOINT_MODES = ("policy", "inverse_dynamics")  # the modes that return actions; forward dynamics returns a video
 DEFAULT_PRESET = "sglang"
 DEFAULT_SEED = 42  # SGLang's
 MAX_UPLOAD_MB = 64  # a whole request body; COSMOS3_API_MAX_UPLOAD_MB overrides it
 MAX_FRAME_PIXELS = 4096 * 4096  # per decoded image or video frame
+MAX_BATCH = 4  # observations in one request (each is its own sampler run, one queue item for all)
+MAX_CANDIDATES = 4  # chunks sampled for one observation
+REDUCERS = ("mean",)
 IMAGE_FIELDS = ("image", "image_path", "input_reference")  # where SGLang clients put the observation image
 VIDEO_FIELDS = ("video", "video_path")
 UPLOAD_FIELDS = {"image": "image", "input_reference": "image", "video": "video"}  # multipart file part -> kind
@@ -45,10 +41,8 @@ OPTIONS = {  # request option -> its type (JSON values or multipart text fields)
     "action_mode": str, "action_horizon": int, "num_frames": int, "domain_name": str, "domain_id": int,
     "raw_action_dim": int, "action_view_point": str, "fps": float, "height": int, "width": int,
     "num_inference_steps": int, "guidance_scale": float, "flow_shift": float, "seed": int, "negative_prompt": str,
-    "preset": str, "candidate_count": int,
+    "preset": str, "candidate_count": int, "candidate_reducer": str, "return_candidates": bool,
 }  # fmt: skip
-
-PENDING: dict[str, dict] = {}  # request key -> {"frames": IMAGE batch, "actions": COSMOS3_ACTIONS once done}
 
 
 class FieldError(InputError):
@@ -99,7 +93,10 @@ def _encoded(value, where: str, kind: str) -> bytes | None:
 
 
 def _array(value, where: str) -> np.ndarray | None:
-    """Nested number lists or a tensor payload {"values" | "data", "shape"?} -> an array; None for anything else."""
+    """A numpy array (msgpack), nested number lists or a tensor payload {"values" | "data", "shape"?} -> an array;
+    None for anything else."""
+    if isinstance(value, np.ndarray):
+        return value
     if isinstance(value, dict) and ("values" in value or "data" in value):
         if value.get("dtype", "uint8") != "uint8":
             raise FieldError(where, "pixel arrays must be uint8")
@@ -115,7 +112,7 @@ def _array(value, where: str) -> np.ndarray | None:
         raise FieldError(where, f"is not a pixel array ({exc})") from None
 
 
-def _rgb(array: np.ndarray, where: str) -> np.ndarray:
+def rgb_array(array: np.ndarray, where: str) -> np.ndarray:
     """A uint8 pixel array [H, W] or [H, W, C] (C = 1, 3, 4) -> [H, W, 3], within the size limit."""
     if array.dtype.kind not in "iu" or array.size == 0 or array.min() < 0 or array.max() > 255:
         raise FieldError(where, "pixel arrays must hold uint8 values (0-255)")
@@ -144,7 +141,7 @@ def decode_image(value, where: str) -> torch.Tensor:
     if array is None:
         raise FieldError(where, 'must be an image: base64 ({"b64_json": ...}), a data: URL, pixel lists [H][W][C] '
                                 'or {"values", "shape"}')  # fmt: skip
-    return _frames([_rgb(array, where)])
+    return _frames([rgb_array(array, where)])
 
 
 def decode_video(value, where: str, num_frames: int) -> torch.Tensor:
@@ -155,7 +152,7 @@ def decode_video(value, where: str, num_frames: int) -> torch.Tensor:
         return _frames(_decoded(lambda: read_video(data, max_frames=num_frames, max_pixels=MAX_FRAME_PIXELS), where))
     array = _array(value, where)
     if array is not None and array.ndim == 4:
-        return _frames([_rgb(a, f"{where}[{i}]") for i, a in enumerate(array[:num_frames])])
+        return _frames([rgb_array(a, f"{where}[{i}]") for i, a in enumerate(array[:num_frames])])
     if isinstance(value, list) and value and array is None:
         frames = [decode_image(v, f"{where}[{i}]") for i, v in enumerate(value[:num_frames])]
         if len({f.shape for f in frames}) > 1:
@@ -173,20 +170,21 @@ class ActionCall:
     """A checked request: what the graph runs and what the answer reports."""
 
     model: str
-    prompt: str
-    action: ActionRequest  # resolved, with the observation
+    inputs: list[tuple[str, ActionRequest]]  # (instruction, resolved action with its observation) per input
     seed: int = DEFAULT_SEED
     steps: int | None = None
     guidance: float | None = None
     flow_shift: float | None = None
     fps: float | None = None
     negative_prompt: str = ""
+    candidates: int = 1
+    return_candidates: bool = False
     request_id: str = field(default_factory=lambda: f"act_{uuid.uuid4().hex}")
 
     @property
-    def frames(self) -> torch.Tensor:
-        """The observation as an IMAGE batch: the image [1, H, W, 3] or the clip [T, H, W, 3]."""
-        return self.action.clip()
+    def action(self) -> ActionRequest:
+        """The first input's action (every input shares mode, domain, chunk and preset)."""
+        return self.inputs[0][1]
 
 
 class Options:
@@ -203,6 +201,10 @@ class Options:
             return default
         value, where = self.values[name]
         kind = OPTIONS.get(name)
+        if kind is bool:
+            if isinstance(value, bool) or isinstance(value, str) and value.strip().lower() in ("true", "false"):
+                return value if isinstance(value, bool) else value.strip().lower() == "true"
+            raise FieldError(where, f"must be true or false, got {value!r}")
         if kind is None or isinstance(value, kind) and not isinstance(value, bool):
             return value
         try:
@@ -265,8 +267,12 @@ def parse_request(body, checkpoints: list[str], uploads: dict | None = None, for
     runtime = body.get("runtime") or {}
     if isinstance(runtime, dict) and str(runtime.get("response_format", "envelope")).lower() != "envelope":
         raise FieldError("runtime.response_format", "only the 'envelope' response is served")
-    if (options.get("candidate_count") or 1) != 1:
-        raise FieldError(options.where("candidate_count"), "one candidate per request is served")
+    candidates = options.get("candidate_count", 1)
+    if not 1 <= candidates <= MAX_CANDIDATES:
+        raise FieldError(options.where("candidate_count"), f"must be 1 to {MAX_CANDIDATES}, got {candidates}")
+    reducer = (options.get("candidate_reducer") or "mean").strip().lower()
+    if reducer not in REDUCERS:
+        raise FieldError(options.where("candidate_reducer"), f"must be one of {', '.join(REDUCERS)}, got {reducer!r}")
 
     mode = (options.get("action_mode") or "policy").strip().lower()
     if mode == "forward_dynamics":
@@ -280,17 +286,14 @@ def parse_request(body, checkpoints: list[str], uploads: dict | None = None, for
     chunk = _chunk(options, PRESETS[preset].chunk_size)
     domain = _domain(options, preset)
 
-    prompt, where = next((observed[n] for n in INSTRUCTION if n in observed), ("", "input.task"))
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise FieldError(where, "must be one instruction (a string): batched observations are not served, send one "
-                                "request per observation")  # fmt: skip
-
     frames = _observation_frames(mode, observed, uploads, chunk + 1)
+    if len(frames) > 1 and candidates > 1:
+        raise FieldError(options.where("candidate_count"), "several candidates need exactly one observation image, "
+                                                           f"this request has {len(frames)}")  # fmt: skip
+    prompts = _prompts(observed, len(frames))
     # only the droid-server layout takes a state; SGLang ignores the state its clients often send
-    state = _state(observed) if PRESETS[preset].joint_state else None
-    if PRESETS[preset].joint_state and state is None:
+    states = _states(observed, len(frames)) if PRESETS[preset].joint_state else [None] * len(frames)
+    if PRESETS[preset].joint_state and states[0] is None:
         raise FieldError("input.observation.state", f"the {preset} preset needs the robot state: {JOINT_WIDTH} numbers "
                                                     "(7 joint positions and the gripper)")  # fmt: skip
     tier = options.get("height")
@@ -300,25 +303,30 @@ def parse_request(body, checkpoints: list[str], uploads: dict | None = None, for
     view_point = options.get("action_view_point")
     if view_point is not None and view_point not in VIEW_POINTS:
         raise FieldError(options.where("action_view_point"), f"must be one of {', '.join(VIEW_POINTS)}")
-    try:
-        action = ActionRequest(mode=mode, chunk_size=chunk, domain=domain, resolution_tier=tier,
-                               **({"video": frames} if mode == "inverse_dynamics" else {"image": frames}),
-                               view_point=view_point, preset=preset, state=state).resolved(preset)  # fmt: skip
-    except InputError as exc:
-        raise FieldError("input", str(exc)) from None
+    inputs = []
+    for observation, prompt, state in zip(frames, prompts, states):
+        try:
+            action = ActionRequest(mode=mode, chunk_size=chunk, domain=domain, resolution_tier=tier,
+                                   **({"video": observation} if mode == "inverse_dynamics" else {"image": observation}),
+                                   view_point=view_point, preset=preset, state=state).resolved(preset)  # fmt: skip
+        except InputError as exc:
+            raise FieldError("input", str(exc)) from None
+        inputs.append((prompt, action))
+    action = inputs[0][1]
     width = options.get("raw_action_dim")
     if width is not None and width != action.width:
         raise FieldError(options.where("raw_action_dim"), f"{domain} actions are {action.width} wide with the {preset} "
                                                           f"preset, got {width}")  # fmt: skip
     seed = options.get("seed", DEFAULT_SEED)
-    if not 0 <= seed < 2**64:
-        raise FieldError(options.where("seed"), f"must be in [0, 2^64), got {seed}")
+    if not 0 <= seed <= 2**64 - candidates:
+        raise FieldError(options.where("seed"), f"must be in [0, 2^64 - candidate_count], got {seed}")
     negative = options.get("negative_prompt", "")
     request_id = body.get("request_id") or body.get("id") or form.get("request_id")
     return ActionCall(
-        model=model, prompt=prompt, action=action,
+        model=model, inputs=inputs,
         seed=seed, steps=options.positive("num_inference_steps"), guidance=options.positive("guidance_scale"),
         flow_shift=options.positive("flow_shift"), fps=options.positive("fps"), negative_prompt=negative,
+        candidates=candidates, return_candidates=options.get("return_candidates", False),
         **({"request_id": str(request_id)} if request_id else {}),
     )  # fmt: skip
 
@@ -360,13 +368,14 @@ def _domain(options: Options, preset: str) -> str:
     return names[0]
 
 
-def _observation_frames(mode: str, observed: dict, uploads: dict, num_frames: int) -> torch.Tensor:
+def _observation_frames(mode: str, observed: dict, uploads: dict, num_frames: int) -> list[torch.Tensor]:
+    """The observations as IMAGE batches: one per input (a policy batch), or inverse dynamics' one clip."""
     images = [(v, w) for n, (v, w) in observed.items() if n in IMAGE_FIELDS]
     if "images" in observed:
         value, where = observed["images"]
         if not isinstance(value, dict) or len(value) > 1:
-            raise FieldError(where, "takes one named image ({\"<camera>\": image}); batched or multi-camera "
-                                    "observations are not served")  # fmt: skip
+            raise FieldError(where, "takes one named image ({\"<camera>\": image}); multi-camera observations are "
+                                    "served on the openpi websocket")  # fmt: skip
         images += [(v, f"{where}.{k}") for k, v in value.items()]
     images += [(v, k) for k, v in uploads.items() if UPLOAD_FIELDS[k] == "image"]
     videos = [(v, w) for n, (v, w) in observed.items() if n in VIDEO_FIELDS]
@@ -374,20 +383,50 @@ def _observation_frames(mode: str, observed: dict, uploads: dict, num_frames: in
     if images and videos:
         raise FieldError(videos[0][1], f"give either an image or a video, not both (the image is in {images[0][1]})")
     if len(images) > 1 or len(videos) > 1:
-        raise FieldError((images or videos)[1][1], f"one observation per request (another is in {(images or videos)[0][1]})")
+        raise FieldError((images or videos)[1][1], f"one observation field per request (another is in "
+                                                   f"{(images or videos)[0][1]}); a batch is a list in one field")  # fmt: skip
     if mode == "inverse_dynamics":
         if not videos:
             raise FieldError("input.observation.video", "inverse_dynamics needs a video: the actions between its "
                                                         "frames are what it infers")  # fmt: skip
-        return decode_video(*videos[0], num_frames)
+        return [decode_video(*videos[0], num_frames)]
     if not images:
         raise FieldError("input.observation.image", "a policy request needs the observation image")
     value, where = images[0]
-    if isinstance(value, list) and value and isinstance(value[0], (dict, str)):  # SGLang's image batch
-        if len(value) > 1:
-            raise FieldError(where, "batched observations are not served: send one request per observation")
-        value = value[0]
-    return decode_image(value, where)
+    batch = [(v, f"{where}[{i}]") for i, v in enumerate(value)] if _is_batch(value) else [(value, where)]
+    if len(batch) > MAX_BATCH:
+        raise FieldError(where, f"holds {len(batch)} observations; at most {MAX_BATCH} are served per request")
+    return [decode_image(v, w) for v, w in batch]
+
+
+def _is_batch(value) -> bool:
+    """A list of images or an array [B, H, W, C] (not one image as pixel lists [H][W][C])."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 4
+    if not isinstance(value, list) or not value:
+        return False
+    return isinstance(value[0], (dict, str, bytes, np.ndarray)) or np.ndim(value[0]) >= 3
+
+
+def _prompts(observed: dict, count: int) -> list[str]:
+    """One instruction per input: a string for all, or a list with one each."""
+    prompt, where = next((observed[n] for n in INSTRUCTION if n in observed), ("", "input.task"))
+    prompts = prompt if isinstance(prompt, list) else [prompt] * count
+    if len(prompts) == 1 and count > 1:
+        prompts = prompts * count
+    if len(prompts) != count or not all(isinstance(p, str) for p in prompts):
+        raise FieldError(where, f"must be one instruction (a string) or one per observation image ({count}), got "
+                                f"{len(prompts) if isinstance(prompt, list) else type(prompt).__name__}")  # fmt: skip
+    return prompts
+
+
+def _states(observed: dict, count: int) -> list:
+    """The robot state per input: one [8] for all, or [count, 8]."""
+    value, where = observed.get("state", (None, "state"))
+    rows = np.asarray(value.get("values", value.get("data")) if isinstance(value, dict) else value, dtype=object)
+    if count > 1 and rows.ndim == 2 and len(rows) == count:
+        return [_state({"state": (list(row), f"{where}[{i}]")}) for i, row in enumerate(rows)]
+    return [_state(observed)] * count
 
 
 def _state(observed: dict) -> list[float] | None:
@@ -422,108 +461,57 @@ def _model(name, checkpoints: list[str]) -> str:
     raise FieldError("model", f"name the checkpoint; installed: {', '.join(checkpoints) or 'none (put one in models/cosmos3)'}")
 
 
-# --- the graph, its two endpoint nodes, the answer ---------------------------------------------------------------
+# --- the answer ------------------------------------------------------------------------------------------------
 
 
-def _widget_defaults(node_class) -> dict:
-    """The required widgets of a node at their defaults (a combo without one: its first choice)."""
-    values = {}
-    for name, (kind, *rest) in node_class.INPUT_TYPES()["required"].items():
-        options = rest[0] if rest else {}
-        if isinstance(kind, list):
-            values[name] = options.get("default", kind[0])
-        elif "default" in options:
-            values[name] = options["default"]
-    return values
+def _action(table: np.ndarray, a: ActionRequest, numpy: bool) -> dict:
+    return {"type": "continuous", "dtype": "float32", "shape": list(table.shape),
+            "values": table if numpy else table.tolist(), "action_mode": a.mode, "domain_id": DOMAIN_IDS[a.domain],
+            "raw_action_dim": int(table.shape[1])}  # fmt: skip
 
 
-def prompt_graph(call: ActionCall, key: str) -> dict:
-    """The API prompt that runs `call`: the pack's nodes at their defaults, with the request's values."""
-    from .actions import Cosmos3Action, Cosmos3RobotState
-    from .loader import Cosmos3ModelLoader
-    from .sampling import Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode
-
+def envelope(call: ActionCall, results: dict, prompt_id: str, numpy: bool = False) -> dict:
+    """SGLang's `action.generation` answer, plus what ComfyUI did under "cosmos3". `results`: {(input, candidate):
+    COSMOS3_ACTIONS}. `data[i]` is input i: its one chunk, or the mean of its candidates (each listed under
+    "candidates" with `return_candidates`). `numpy`: values as float32 arrays (msgpack answers) instead of lists."""
+    data = []
+    for i, (_, a) in enumerate(call.inputs):
+        tables = [np.asarray(results[i, c]["actions"], dtype=np.float32) for c in range(call.candidates)]
+        item = {"index": i, "input_index": i, "candidate_index": 0, "action": _action(np.mean(tables, axis=0), a, numpy)}
+        if call.candidates > 1:
+            item.update(candidate_count=call.candidates, candidate_reducer="mean")
+        if call.return_candidates:
+            item["candidates"] = [{"candidate_index": c, "seed": call.seed + c, "action": _action(t, a, numpy)}
+                                  for c, t in enumerate(tables)]  # fmt: skip
+        data.append(item)
+    first = results[0, 0]
+    horizon, width = first["actions"].shape
     a = call.action
-    graph = {
-        "model": (Cosmos3ModelLoader, {"model_name": call.model}),
-        "observation": (Cosmos3APIObservation, {"key": key}),
-        "action": (Cosmos3Action, {"mode": a.mode, "domain": a.domain, "chunk_size": a.chunk_size,
-                                   "resolution_tier": str(a.resolution_tier), "view_point": a.view_point,
-                                   "preset": a.preset,
-                                   "video" if a.mode == "inverse_dynamics" else "image": ["observation", 0]}),
-        "text": (Cosmos3TextEncode, {"prompt": call.prompt, "negative_prompt": call.negative_prompt}),
-        "schedule": (Cosmos3Scheduler, {"steps": call.steps or 0, "flow_shift": call.flow_shift or 0.0}),
-        "sampler": (Cosmos3Sampler, {"model": ["model", 0], "text": ["text", 0], "schedule": ["schedule", 0],
-                                     "action": ["action", 0], "seed": call.seed, "fps": call.fps or 0.0,
-                                     "guidance": call.guidance or 0.0}),
-        "result": (Cosmos3APIResult, {"actions": ["sampler", 1], "key": key}),
-    }  # fmt: skip
-    if a.state is not None:
-        graph["state"] = (Cosmos3RobotState, {"values": ", ".join(map(str, a.state.numpy()))})  # float32, shortest
-        graph["action"][1]["state"] = ["state", 0]
-    return {node: {"class_type": cls.__name__, "inputs": {**_widget_defaults(cls), **inputs},
-                   "_meta": {"title": f"action endpoint: {node}"}}
-            for node, (cls, inputs) in graph.items()}  # fmt: skip
-
-
-class Cosmos3APIObservation:
-    DESCRIPTION = "Used by the HTTP action endpoint: the observation its request carried (held in memory)."
-    CATEGORY = "cosmos3/api"
-    DEV_ONLY = True  # internal to the endpoint: ComfyUI lists it only in developer mode
-    RETURN_TYPES = ("IMAGE",)
-    RETURN_NAMES = ("frames",)
-    FUNCTION = "frames"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"key": ("STRING", {"default": ""})}}
-
-    def frames(self, key):
-        if key not in PENDING:
-            raise InputError(f"the HTTP action request {key!r} is gone (its client disconnected)")
-        return (PENDING[key]["frames"],)
-
-
-class Cosmos3APIResult:
-    DESCRIPTION = "Used by the HTTP action endpoint: hands the actions back to its waiting request."
-    CATEGORY = "cosmos3/api"
-    DEV_ONLY = True
-    RETURN_TYPES = ()
-    OUTPUT_NODE = True
-    FUNCTION = "hand_back"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"actions": ("COSMOS3_ACTIONS",), "key": ("STRING", {"default": ""})}}
-
-    def hand_back(self, actions, key):
-        if key in PENDING:
-            PENDING[key]["actions"] = actions
-        table = actions["actions"]
-        return {"ui": {"text": [f"{table.shape[0]} x {table.shape[1]} actions for HTTP request {key[:8]}"]}}
-
-
-def envelope(call: ActionCall, actions: dict, prompt_id: str) -> dict:
-    """SGLang's `action.generation` answer (one input, one candidate), plus what ComfyUI did under "cosmos3"."""
-    table = actions["actions"]
-    a = call.action
-    action = {"type": "continuous", "dtype": "float32", "shape": list(table.shape), "values": table.tolist(),
-              "action_mode": a.mode, "domain_id": DOMAIN_IDS[a.domain], "raw_action_dim": int(table.shape[1])}  # fmt: skip
     return {
         "id": call.request_id,
         "object": "action.generation",
         "created": int(time.time()),
         "model": call.model,
-        "data": [{"index": 0, "input_index": 0, "candidate_index": 0, "action": action}],
-        "usage": {"batch_size": 1, "action_horizon": int(table.shape[0]), "action_dim": int(table.shape[1]),
-                  "denoise_steps": call.steps or PRESETS[a.preset].steps, "prefix_cache_hit": False},
-        "cosmos3": {"prompt_id": prompt_id, "preset": a.preset, "domain": a.domain, "fps": actions.get("fps"),
-                    "units": actions.get("units")},
+        "data": data,
+        "usage": {"batch_size": len(call.inputs), "action_horizon": int(horizon), "action_dim": int(width),
+                  "candidate_count": call.candidates, "denoise_steps": call.steps or PRESETS[a.preset].steps,
+                  "prefix_cache_hit": False},
+        "cosmos3": {"prompt_id": prompt_id, "preset": a.preset, "domain": a.domain, "fps": first.get("fps"),
+                    "units": first.get("units"), "seeds": [call.seed + c for c in range(call.candidates)]},
     }  # fmt: skip
 
 
+def max_connections() -> int:
+    """Websocket connections served at once (COSMOS3_API_MAX_CONNECTIONS overrides the default 8)."""
+    try:
+        return max(1, int(os.environ.get("COSMOS3_API_MAX_CONNECTIONS", 8)))
+    except ValueError:
+        return 8
+
+
 def metadata(checkpoints: list[str]) -> dict:
-    """What the endpoint serves, in the shape of SGLang's `action.metadata`."""
+    """What the endpoint serves, in the shape of SGLang's `action.metadata` (also the realtime websocket's first
+    frame)."""
     preset = PRESETS[DEFAULT_PRESET]
     return {
         "object": "action.metadata",
@@ -531,114 +519,15 @@ def metadata(checkpoints: list[str]) -> dict:
         "policy_family": "cosmos3",
         "input": {"modalities": ["image", "video"], "resolution_tiers": list(TIERS), "state_dim": JOINT_WIDTH,
                   "domains": {name: {"domain_id": DOMAIN_IDS[name], "raw_action_dim": w} for name, w in sorted(WIDTHS.items())},
-                  "max_upload_bytes": max_upload_bytes()},
+                  "max_upload_bytes": max_upload_bytes(), "encodings": ["json", "msgpack", "multipart"]},
         "output": {"action_type": "continuous", "action_horizon": preset.chunk_size, "dtype": "float32"},
         "defaults": {"action_mode": "policy", "action_horizon": preset.chunk_size, "num_inference_steps": preset.steps,
                      "guidance_scale": preset.guidance_scale, "flow_shift": preset.flow_shift, "fps": preset.fps,
-                     "height": preset.resolution_tier, "seed": DEFAULT_SEED, "preset": DEFAULT_PRESET},
-        "capabilities": {"action_modes": list(ENDPOINT_MODES), "presets": list(PRESETS), "batch_inputs": False,
-                         "max_batch_size": 1, "multiple_candidates": False, "realtime_websocket": False,
-                         "multipart_uploads": True},
+                     "height": preset.resolution_tier, "seed": DEFAULT_SEED, "preset": DEFAULT_PRESET,
+                     "candidate_reducer": "mean"},
+        "capabilities": {"action_modes": list(ENDPOINT_MODES), "presets": list(PRESETS), "batch_inputs": True,
+                         "max_batch_size": MAX_BATCH, "batched_action_modes": ["policy"], "multiple_candidates": True,
+                         "max_candidates": MAX_CANDIDATES, "candidate_reducers": list(REDUCERS),
+                         "realtime_websocket": True, "openpi_websocket": True, "multipart_uploads": True,
+                         "max_websocket_connections": max_connections()},
     }  # fmt: skip
-
-
-# --- HTTP ------------------------------------------------------------------------------------------------------
-
-
-async def _read(next_chunk, limit: int, where: str) -> bytes:
-    """A body or multipart part read chunk by chunk, refused (413) as soon as it passes `limit` bytes."""
-    chunks, size = [], 0
-    while chunk := await next_chunk():
-        size += len(chunk)
-        if size > limit:
-            raise FieldError(where, f"is over the upload limit of {limit // 2**20} MiB (COSMOS3_API_MAX_UPLOAD_MB)", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _json(data: bytes, where: str):
-    try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FieldError(where, f"is not valid JSON ({exc})") from None
-
-
-async def read_request(request) -> tuple[dict, dict, dict]:
-    """(JSON body, uploads {field: bytes}, multipart text fields) of an aiohttp request, within the size limit.
-    Uploaded file names are ignored: nothing is written under a name a client chose."""
-    limit = max_upload_bytes()
-    if (request.content_length or 0) > limit:
-        raise FieldError("body", f"is {request.content_length} bytes, over the upload limit of {limit // 2**20} MiB "
-                                 "(COSMOS3_API_MAX_UPLOAD_MB)", 413)  # fmt: skip
-    if request.content_type == "multipart/form-data":
-        body, uploads, form, left = {}, {}, {}, limit
-        async for part in await request.multipart():
-            name = part.name or ""
-            data = await _read(lambda: part.read_chunk(2**20), left, name or "body")
-            left -= len(data)
-            if part.filename is not None:
-                if name not in UPLOAD_FIELDS:
-                    raise FieldError(name or "file", f"is not an upload field; files go in {', '.join(UPLOAD_FIELDS)}")
-                uploads[name] = data
-            elif name in ("request", "payload"):
-                body = _json(data, name)
-            else:
-                form[name] = data.decode("utf-8", "replace")
-        return body, uploads, form
-    if request.content_type in ("application/json", "application/octet-stream", "") or request.content_type.endswith("+json"):
-        return _json(await _read(lambda: request.content.read(2**20), limit, "body"), "body"), {}, {}
-    raise FieldError("Content-Type", f"{request.content_type!r} is not served: send application/json or "
-                                     "multipart/form-data", 415)  # fmt: skip
-
-
-async def generations(request):
-    from aiohttp import web
-
-    from .loader import checkpoint_names
-
-    try:
-        body, uploads, form = await read_request(request)
-        # decoding an observation takes a while: off the event loop, so the server keeps answering meanwhile
-        call = await asyncio.get_running_loop().run_in_executor(None, parse_request, body, checkpoint_names(),
-                                                                uploads, form)  # fmt: skip
-    except FieldError as exc:
-        return web.json_response(exc.body(), status=exc.status)
-    key = uuid.uuid4().hex
-    PENDING[key] = {"frames": call.frames, "actions": None}
-    try:
-        prompt_id, refusal = await services.queue_prompt(prompt_graph(call, key))
-        if prompt_id is None:
-            where = "model" if "model" in refusal.get("node_errors", {}) else "body"  # the loader's node id is "model"
-            return web.json_response(FieldError(where, services.refusal_text(refusal)).body(), status=400)
-        try:
-            record = await services.finished(prompt_id)
-        except asyncio.CancelledError:  # the client went away: drop the run if it has not started
-            services.unqueue(prompt_id)
-            raise
-        actions = PENDING[key]["actions"]
-        if record["status"].get("status_str") == "success" and actions is not None:
-            return web.json_response(envelope(call, actions, prompt_id))
-        status, message = services.failure(record)
-        return web.json_response({"detail": message, "error": {"message": message, "type": "generation_error",
-                                                               "param": None, "prompt_id": prompt_id}},
-                                 status=status)  # fmt: skip
-    finally:
-        PENDING.pop(key, None)
-
-
-async def metadata_route(request):
-    from aiohttp import web
-
-    from .loader import checkpoint_names
-
-    return web.json_response(metadata(checkpoint_names()))
-
-
-def register_routes() -> bool:
-    """Add the endpoint's routes to ComfyUI's server (also under /api, as ComfyUI mirrors its routes)."""
-    server = services.prompt_server()
-    if server is None:
-        return False
-    server.routes.post(ROUTE)(generations)
-    server.routes.get(METADATA_ROUTE)(metadata_route)
-    return True

@@ -1,0 +1,29 @@
+"""`WS /cosmos3/v1/actions/realtime`: SGLang's realtime action websocket.
+
+The first frame is the metadata document (`GET /cosmos3/v1/actions/metadata`). Each request frame is the HTTP
+route's request as msgpack (numpy arrays as images); each answer is its `action.generation` envelope with the
+actions as float32 arrays, plus `server_timing`. Errors are a binary {"error": message} frame naming the field,
+then close 1011, as SGLang sends them.
+"""
+
+from .graph import run
+from .http import parse_off_loop
+from .msgpack_numpy import packb
+from .requests import envelope, metadata
+from .sessions import serve
+
+ROUTE = "/cosmos3/v1/actions/realtime"
+
+
+async def realtime(request):
+    from ..loader import checkpoint_names
+
+    async def handle(document: dict) -> dict:
+        call = await parse_off_loop(document)
+        prompt_id, results = await run(call)
+        return envelope(call, results, prompt_id, numpy=True)
+
+    async def send_error(ws, message: str) -> None:
+        await ws.send_bytes(packb({"error": message}))
+
+    return await serve(request, metadata(checkpoint_names()), handle, send_error)

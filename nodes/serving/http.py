@@ -5,12 +5,11 @@ Bodies are JSON, msgpack (`Content-Type: application/msgpack`, numpy arrays as i
 request is msgpack or its `Accept` names msgpack; JSON otherwise.
 """
 
-import asyncio
 import json
 
 from .graph import RunError, run
 from .msgpack_numpy import packb, unpackb
-from .requests import UPLOAD_FIELDS, FieldError, envelope, max_upload_bytes, metadata, parse_request
+from .requests import UPLOAD_FIELDS, FieldError, envelope, max_upload_bytes, metadata, parse_off_loop
 
 ROUTE = "/cosmos3/v1/actions/generations"
 METADATA_ROUTE = "/cosmos3/v1/actions/metadata"
@@ -85,15 +84,6 @@ def answer(request, document: dict, status: int = 200):
     if wants_msgpack(request):
         return web.Response(body=packb(document), status=status, content_type=MSGPACK)
     return web.json_response(document, status=status)
-
-
-async def parse_off_loop(body, uploads=None, form=None):
-    """`parse_request` against the installed checkpoints, off the event loop (decoding an observation takes a
-    while; the server keeps answering meanwhile)."""
-    from ..loader import checkpoint_names
-
-    return await asyncio.get_running_loop().run_in_executor(None, parse_request, body, checkpoint_names(), uploads,
-                                                            form)  # fmt: skip
 
 
 async def generations(request):

@@ -16,8 +16,7 @@ from PIL import Image
 
 from ...cosmos3_runtime.action import JOINT_WIDTH, PRESETS
 from .graph import run
-from .http import parse_off_loop
-from .requests import DEFAULT_SEED, FieldError, rgb_array
+from .requests import DEFAULT_SEED, FieldError, parse_off_loop, rgb_array
 from .sessions import serve
 
 ROUTE = "/cosmos3/openpi/policy"

@@ -7,9 +7,8 @@ then close 1011, as SGLang sends them.
 """
 
 from .graph import run
-from .http import parse_off_loop
 from .msgpack_numpy import packb
-from .requests import envelope, metadata
+from .requests import envelope, metadata, parse_off_loop
 from .sessions import serve
 
 ROUTE = "/cosmos3/v1/actions/realtime"

@@ -10,6 +10,7 @@ SGLang's `action.generation` envelope, `data[i]` for input i.
 Defaults are SGLang's (the `sglang` action preset, seed 42); `parameters.preset` picks another preset.
 """
 
+import asyncio
 import base64
 import binascii
 import json
@@ -329,6 +330,15 @@ def parse_request(body, checkpoints: list[str], uploads: dict | None = None, for
         candidates=candidates, return_candidates=options.get("return_candidates", False),
         **({"request_id": str(request_id)} if request_id else {}),
     )  # fmt: skip
+
+
+async def parse_off_loop(body, uploads=None, form=None):
+    """`parse_request` against the installed checkpoints, off the event loop (decoding an observation takes a
+    while; the server keeps answering meanwhile)."""
+    from ..loader import checkpoint_names  # the installed checkpoints (ComfyUI's model folders)
+
+    return await asyncio.get_running_loop().run_in_executor(None, parse_request, body, checkpoint_names(), uploads,
+                                                            form)  # fmt: skip
 
 
 def _chunk(options: Options, preset_chunk: int | None) -> int:

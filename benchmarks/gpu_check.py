@@ -5,7 +5,8 @@
 Checks (each prints PASS or FAIL with its figure): bf16 generation on the GPU close to fp32 on the CPU;
 offload_text and blocks_to_swap bit-identical to the default on the GPU (side-stream prefetch with
 pinned memory); fp8 and GGUF (Q8_0, Q4_0 files from the converter) weights run and stay close, GGUF with
-block swap bit-identical to GGUF alone; the text tower and swapped layers are off the GPU after a run.
+block swap bit-identical to GGUF alone, and GGUF layers left in CPU memory (as ComfyUI's memory manager
+leaves what does not fit) running from there; the text tower and swapped layers are off the GPU after a run.
 Then one speed table from `bench_memory.py --measure` (random weights in the released shapes): Edge
 832x480x81 with CFG, seconds per step (and for 35 steps) and peak VRAM for bf16, fp8, Q8_0, Q4_0,
 offload_text and blocks_to_swap; Nano at its default size with fp8 and Q4_0 when the GPU has room. What
@@ -24,6 +25,8 @@ import torch  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
 from cosmos3_runtime.gguf_convert import convert  # noqa: E402
+from cosmos3_runtime.gguf_weights import GGUFLinear  # noqa: E402
+from cosmos3_runtime.quantize import Fp8Linear  # noqa: E402
 from cosmos3_runtime.tiny import make_tiny_checkpoint  # noqa: E402
 
 REQUEST = dict(width=128, height=96, num_frames=9, steps=4, seed=3, output="latents", negative_prompt="blurry")
@@ -53,9 +56,14 @@ def main() -> int:
             off = all(p.device.type == "cpu" for p in held)
             results.append(check(f"{options} bit-identical, offloaded parts in CPU memory", same and off,
                                  f"identical={same}, {len(held)} offloaded tensors on the CPU={off}"))  # fmt: skip
-        fp8 = cosmos3_runtime.load(root, device="cuda", dtype="bf16", quantize="fp8").generate("a cat", **REQUEST).latents
+        fp8_pipe = cosmos3_runtime.load(root, device="cuda", dtype="bf16", quantize="fp8")
+        fp8 = fp8_pipe.generate("a cat", **REQUEST).latents
         error = (fp8 - base).abs().mean().item() / base.abs().mean().item()
         results.append(check("fp8 weights", error < 0.1, f"relative mean difference to bf16 {error:.4f}"))
+        for m in [m for m in fp8_pipe.transformer.modules() if isinstance(m, Fp8Linear)][::2]:
+            m.weight.data, m.scale.data = m.weight.data.cpu(), m.scale.data.cpu()
+        same = torch.equal(fp8_pipe.generate("a cat", **REQUEST).latents, fp8)
+        results.append(check("fp8 layers left in CPU memory run from there", same, f"bit-identical={same}"))
         for qtype, bound in (("q8_0", 0.05), ("q4_0", 0.4)):
             path = Path(tmp) / f"{qtype}.gguf"
             convert(root, path, qtype)
@@ -66,6 +74,12 @@ def main() -> int:
             error = (latents - base).abs().mean().item() / base.abs().mean().item()
             results.append(check(f"GGUF {qtype} on the GPU (and with 3 blocks swapped)", error < bound and same,
                                  f"relative mean difference to bf16 {error:.4f}, swap bit-identical={same}"))  # fmt: skip
+            left = [m for m in quantized.transformer.modules() if isinstance(m, GGUFLinear)][::2]
+            for m in left:  # as ComfyUI's memory manager leaves layers it cannot fit: in CPU memory
+                m.weight.data = m.weight.data.cpu()
+            same = torch.equal(quantized.generate("a cat", **REQUEST).latents, latents)
+            results.append(check(f"GGUF {qtype} layers left in CPU memory run from there", same,
+                                 f"{len(left)} layers on the CPU, bit-identical={same}"))  # fmt: skip
     bench = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--measure", "--no-table", "--steps", "2"]
     runs = [("edge", ["--size", "832x480x81", "--options", "default", "fp8", "gguf Q8_0", "gguf Q4_0", "offload_text",
                       "blocks_to_swap=8"])]  # fmt: skip

@@ -37,11 +37,15 @@ class GGUFLinear(nn.Module):
         self.bias = linear.bias
         self.qtype, self.in_features, self.out_features = qtype, in_features, out_features
 
-    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(self.weight, self.qtype, (self.out_features, self.in_features)).to(dtype)
+    def dequantized(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The weight in `dtype` on `device`. Bytes held elsewhere (a host's memory manager that left this layer
+        in CPU memory) are copied over quantized, then expanded there."""
+        weight = self.weight.to(device, non_blocking=True)
+        return dequantize(weight, self.qtype, (self.out_features, self.in_features)).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantized(x.dtype), self.bias)
+        bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
+        return F.linear(x, self.dequantized(x.dtype, x.device), bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"

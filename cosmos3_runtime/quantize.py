@@ -40,10 +40,12 @@ class Fp8Linear(nn.Module):
     fast = False  # scaled fp8 matmul (activations quantized per token) instead of upcasting the weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # a host's memory manager may leave this layer in CPU memory: its fp8 bytes come over at use
+        weight, scale = self.weight.to(x.device, non_blocking=True), self.scale.to(x.device, non_blocking=True)
+        bias = None if self.bias is None else self.bias.to(x.device)
         if self.fast and self.in_features % 16 == 0 and self.out_features % 16 == 0:
-            return scaled_fp8_linear(x, self.weight, self.scale, self.bias)
-        weight = self.weight.to(x.dtype) * self.scale.to(x.dtype)[:, None]
-        return F.linear(x, weight, self.bias)
+            return scaled_fp8_linear(x, weight, scale, bias)
+        return F.linear(x, weight.to(x.dtype) * scale.to(x.dtype)[:, None], bias)
 
 
 def scaled_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias) -> torch.Tensor:

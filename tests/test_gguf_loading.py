@@ -239,3 +239,18 @@ def test_options_that_cannot_apply_to_gguf_are_refused(every_type, tmp_path):
     with pytest.raises(InputError, match="already holds a GGUF file"):
         convert(quantized, tmp_path / "again.gguf")
     json.loads((quantized / "transformer" / "config.json").read_text())  # the folder is untouched
+
+
+@pytest.mark.slow  # two worker processes
+def test_worker_processes_load_the_gguf_file_too(every_type, tmp_path):
+    from cosmos3_runtime.workers import WorkerPool
+
+    quantized, dense = every_type
+    moved = shutil.copy(next((quantized / "transformer").glob("*.gguf")), tmp_path / "moved.gguf")
+    expected = cosmos3_runtime.load(quantized, device="cpu", dtype="fp32").generate("a cat", **REQUEST).latents
+    pool = WorkerPool(str(dense), ["cpu", "cpu"], sp=2, dtype="fp32", local_files_only=True, transformer_file=str(moved))
+    try:
+        request = {k: v for k, v in REQUEST.items() if k != "output"}  # the pool always hands back latents
+        torch.testing.assert_close(pool.generate("a cat", **request).latents, expected, atol=1e-5, rtol=0)
+    finally:
+        pool.close()

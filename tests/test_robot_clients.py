@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -158,18 +159,29 @@ def test_connections_are_bounded_and_a_client_that_leaves_mid_run_leaves_the_que
         with pytest.raises(ws_errors.ConnectionClosed):
             ws.recv(timeout=30)
         assert ws.close_code == 1009
-    for _ in range(3):  # requests whose clients hang up at once: a run that started finishes, the rest leave
+    # Clients that hang up while their request waits behind a long run: their prompts leave the queue unrun.
+    blocker = threading.Thread(target=_call, args=(f"{url}{ACTIONS}", request(IMAGE.tolist(), num_inference_steps=60)),
+                               kwargs={"timeout": 600})  # fmt: skip
+    blocker.start()
+    _wait(url, lambda queue: queue["queue_running"])
+    for _ in range(3):
         with websockets_sync.connect(ws_url(url, REALTIME), max_size=None) as ws:
             ws.recv(timeout=30)
             ws.send(pack(request(IMAGE, seed=99)))
-    deadline = time.monotonic() + 300
-    while True:
-        queue = _call(f"{url}/queue")[1]
-        if not queue["queue_running"] and not queue["queue_pending"]:
-            break
-        assert time.monotonic() < deadline, queue
-        time.sleep(0.5)
+    blocker.join()
+    _wait(url, lambda queue: not queue["queue_running"] and not queue["queue_pending"])
+    seeds = [node["inputs"].get("seed") for record in _call(f"{url}/history")[1].values()
+             for node in record["prompt"][2].values() if node["class_type"] == "Cosmos3Sampler"]  # fmt: skip
+    assert 11 in seeds and 99 not in seeds, seeds  # the long run ran; none of the abandoned ones did
     assert _call(f"{url}{ACTIONS}", request(IMAGE.tolist()), timeout=300)[0] == 200
+
+
+def _wait(url: str, condition, timeout: float = 300) -> None:
+    """Until ComfyUI's queue ({"queue_running", "queue_pending"}) meets `condition`."""
+    deadline = time.monotonic() + timeout
+    while not condition(queue := _call(f"{url}/queue")[1]):
+        assert time.monotonic() < deadline, queue
+        time.sleep(0.2)
 
 
 OPENPI_CLIENT = r"""

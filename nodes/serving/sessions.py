@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
+from .. import services
 from .graph import RunError
 from .msgpack_numpy import packb, unpackb
 from .requests import FieldError, max_connections, max_upload_bytes
@@ -51,8 +52,11 @@ async def serve(request, hello: dict, handle: Callable[[dict], Awaitable[dict]],
                 if answer is None:  # the client left mid-run
                     break
             except (FieldError, RunError) as exc:
-                await send_error(ws, str(exc))
-                await ws.close(code=1011, message=CLOSE_REASON.encode())
+                await _fail(ws, send_error, str(exc))
+                break
+            except Exception as exc:  # a fault of ours: the client still gets its error frame, the server goes on
+                services.log.exception("Cosmos3 %s websocket request failed", request.path)
+                await _fail(ws, send_error, f"internal error ({type(exc).__name__}: {exc}); see the server log")
                 break
             answer["server_timing"] = {"infer_ms": (time.perf_counter() - arrived) * 1000}
             if previous_total is not None:
@@ -62,6 +66,11 @@ async def serve(request, hello: dict, handle: Callable[[dict], Awaitable[dict]],
     finally:
         _open -= 1
     return ws
+
+
+async def _fail(ws, send_error, message: str) -> None:
+    await send_error(ws, message)
+    await ws.close(code=1011, message=CLOSE_REASON.encode())
 
 
 async def _unless_closed(ws, work: Awaitable[dict]) -> dict | None:

@@ -8,7 +8,8 @@
    converted; its non-layer tensors, its first layer times all but one layer and its last layer give the
    whole model (every layer has the first one's shapes, the last one without its unread text tail). Also the peak RSS of converting that checkpoint against
    the import baseline and its largest tensor, and of loading the file against loading the bf16 one.
-2. Small config (tiny.py's "small", 6 layers): one-forward relative error against bf16 (mean and max over
+2. One Gaussian linear layer per type (the error each type starts from), then the small config (tiny.py's
+   "small", 6 layers): one-forward relative error against bf16 (mean and max over
    the output), the latent difference after 4 steps, and CPU seconds per step against bf16 (fp32 compute
    for both; the bf16 weights are the reference).
 Not a test: numbers depend on the machine.
@@ -111,6 +112,20 @@ def one_forward(pipe) -> torch.Tensor:
     return model(latents, torch.tensor(700.0), model.encode_text(torch.arange(64) % model.config.vocab_size)).vision
 
 
+def one_linear() -> None:
+    """Each type's error on one Gaussian linear layer (as the gguf package quantizes it), for scale."""
+    from gguf import GGMLQuantizationType, dequantize, quantize
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(1536, 512, generator=generator) / 512**0.5
+    x = torch.randn(64, 512, generator=generator)
+    print("\none linear layer, Gaussian weights 1536x512, relative mean error of x @ W.T:")
+    for label in WRITABLE:
+        kind = GGMLQuantizationType[label.upper()]
+        stored = torch.from_numpy(dequantize(quantize(weight.numpy(), kind), kind).copy())
+        print(f"{label:8} {relative(x @ stored.T, x @ weight.T)[0]:.4f}")
+
+
 def small(tmp: Path) -> None:
     root = make_tiny_checkpoint(tmp / "small", kind="gated", size="small")
     request = dict(width=256, height=256, num_frames=9, steps=4, seed=0, output="latents", negative_prompt="blurry")
@@ -139,6 +154,7 @@ def main() -> None:
     parser.add_argument("--skip-released", action="store_true", help="only the small-config measurements")
     parser.add_argument("--variants", nargs="+", default=list(RELEASED), choices=list(RELEASED))
     args = parser.parse_args()
+    one_linear()
     with tempfile.TemporaryDirectory() as tmp:
         small(Path(tmp))
         if not args.skip_released:

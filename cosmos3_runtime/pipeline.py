@@ -140,6 +140,7 @@ class Cosmos3Pipeline:
         self.transformer = transformer
         self.vae = vae
         self.sound_tokenizer = sound_tokenizer
+        self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
@@ -506,6 +507,7 @@ def load(
                                   "the checkpoint's sound_tokenizer/ folder again")  # fmt: skip
         sound_tokenizer = load_sound_tokenizer(folder, device, vae_dtype)
     pipe = Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
+    pipe.transformer_file = None if gguf is None else gguf.path
     if low_vram:
         pipe.use_low_vram(offload_text, blocks_to_swap)  # swapped and offloaded parts stay in CPU memory
         pipe.to(device)  # the rest goes to the device

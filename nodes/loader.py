@@ -308,8 +308,10 @@ class Cosmos3ModelLoader:
         handle = ModelHandle(spec, name)
         pipe = handle.pipeline
         where = f"{gpus} GPUs ({multi_gpu})" if gpus > 1 else spec.device
+        weights = getattr(pipe, "transformer_file", None) or gguf  # the runtime also finds a .gguf in transformer/
         low_vram = [f for f, on in (("text offloaded", offload_text), (f"{blocks_to_swap} blocks swapped", blocks_to_swap),
-                                    (quantize, quantize != "none"), (transformer_file, gguf)) if on]  # fmt: skip
+                                    (quantize, quantize != "none"), (f"GGUF {os.path.basename(str(weights))}", weights))
+                    if on]  # fmt: skip
         where += "".join(f", {item}" for item in low_vram)
         info = f"{name}: {pipe.variant.describe()} ({pipe.dtype}, {where})"
         services.log.info("Cosmos3 loaded %s", info)

@@ -72,11 +72,23 @@ def read_lora(name: str) -> dict:
     return load_file(path)
 
 
-def gguf_names() -> list[str]:
-    """The .gguf files in ComfyUI's diffusion_models (and unet) folders ([] outside ComfyUI)."""
+def gguf_folders() -> list[str]:
+    """ComfyUI's diffusion_models (and unet) folders; outside ComfyUI, COSMOS3_GGUF_DIRS."""
     folder_paths = _comfy("folder_paths")
-    names = folder_paths.get_filename_list("diffusion_models") if folder_paths is not None else []
-    return [n for n in names if n.lower().endswith(".gguf")]
+    if folder_paths is None:
+        return [p for p in os.environ.get("COSMOS3_GGUF_DIRS", "").split(os.pathsep) if p]
+    return folder_paths.get_folder_paths("diffusion_models")
+
+
+def gguf_names() -> list[str]:
+    """The .gguf files in those folders (and their sub-folders), as names relative to their folder."""
+    folder_paths = _comfy("folder_paths")
+    if folder_paths is not None:
+        names = folder_paths.get_filename_list("diffusion_models")
+    else:
+        names = [os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/") for root in gguf_folders()
+                 for d, _, files in os.walk(root) for f in files]  # fmt: skip
+    return sorted(n for n in names if n.lower().endswith(".gguf"))
 
 
 def gguf_path(name: str) -> str:
@@ -85,7 +97,7 @@ def gguf_path(name: str) -> str:
 
     if name not in gguf_names():
         raise InputError(f"transformer_file {name!r} is not a .gguf file in models/diffusion_models or models/unet")
-    return _comfy("folder_paths").get_full_path("diffusion_models", name)
+    return next(path for root in gguf_folders() if os.path.isfile(path := os.path.join(root, name)))
 
 
 def validation(check, value) -> bool | str:

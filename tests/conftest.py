@@ -83,8 +83,9 @@ def pack():
 
 
 @pytest.fixture
-def models_dir(tmp_path, monkeypatch, tiny_factory):
-    """A ComfyUI-like models/cosmos3 folder holding tiny checkpoints under the names the workflows use."""
+def models_dir(tmp_path, monkeypatch, tiny_factory, tiny_gguf):
+    """A ComfyUI-like models/cosmos3 folder holding tiny checkpoints under the names the workflows use (and
+    models/diffusion_models with the GGUF transformer the GGUF workflow uses)."""
     import shutil
 
     root = tmp_path / "models" / "cosmos3"
@@ -98,7 +99,23 @@ def models_dir(tmp_path, monkeypatch, tiny_factory):
     for name, options in layout.items():
         shutil.copytree(tiny_factory(**options), root / name)
     monkeypatch.setenv("COSMOS3_MODEL_DIRS", str(root))
+    (tmp_path / "models" / "diffusion_models").mkdir()
+    shutil.copy(tiny_gguf, tmp_path / "models" / "diffusion_models" / GGUF_WORKFLOW_FILE)
+    monkeypatch.setenv("COSMOS3_GGUF_DIRS", str(tmp_path / "models" / "diffusion_models"))
     return root
+
+
+GGUF_WORKFLOW_FILE = "Cosmos3-Nano-Q4_0.gguf"  # the transformer file cosmos3_nano_t2v_gguf names
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tiny_factory, tmp_path_factory):
+    """The tiny Nano checkpoint's transformer converted to Q4_0 (what the GGUF workflow loads)."""
+    from cosmos3_runtime.gguf_convert import convert
+
+    path = tmp_path_factory.mktemp("gguf") / GGUF_WORKFLOW_FILE
+    convert(tiny_factory(kind="gated", sound=True), path, "q4_0")
+    return path
 
 
 @pytest.fixture(scope="session")

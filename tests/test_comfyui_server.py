@@ -73,13 +73,15 @@ def _call(url: str, body: dict | None = None, timeout: float = 30, data: bytes |
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_factory):
+def server(tmp_path_factory, tiny_factory, tiny_gguf):
     base = tmp_path_factory.mktemp("comfyui-base")
     (base / "custom_nodes").mkdir()
     (base / "custom_nodes" / "cosmos3").symlink_to(ROOT, target_is_directory=True)
     for name, options in CHECKPOINTS.items():
         shutil.copytree(tiny_factory(**options), base / "models" / "cosmos3" / name)
     _write_loras(base / "models" / "loras", base / "models" / "cosmos3" / "Cosmos3-Edge" / "transformer")
+    (base / "models" / "diffusion_models").mkdir()
+    shutil.copy(tiny_gguf, base / "models" / "diffusion_models" / tiny_gguf.name)
     (base / "input").mkdir()
     pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(base / "input" / "example.png")

@@ -377,3 +377,13 @@ def test_action_file_nodes(nodes, tmp_path, monkeypatch):
     assert nodes.Cosmos3RobotState.VALIDATE_INPUTS("1, 2, 3").startswith("robot state needs 8 numbers")
     (state,) = nodes.Cosmos3RobotState().build("0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 1")
     assert state.shape == (8,)
+
+
+def test_the_loader_takes_a_gguf_transformer_from_the_diffusion_models_folder(nodes, models_dir):
+    loader = nodes.Cosmos3ModelLoader()
+    assert "Cosmos3-Nano-Q4_0.gguf" in loader.INPUT_TYPES()["optional"]["transformer_file"][0]
+    handle, _, info = loader.load("Cosmos3-Nano", "fp32", "cpu", transformer_file="Cosmos3-Nano-Q4_0.gguf")["result"]
+    assert "Cosmos3-Nano-Q4_0.gguf" in info
+    assert {getattr(m, "qtype", None) for m in handle.pipeline.transformer.modules()} == {None, "Q4_0"}  # kept quantized
+    with pytest.raises(nodes.loader.InputError, match="not a .gguf file in models/diffusion_models"):
+        loader.load("Cosmos3-Nano", "fp32", "cpu", transformer_file="../diffusion_models/Cosmos3-Nano-Q4_0.gguf")

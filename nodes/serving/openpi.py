@@ -11,6 +11,8 @@ per control step at 15 Hz, plus `server_timing`. A velocity-controlled client di
 key (openpi clients raise on text frames only), then close 1011.
 """
 
+import asyncio
+
 import numpy as np
 from PIL import Image
 
@@ -99,7 +101,8 @@ async def policy(request):
     from ..loader import checkpoint_names
 
     async def handle(observation: dict) -> dict:
-        call = await parse_off_loop(action_request(observation))
+        # composing the cameras resizes images: off the event loop, like parsing
+        call = await parse_off_loop(await asyncio.get_running_loop().run_in_executor(None, action_request, observation))
         prompt_id, results = await run(call)
         return {"actions": np.asarray(results[0, 0]["actions"], dtype=np.float32), "prompt_id": prompt_id}
 

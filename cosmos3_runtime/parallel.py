@@ -13,6 +13,7 @@ all-gather assembles them. Every rank draws the same noise from the request seed
 identical latents after every step.
 """
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -51,6 +52,8 @@ def init_from_env(sp: int = 1, cfg_parallel: bool = False) -> tuple[Parallel, to
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
+        # torn down before the interpreter exits: gloo's threads otherwise abort a finished rank now and then
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     world, rank = dist.get_world_size(), dist.get_rank()
     branches = 2 if cfg_parallel else 1
     if world != sp * branches:

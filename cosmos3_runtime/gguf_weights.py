@@ -5,8 +5,9 @@ A GGUF file stands in for the transformer's safetensors shards: same tensor name
 "cosmos3". The `gguf` package's reader memory-maps it. The transformer blocks' linear weights stored in a
 block type (Q8_0 ... Q2_K) stay as their bytes (`GGUFLinear.weight`, uint8) wherever the model goes (GPU,
 CPU, block swap, a host's memory manager, which therefore counts quantized bytes), and each forward
-expands the one weight it needs on the layer's device. Everything else (norms, biases, embeddings, the time, action and sound projections)
-is expanded once at load into the model's dtype, whatever type the file stores it in.
+expands the one weight it needs on the layer's device. Everything else (norms, biases, embeddings, the
+time, action and sound projections) is expanded once at load into the model's dtype, whatever type the
+file stores it in.
 """
 
 import warnings

@@ -8,6 +8,7 @@ sound and multi-GPU; what the core path cannot do is refused here with a message
 import torch
 
 from ..cosmos3_runtime import InputError, WorkerPool
+from ..cosmos3_runtime.quantize import FP8
 from ..cosmos3_runtime.request import help_of, parse_frame_indexes
 from . import services
 from .prompt_marker import CorePrompt, conditioning
@@ -169,7 +170,7 @@ class Cosmos3LoraLoader:
         patches = comfy.lora.load_lora(lora, key_map, log_missing=False)
         weights = model.model.state_dict()
         for target, adapter in patches.items():
-            if not weights[target].is_floating_point() or weights[target].dtype in (torch.float8_e4m3fn,):
+            if weights[target].dtype in (torch.uint8, FP8):  # GGUF blocks or fp8 values, not the weight itself
                 raise InputError(f"{lora_name}: {target} is stored quantized ({weights[target].dtype}: a GGUF or fp8 "
                                  "model), where a LoRA cannot be added; load the checkpoint's bf16 weights for LoRAs")  # fmt: skip
             up, down = getattr(adapter, "weights", (None, None))[:2]

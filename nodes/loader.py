@@ -195,7 +195,7 @@ class ModelHandle:
     def model_patcher(self):
         """The transformer's ComfyUI patcher: the core MODEL (Cosmos3 Core Model), which the pack's own nodes
         load too, so both paths move the same weights through one patcher."""
-        from .comfy_model import model_patcher
+        from .core.model import model_patcher
 
         pipe, spec = self.pipeline, self.spec
         compute, offload = spec.compute_device(), services.offload_device()

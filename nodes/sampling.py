@@ -11,7 +11,7 @@ from ..cosmos3_runtime.request import (KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR
 from ..cosmos3_runtime.schedulers import unipc_schedule
 from ..cosmos3_runtime.settings import resolve as resolve_settings
 from . import services
-from .prompt_marker import Refusing, refusing
+from .core.prompt_marker import Refusing, refusing
 
 
 def auto_help(name: str) -> str:

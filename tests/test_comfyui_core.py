@@ -221,7 +221,7 @@ def test_core_vae_decodes_and_encodes_like_the_pack(core, models):
 def test_core_vae_at_the_released_widths(core):
     """ComfyUI's own Wan 2.2 VAE class at dim 160 (the released build) with the pack VAE's weights (random,
     in the released shapes: about 2.8 GB of fp32 for the two copies)."""
-    from cosmos3_tier2.nodes.comfy_vae import core_vae
+    from cosmos3_tier2.nodes.core.vae import core_vae
 
     from cosmos3_runtime.tiny import vae_config
     from cosmos3_runtime.vae import VAEConfig, WanVAE
@@ -394,7 +394,7 @@ def merged_model(core, models, name, deltas, strength):
     with torch.no_grad():
         for module, delta in deltas.items():
             pipe.transformer.get_submodule(module).weight += strength * delta
-    from cosmos3_tier2.nodes.comfy_model import model_patcher
+    from cosmos3_tier2.nodes.core.model import model_patcher
 
     return model_patcher(pipe, torch.device("cpu"), torch.device("cpu")), pipe
 

@@ -71,7 +71,7 @@ def test_core_model_refuses_what_only_the_pack_sampler_does(pack, models_dir):
 def test_vae_keys_are_renamed_one_to_one(pack):
     config = VAEConfig.from_dict(vae_config(0))
     state = WanVAE(config).state_dict()
-    renamed = importlib.import_module(pack.__name__ + ".comfy_vae").comfy_keys(state, config)
+    renamed = importlib.import_module(pack.__name__ + ".core.vae").comfy_keys(state, config)
     assert len(renamed) == len(state)
     expected = {  # ComfyUI's Wan 2.2 names (comfy/ldm/wan/vae2_2.py) of a few diffusers keys
         "quant_conv.weight": "conv1.weight",

@@ -15,7 +15,7 @@ ComfyUI is imported when a VAE is built, not with this module (the renaming is t
 import re
 from contextlib import contextmanager
 
-from ..cosmos3_runtime.vae import VAEConfig, WanVAE
+from ...cosmos3_runtime.vae import VAEConfig, WanVAE
 
 RESIDUAL = {"norm1.gamma": "residual.0.gamma", "conv1.": "residual.2.", "norm2.gamma": "residual.3.gamma",
             "conv2.": "residual.6.", "conv_shortcut.": "shortcut."}  # fmt: skip

@@ -3,6 +3,7 @@ pack's nodes, the graph runs like a workflow and gives what the runtime gives, a
 Over real HTTP inside ComfyUI it is tested in test_comfyui_server.py."""
 
 import base64
+import importlib
 import io
 import shutil
 
@@ -25,6 +26,13 @@ def api(pack):
 @pytest.fixture(scope="module")
 def graph(pack):
     return pack.serving.graph
+
+
+def installed(api, *names, capable=None):
+    """The checkpoints a request is parsed against: `names` installed, all with an action head unless `capable`."""
+    checkpoints = importlib.import_module(api.__package__ + ".checkpoints")
+    names = names or (MODEL,)
+    return checkpoints.Checkpoints(names, tuple(names if capable is None else capable))
 
 
 def run_graph(graph, pack, call) -> dict:
@@ -66,7 +74,7 @@ def policy_body(**parameters) -> dict:
 def test_a_policy_request_runs_as_a_graph_and_matches_the_runtime(api, graph, pack, droid_dir):
     from cosmos3_runtime import ActionRequest, load
 
-    call = api.parse_request(policy_body(seed=7), [MODEL])
+    call = api.parse_request(policy_body(seed=7), installed(api))
     assert (call.action.preset, call.action.chunk_size, call.action.resolution_tier, call.seed) == ("sglang", 4, 256, 7)
     answer = api.envelope(call, run_graph(graph, pack, call), "prompt-1")
     (item,) = answer["data"]
@@ -86,7 +94,7 @@ def test_a_policy_request_runs_as_a_graph_and_matches_the_runtime(api, graph, pa
 def test_multipart_uploads_and_text_fields_are_typed_like_json(api):
     form = {"task": "Push the T", "domain_name": "pusht", "action_horizon": "8", "seed": "3", "guidance_scale": "2.5",
             "action_mode": "policy"}  # fmt: skip
-    call = api.parse_request({}, [MODEL], uploads={"image": png(64, 80)}, form=form)
+    call = api.parse_request({}, installed(api), uploads={"image": png(64, 80)}, form=form)
     assert (call.inputs[0][0], call.action.domain, call.action.chunk_size, call.seed, call.guidance) == (
         "Push the T", "pusht", 8, 3, 2.5)
     assert call.action.clip().shape == (1, 64, 80, 3) and call.model == MODEL  # the one Policy checkpoint is the default
@@ -112,7 +120,7 @@ def test_an_uploaded_video_is_decoded_in_memory_up_to_the_frames_needed(api, tmp
     assert frames.shape == (5, 64, 96, 3)
     body = {"model": MODEL, "input": {"task": "", "observation": {"video": b64(path.read_bytes()),
             "action_mode": "inverse_dynamics", "domain_name": "droid_lerobot"}}}  # fmt: skip
-    call = api.parse_request(body, [MODEL])
+    call = api.parse_request(body, installed(api))
     assert call.action.mode == "inverse_dynamics" and call.action.clip().shape == (12, 64, 96, 3)  # 12 of the 17 needed
 
 
@@ -164,7 +172,7 @@ def test_bad_requests_are_refused_naming_the_field(api, body, where, words):
     if isinstance(body, dict) and "input" in body:
         body["input"]["observation"] = {k: v for k, v in body["input"]["observation"].items() if v is not None}
     with pytest.raises(api.FieldError) as error:
-        api.parse_request(body, [MODEL, "Cosmos3-Nano"])
+        api.parse_request(body, installed(api, MODEL, "Cosmos3-Nano"))
     assert error.value.field == where and words in str(error.value), str(error.value)
     assert error.value.status == 400 and error.value.body()["error"]["param"] == where
 
@@ -177,7 +185,7 @@ def test_an_oversized_image_is_refused_from_its_header(api, monkeypatch):
 
 
 def test_the_droid_server_preset_takes_the_state_and_answers_8_wide(api, graph):
-    call = api.parse_request(obs(preset="droid-server", state=[0.1] * 7 + [1.0], raw_action_dim=8), [MODEL])
+    call = api.parse_request(obs(preset="droid-server", state=[0.1] * 7 + [1.0], raw_action_dim=8), installed(api))
     assert call.action.width == 8 and call.action.chunk_size == 32
     prompt = graph.prompt_graph(call, "k")
     assert prompt["state_0"]["inputs"]["values"] == ", ".join(["0.1"] * 7 + ["1.0"])
@@ -186,19 +194,19 @@ def test_the_droid_server_preset_takes_the_state_and_answers_8_wide(api, graph):
 
 def test_a_state_is_ignored_outside_the_droid_server_preset(api, graph):
     """SGLang clients often send their robot's state (any width); SGLang's Cosmos3 path does not use it."""
-    call = api.parse_request(obs(state=[1.0, 2.0, 3.0]), [MODEL])
+    call = api.parse_request(obs(state=[1.0, 2.0, 3.0]), installed(api))
     assert call.action.state is None and "state_0" not in graph.prompt_graph(call, "k")
 
 
 def test_the_graph_uses_only_the_packs_nodes_at_their_defaults(api, graph, pack):
-    prompt = graph.prompt_graph(api.parse_request(obs(), [MODEL]), "k")
+    prompt = graph.prompt_graph(api.parse_request(obs(), installed(api)), "k")
     assert {n["class_type"] for n in prompt.values()} <= set(pack.NODE_CLASS_MAPPINGS)
     sampler = prompt["sampler_0_0"]["inputs"]
     assert (sampler["width"], sampler["guidance"], sampler["seed"]) == (0, 0.0, 42)  # 0: the preset's value
 
 
 def test_metadata_describes_the_defaults(api):
-    meta = api.metadata([MODEL])
+    meta = api.metadata(installed(api))
     assert meta["object"] == "action.metadata" and meta["defaults"]["num_inference_steps"] == 35
     assert meta["input"]["domains"]["pusht"] == {"domain_id": 4, "raw_action_dim": 2}
 
@@ -239,24 +247,24 @@ def test_a_batch_and_candidates_run_as_parallel_chains_of_one_prompt(api, graph,
     body = policy_body(seed=5)
     body["input"] = {"task": ["Pick up the red cube", "Open the drawer"], "observation": {
         "image": images, "domain_name": "droid_lerobot"}}  # fmt: skip
-    call = api.parse_request(body, [MODEL])
+    call = api.parse_request(body, installed(api))
     assert len(call.inputs) == 2 and [p for p, _ in call.inputs] == ["Pick up the red cube", "Open the drawer"]
     answer = api.envelope(call, run_graph(graph, pack, call), "p")
     assert [d["input_index"] for d in answer["data"]] == [0, 1] and answer["usage"]["batch_size"] == 2
     for i, (task, image) in enumerate(zip(["Pick up the red cube", "Open the drawer"], images)):
         single = policy_body(seed=5)
         single["input"] = {"task": task, "observation": {"image": image, "domain_name": "droid_lerobot"}}
-        one = api.parse_request(single, [MODEL])
+        one = api.parse_request(single, installed(api))
         alone = api.envelope(one, run_graph(graph, pack, one), "p")["data"][0]["action"]["values"]
         assert answer["data"][i]["action"]["values"] == alone
 
-    candidates = api.parse_request(policy_body(seed=5, candidate_count=2, return_candidates=True), [MODEL])
+    candidates = api.parse_request(policy_body(seed=5, candidate_count=2, return_candidates=True), installed(api))
     item = api.envelope(candidates, run_graph(graph, pack, candidates), "p", numpy=True)["data"][0]
     runs = [item["candidates"][c]["action"]["values"] for c in (0, 1)]
     assert [item["candidates"][c]["seed"] for c in (0, 1)] == [5, 6] and not np.array_equal(*runs)
     assert item["action"]["values"].dtype == np.float32 and item["candidate_reducer"] == "mean"
     np.testing.assert_allclose(item["action"]["values"], (runs[0] + runs[1]) / 2, rtol=1e-6)
-    first = api.parse_request(policy_body(seed=5), [MODEL])
+    first = api.parse_request(policy_body(seed=5), installed(api))
     np.testing.assert_array_equal(api.envelope(first, run_graph(graph, pack, first), "p", numpy=True)["data"][0]
                                   ["action"]["values"], runs[0])  # fmt: skip
 
@@ -285,7 +293,7 @@ def droid_observation(**extra) -> dict:
 def test_a_droid_observation_becomes_a_droid_server_request(api, pack):
     openpi = pack.serving.openpi
     observation = droid_observation(seed=3, action_horizon=8)
-    call = api.parse_request(openpi.action_request(observation), [MODEL])
+    call = api.parse_request(openpi.action_request(observation), installed(api))
     a = call.action
     assert (a.preset, a.domain, a.chunk_size, call.seed, call.inputs[0][0]) == ("droid-server", "droid_lerobot", 8, 3,
                                                                                   "put the marker in the cup")  # fmt: skip
@@ -309,5 +317,42 @@ def test_a_droid_observation_becomes_a_droid_server_request(api, pack):
 def test_a_malformed_droid_observation_names_the_key(api, pack, change, key, words):
     observation = {k: v for k, v in {**droid_observation(), **change}.items() if v is not None}
     with pytest.raises(api.FieldError) as error:
-        api.parse_request(pack.serving.openpi.action_request(observation), [MODEL])
+        api.parse_request(pack.serving.openpi.action_request(observation), installed(api))
     assert error.value.field == key and words in str(error.value), str(error.value)
+
+
+def test_the_checkpoint_a_request_names_none_of(api, monkeypatch):
+    """The request's name, else the URL's ?model=, else COSMOS3_ACTION_MODEL, else the one capable checkpoint."""
+    monkeypatch.delenv("COSMOS3_ACTION_MODEL", raising=False)
+    checkpoints = importlib.import_module(api.__package__ + ".checkpoints")
+    two = installed(api, "Robot-A", "Robot-B", "Cosmos3-Edge", capable=("Robot-A", "Robot-B"))
+    with pytest.raises(api.FieldError) as error:
+        two.choose(None)
+    for words in ("names no checkpoint", "`model` field", "`model` key", "?model=NAME", "COSMOS3_ACTION_MODEL",
+                  "2 are installed: Robot-A, Robot-B"):  # fmt: skip
+        assert words in str(error.value), str(error.value)
+    assert error.value.field == "model" and two.default() is None
+    by_url = checkpoints.Checkpoints(two.names, two.capable, url_choice="Robot-B")
+    assert by_url.choose(None) == "Robot-B" and by_url.choose("Robot-A") == "Robot-A"
+    monkeypatch.setenv("COSMOS3_ACTION_MODEL", "Robot-A")  # read at every request
+    assert two.choose(None) == "Robot-A" == two.default() and by_url.choose(None) == "Robot-B"
+    monkeypatch.setenv("COSMOS3_ACTION_MODEL", "Robot-C")
+    with pytest.raises(api.FieldError, match="COSMOS3_ACTION_MODEL 'Robot-C' is not an installed checkpoint"):
+        two.choose(None)
+    with pytest.raises(api.FieldError, match="the URL's \\?model= '../x' is not an installed checkpoint"):
+        checkpoints.Checkpoints(two.names, two.capable, url_choice="../x").choose(None)
+    monkeypatch.delenv("COSMOS3_ACTION_MODEL")
+    assert installed(api, "Robot-A", "Cosmos3-Edge", capable=("Robot-A",)).choose(None) == "Robot-A"
+    with pytest.raises(api.FieldError, match="none is installed"):
+        installed(api, "Cosmos3-Edge", capable=()).choose(None)
+
+
+def test_capable_checkpoints_are_decided_by_their_config_not_their_name(api, tmp_path, monkeypatch, tiny_factory):
+    root = tmp_path / "models"
+    for name, options in {"robot-brain": dict(kind="edge", action=True), "My-Policy-DROID": dict(kind="edge"),
+                          "Cosmos3-Super-4Step": dict(kind="gated", distilled=True)}.items():  # fmt: skip
+        shutil.copytree(tiny_factory(**options), root / name)
+    monkeypatch.setenv("COSMOS3_MODEL_DIRS", str(root))
+    found = importlib.import_module(api.__package__ + ".checkpoints").action_checkpoints()
+    assert found.names == ("Cosmos3-Super-4Step", "My-Policy-DROID", "robot-brain") and found.capable == ("robot-brain",)
+    assert api.metadata(found)["default_model"] == "robot-brain"

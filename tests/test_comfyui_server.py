@@ -13,6 +13,7 @@ checkpoint shows the download notice. Screenshots go to COSMOS3_SCREENSHOTS if s
 """
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -72,16 +73,15 @@ def _call(url: str, body: dict | None = None, timeout: float = 30, data: bytes |
         return exc.code, json.loads(exc.read() or b"null")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_factory, tiny_gguf):
-    base = tmp_path_factory.mktemp("comfyui-base")
-    (base / "custom_nodes").mkdir()
+@contextlib.contextmanager
+def comfyui_server(base: Path, checkpoints: dict, tiny_factory, env: dict | None = None):
+    """A real ComfyUI server on a free loopback port with `base` as its base directory: the pack linked into
+    custom_nodes/, `checkpoints` ({folder name: make_tiny_checkpoint options}) in models/cosmos3/, an
+    input/example.png. Yields its URL; `base / "server.log"` is its log."""
+    (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "cosmos3").symlink_to(ROOT, target_is_directory=True)
-    for name, options in CHECKPOINTS.items():
+    for name, options in checkpoints.items():
         shutil.copytree(tiny_factory(**options), base / "models" / "cosmos3" / name)
-    _write_loras(base / "models" / "loras", base / "models" / "cosmos3" / "Cosmos3-Edge" / "transformer")
-    (base / "models" / "diffusion_models").mkdir()
-    shutil.copy(tiny_gguf, base / "models" / "diffusion_models" / tiny_gguf.name)
     (base / "input").mkdir()
     pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(base / "input" / "example.png")
@@ -92,7 +92,7 @@ def server(tmp_path_factory, tiny_factory, tiny_gguf):
                                 "--port", str(port), "--base-directory", str(base)],
                                cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "COSMOS3_API_MAX_UPLOAD_MB": str(UPLOAD_LIMIT_MB),
-                                    "COSMOS3_API_MAX_CONNECTIONS": str(MAX_CONNECTIONS)})  # fmt: skip
+                                    "COSMOS3_API_MAX_CONNECTIONS": str(MAX_CONNECTIONS), **(env or {})})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     (base / "server.pid").write_text(str(process.pid))
     deadline = time.monotonic() + 120
@@ -106,13 +106,25 @@ def server(tmp_path_factory, tiny_factory, tiny_gguf):
             process.kill()
             pytest.fail(f"ComfyUI did not start: {(base / 'server.log').read_text()[-3000:]}")
         time.sleep(1)
-    yield url, base
-    process.terminate()
     try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_factory, tiny_gguf):
+    base = tmp_path_factory.mktemp("comfyui-base")
+    _write_loras(base / "models" / "loras", tiny_factory(**CHECKPOINTS["Cosmos3-Edge"]) / "transformer")
+    (base / "models" / "diffusion_models").mkdir()
+    shutil.copy(tiny_gguf, base / "models" / "diffusion_models" / tiny_gguf.name)
+    with comfyui_server(base, CHECKPOINTS, tiny_factory) as url:
+        yield url, base
 
 
 def _write_loras(folder: Path, transformer: Path) -> None:

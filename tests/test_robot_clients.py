@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from test_comfyui_server import DROID, FAST, MAX_CONNECTIONS, UPLOAD_LIMIT_MB, _alive, _call, server  # noqa: F401
+from test_comfyui_server import DROID, FAST, MAX_CONNECTIONS, UPLOAD_LIMIT_MB, _alive, _call, comfyui_server, server  # noqa: F401
 
 websockets_sync = pytest.importorskip("websockets.sync.client")
 ws_errors = pytest.importorskip("websockets.exceptions")
@@ -243,6 +243,71 @@ def test_the_openpi_client_drives_the_policy_websocket(server):
     assert report["after_error_shape"] == [8, 8]
     assert report["timing"][1]["prev_total_ms"] > 0
     _alive(url)
+
+
+# Two action checkpoints, neither named like a policy: a request that names none must be told how to choose.
+TWO_POLICIES = {"Robot-A": dict(kind="edge", action=True), "Robot-B": dict(kind="edge", action=True, seed=1)}
+CHOOSING = r"""
+import json, sys
+import numpy as np
+from openpi_client import websocket_client_policy
+
+uri, mode = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(0)
+observation = {
+    "observation/exterior_image_1_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+    "observation/wrist_image_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+    "observation/joint_position": np.zeros(7), "observation/gripper_position": np.zeros(1),
+    "prompt": "put the marker in the cup", "action_horizon": 4, "num_inference_steps": 1,
+}
+if mode == "observation-key":
+    observation["model"] = "Robot-A"
+policy = websocket_client_policy.WebsocketClientPolicy(uri)
+report = {"metadata": policy.get_server_metadata()}
+try:
+    report["prompt_id"] = policy.infer(observation)["prompt_id"]
+except RuntimeError as exc:
+    report["error"] = str(exc)
+policy._ws.close()
+print(json.dumps(report))
+"""
+
+
+def _openpi(uri: str, mode: str = "plain") -> dict:
+    done = subprocess.run([OPENPI_PYTHON, "-c", CHOOSING, uri, mode], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _served_by(url: str, prompt_id: str) -> str:
+    """The checkpoint the queued prompt loaded."""
+    record = _call(f"{url}/history/{prompt_id}")[1][prompt_id]
+    return next(n["inputs"]["model_name"] for n in record["prompt"][2].values() if n["class_type"] == "Cosmos3ModelLoader")
+
+
+@pytest.mark.skipif(not OPENPI_PYTHON, reason="set OPENPI_PYTHON to an interpreter with openpi-client installed")
+def test_with_two_action_checkpoints_the_openpi_client_is_told_how_to_choose_and_the_url_chooses(tmp_path, tiny_factory):
+    with comfyui_server(tmp_path / "base", TWO_POLICIES, tiny_factory) as url:
+        plain = _openpi(ws_url(url, OPENPI))
+        assert plain["metadata"]["action_models"] == ["Robot-A", "Robot-B"] and plain["metadata"]["default_model"] is None
+        for words in ("names no checkpoint", "`model` key", "?model=NAME", "COSMOS3_ACTION_MODEL", "Robot-A, Robot-B"):
+            assert words in plain["error"], plain["error"]
+        chosen = _openpi(ws_url(url, OPENPI) + "?model=Robot-B")
+        assert chosen["metadata"]["default_model"] == "Robot-B" and _served_by(url, chosen["prompt_id"]) == "Robot-B"
+        keyed = _openpi(ws_url(url, OPENPI) + "?model=Robot-B", "observation-key")
+        assert _served_by(url, keyed["prompt_id"]) == "Robot-A"  # the observation's key wins
+        _alive(url)
+
+
+@pytest.mark.skipif(not OPENPI_PYTHON, reason="set OPENPI_PYTHON to an interpreter with openpi-client installed")
+def test_the_server_setting_serves_an_unmodified_openpi_client(tmp_path, tiny_factory):
+    with comfyui_server(tmp_path / "base", TWO_POLICIES, tiny_factory, env={"COSMOS3_ACTION_MODEL": "Robot-B"}) as url:
+        plain = _openpi(ws_url(url, OPENPI))
+        assert plain["metadata"]["default_model"] == "Robot-B" and _served_by(url, plain["prompt_id"]) == "Robot-B"
+        keyed = _openpi(ws_url(url, OPENPI), "observation-key")
+        assert _served_by(url, keyed["prompt_id"]) == "Robot-A"
+        status, answer = _call(f"{url}{ACTIONS}", {**request(IMAGE.tolist()), "model": None}, timeout=300)
+        assert status == 200 and answer["model"] == "Robot-B", answer  # the HTTP route: the same rule
 
 
 def readme_clients() -> dict[str, str]:

@@ -7,6 +7,7 @@ request is msgpack or its `Accept` names msgpack; JSON otherwise.
 
 import json
 
+from .checkpoints import for_request, named_in_url
 from .graph import RunError, run
 from .msgpack_numpy import packb, unpackb
 from .requests import UPLOAD_FIELDS, FieldError, envelope, max_upload_bytes, metadata, parse_off_loop
@@ -88,7 +89,7 @@ def answer(request, document: dict, status: int = 200):
 
 async def generations(request):
     try:
-        call = await parse_off_loop(*await read_request(request))
+        call = await parse_off_loop(*await read_request(request), url_choice=named_in_url(request))
         prompt_id, results = await run(call)
     except FieldError as exc:
         return answer(request, exc.body(), exc.status)
@@ -98,6 +99,4 @@ async def generations(request):
 
 
 async def metadata_route(request):
-    from ..loader import checkpoint_names
-
-    return answer(request, metadata(checkpoint_names()))
+    return answer(request, metadata(await for_request(request)))

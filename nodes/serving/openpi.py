@@ -17,8 +17,9 @@ import numpy as np
 from PIL import Image
 
 from ...cosmos3_runtime.action import JOINT_WIDTH, PRESETS
+from .checkpoints import for_request, named_in_url
 from .graph import run
-from .requests import DEFAULT_SEED, FieldError, parse_off_loop, rgb_array
+from .requests import DEFAULT_SEED, FieldError, model_choice, parse_off_loop, rgb_array
 from .sessions import serve
 
 ROUTE = "/cosmos3/openpi/policy"
@@ -80,10 +81,10 @@ def action_request(observation: dict) -> dict:
     return request
 
 
-def policy_metadata(checkpoints: list[str]) -> dict:
+def policy_metadata(checkpoints) -> dict:
     preset = PRESETS[PRESET]
     return {
-        "policy": "cosmos3", "preset": PRESET, "models": checkpoints,
+        "policy": "cosmos3", "preset": PRESET, **model_choice(checkpoints),
         "observation": {"required": [EXTERIOR_1, WRIST, JOINTS, GRIPPER, "prompt"], "optional": [EXTERIOR_2, *TUNABLE]},
         "image_layout": {"size": list(CANVAS), "slots": {k: {"top": t, "left": l, "height": h, "width": w}
                                                          for k, (t, l, h, w) in SLOTS.items()},
@@ -98,15 +99,14 @@ def policy_metadata(checkpoints: list[str]) -> dict:
 
 
 async def policy(request):
-    from ..loader import checkpoint_names
-
     async def handle(observation: dict) -> dict:
         # composing the cameras resizes images: off the event loop, like parsing
-        call = await parse_off_loop(await asyncio.get_running_loop().run_in_executor(None, action_request, observation))
+        flat = await asyncio.get_running_loop().run_in_executor(None, action_request, observation)
+        call = await parse_off_loop(flat, url_choice=named_in_url(request))
         prompt_id, results = await run(call)
         return {"actions": np.asarray(results[0, 0]["actions"], dtype=np.float32), "prompt_id": prompt_id}
 
     async def send_error(ws, message: str) -> None:
         await ws.send_str(message)
 
-    return await serve(request, policy_metadata(checkpoint_names()), handle, send_error)
+    return await serve(request, policy_metadata(await for_request(request)), handle, send_error)

@@ -6,6 +6,7 @@ actions as float32 arrays, plus `server_timing`. Errors are a binary {"error": m
 then close 1011, as SGLang sends them.
 """
 
+from .checkpoints import for_request, named_in_url
 from .graph import run
 from .msgpack_numpy import packb
 from .requests import envelope, metadata, parse_off_loop
@@ -15,14 +16,12 @@ ROUTE = "/cosmos3/v1/actions/realtime"
 
 
 async def realtime(request):
-    from ..loader import checkpoint_names
-
     async def handle(document: dict) -> dict:
-        call = await parse_off_loop(document)
+        call = await parse_off_loop(document, url_choice=named_in_url(request))
         prompt_id, results = await run(call)
         return envelope(call, results, prompt_id, numpy=True)
 
     async def send_error(ws, message: str) -> None:
         await ws.send_bytes(packb({"error": message}))
 
-    return await serve(request, metadata(checkpoint_names()), handle, send_error)
+    return await serve(request, metadata(await for_request(request)), handle, send_error)

@@ -251,13 +251,13 @@ def _observation(body: dict, form: dict) -> dict[str, tuple[object, str]]:
     return observed
 
 
-def parse_request(body, checkpoints: list[str], uploads: dict | None = None, form: dict | None = None) -> ActionCall:
+def parse_request(body, checkpoints, uploads: dict | None = None, form: dict | None = None) -> ActionCall:
     """An SGLang action request (the JSON body; multipart uploads and text fields) -> a checked ActionCall.
-    Every refusal is a FieldError naming the field."""
+    `checkpoints` (a `checkpoints.Checkpoints`) picks the checkpoint. Every refusal is a FieldError naming the field."""
     uploads, form = uploads or {}, form or {}
     if not isinstance(body, dict):
         raise FieldError("body", "must be a JSON object")
-    model = _model(body.get("model") or form.get("model"), checkpoints)
+    model = checkpoints.choose(body.get("model") or form.get("model"))
     observed = _observation(body, form)
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
@@ -332,13 +332,15 @@ def parse_request(body, checkpoints: list[str], uploads: dict | None = None, for
     )  # fmt: skip
 
 
-async def parse_off_loop(body, uploads=None, form=None):
-    """`parse_request` against the installed checkpoints, off the event loop (decoding an observation takes a
-    while; the server keeps answering meanwhile)."""
-    from ..loader import checkpoint_names  # the installed checkpoints (ComfyUI's model folders)
+async def parse_off_loop(body, uploads=None, form=None, url_choice: str | None = None):
+    """`parse_request` against the installed checkpoints (`url_choice`: the URL's ?model=), off the event loop
+    (reading their configs and decoding an observation take a while; the server keeps answering meanwhile)."""
+    from .checkpoints import action_checkpoints
 
-    return await asyncio.get_running_loop().run_in_executor(None, parse_request, body, checkpoint_names(), uploads,
-                                                            form)  # fmt: skip
+    def parse():
+        return parse_request(body, action_checkpoints(url_choice), uploads, form)
+
+    return await asyncio.get_running_loop().run_in_executor(None, parse)
 
 
 def _chunk(options: Options, preset_chunk: int | None) -> int:
@@ -460,17 +462,6 @@ def _state(observed: dict) -> list[float] | None:
     return state
 
 
-def _model(name, checkpoints: list[str]) -> str:
-    if name is not None:
-        if name not in checkpoints:
-            raise FieldError("model", f"{name!r} is not an installed checkpoint; installed: {', '.join(checkpoints) or 'none'}")
-        return name
-    policies = [c for c in checkpoints if "policy" in c.lower()]
-    if len(policies) == 1 or len(checkpoints) == 1:
-        return (policies or checkpoints)[0]
-    raise FieldError("model", f"name the checkpoint; installed: {', '.join(checkpoints) or 'none (put one in models/cosmos3)'}")
-
-
 # --- the answer ------------------------------------------------------------------------------------------------
 
 
@@ -511,6 +502,13 @@ def envelope(call: ActionCall, results: dict, prompt_id: str, numpy: bool = Fals
     }  # fmt: skip
 
 
+def model_choice(checkpoints) -> dict:
+    """The metadata's account of the checkpoints: every installed one, the one a request naming none gets, and how
+    to choose."""
+    return {"models": list(checkpoints.names), "action_models": list(checkpoints.capable),
+            "default_model": checkpoints.default(), "choosing_the_model": checkpoints.ways}  # fmt: skip
+
+
 def max_connections() -> int:
     """Websocket connections served at once (COSMOS3_API_MAX_CONNECTIONS overrides the default 8)."""
     try:
@@ -519,13 +517,13 @@ def max_connections() -> int:
         return 8
 
 
-def metadata(checkpoints: list[str]) -> dict:
+def metadata(checkpoints) -> dict:
     """What the endpoint serves, in the shape of SGLang's `action.metadata` (also the realtime websocket's first
-    frame)."""
+    frame); `checkpoints` a `checkpoints.Checkpoints`."""
     preset = PRESETS[DEFAULT_PRESET]
     return {
         "object": "action.metadata",
-        "models": checkpoints,
+        **model_choice(checkpoints),
         "policy_family": "cosmos3",
         "input": {"modalities": ["image", "video"], "resolution_tiers": list(TIERS), "state_dim": JOINT_WIDTH,
                   "domains": {name: {"domain_id": DOMAIN_IDS[name], "raw_action_dim": w} for name, w in sorted(WIDTHS.items())},

@@ -12,6 +12,7 @@ Both work through the transformer's layer hook (`Cosmos3Transformer.streamer`), 
 as the seam where a host (ComfyUI) plugs in its own weight streaming.
 """
 
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -57,7 +58,7 @@ class BlockSwap:
     """Streams the media-pathway weights of the first `count` layers from CPU memory, one layer ahead."""
 
     def __init__(self, model: nn.Module, count: int):
-        self.model = model
+        self.model = weakref.ref(model)  # the model holds this streamer: no reference cycle
         self.swapped = list(range(min(count, len(model.layers))))
         self.home: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}
         for i in self.swapped:
@@ -73,7 +74,7 @@ class BlockSwap:
     @property
     def device(self) -> torch.device:
         """Where the rest of the model runs (it follows the model when it moves)."""
-        return self.model.device
+        return self.model().device
 
     def _fetch(self, i: int) -> None:
         if i in self.ready:

@@ -93,13 +93,20 @@ _holders: "weakref.WeakSet[Holder]" = weakref.WeakSet()
 
 
 class Holder:
-    """A handle's strong reference to its loaded pipeline."""
+    """A handle's strong references: its loaded pipeline and the ComfyUI patchers it used (the pipeline refers to
+    those only weakly, so that dropping the last handle frees everything without waiting for a garbage collection)."""
 
-    __slots__ = ("loaded", "__weakref__")
+    __slots__ = ("loaded", "patchers", "__weakref__")
 
     def __init__(self):
         self.loaded = None
+        self.patchers = []
         _holders.add(self)
+
+    def keep(self, patcher):
+        if all(patcher is not kept for kept in self.patchers):
+            self.patchers.append(patcher)
+        return patcher
 
 
 def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
@@ -140,7 +147,7 @@ def release_all() -> None:
             services.forget_managed(loaded)
     _loaded.clear()
     for holder in list(_holders):
-        holder.loaded = None
+        holder.loaded, holder.patchers = None, []
     gc.collect()
     services.empty_cache()
 
@@ -203,8 +210,8 @@ class ModelHandle:
         def reload(disable_dynamic=True):  # an independent copy, when ComfyUI asks for one (dynamic VRAM)
             return model_patcher(load_pipeline(spec), compute, offload, disable_dynamic=disable_dynamic)
 
-        return services.managed_patcher(pipe, pipe.transformer, compute, offload,
-                                        make=lambda: model_patcher(pipe, compute, offload, reload=reload))
+        return self.holder.keep(services.managed_patcher(pipe, pipe.transformer, compute, offload,
+                                                         make=lambda: model_patcher(pipe, compute, offload, reload=reload)))
 
     @contextmanager
     def use(self, memory_required: int = 0):
@@ -233,8 +240,8 @@ class ModelHandle:
             return
         if services.in_comfyui():
             compute, offload = self.spec.compute_device(), services.offload_device()
-            patchers = [services.managed_patcher(pipe, m, compute, offload) for m in (pipe.vae, pipe.sound_tokenizer)
-                        if m is not None]  # fmt: skip
+            patchers = [self.holder.keep(services.managed_patcher(pipe, m, compute, offload))
+                        for m in (pipe.vae, pipe.sound_tokenizer) if m is not None]  # fmt: skip
             if self.part == "model" and not self.spec.runtime_placement:
                 patchers.append(self.model_patcher())
             services.load_managed(patchers, memory_required)

@@ -8,6 +8,7 @@ import ctypes.util
 import logging
 import os
 import threading
+import weakref
 
 import torch
 
@@ -213,17 +214,21 @@ def in_comfyui() -> bool:
 
 
 def managed_patcher(pipeline, module, load_device: torch.device, offload_device: torch.device, make=None):
-    """The ComfyUI patcher of one part of a pipeline, made once and kept with the pipeline (so it goes when the
-    pipeline goes). `make()` builds it (the transformer's is the core MODEL's); default: a plain part."""
-    patchers = pipeline.host.setdefault("comfy_patchers", {})
-    if id(module) not in patchers:
+    """The ComfyUI patcher of one part of a pipeline, made once per pipeline. `make()` builds it (the transformer's
+    is the core MODEL's); default: a plain part. The pipeline refers to its patchers weakly: the core MODEL refers
+    to the pipeline, so a strong reference back would make a cycle that only a garbage collection frees; whoever
+    uses a patcher keeps it (the handles, ComfyUI's cache)."""
+    patchers = pipeline.host.setdefault("comfy_patchers", weakref.WeakValueDictionary())
+    patcher = patchers.get(id(module))
+    if patcher is None:
         if make is None:
             part = ManagedPart([module], next(module.parameters()).device)
-            patcher = _comfy("comfy.model_patcher").CoreModelPatcher
-            patchers[id(module)] = patcher(part, load_device=load_device, offload_device=offload_device)
+            patcher = _comfy("comfy.model_patcher").CoreModelPatcher(part, load_device=load_device,
+                                                                     offload_device=offload_device)  # fmt: skip
         else:
-            patchers[id(module)] = make()
-    return patchers[id(module)]
+            patcher = make()
+        patchers[id(module)] = patcher
+    return patcher
 
 
 def load_managed(patchers: list, memory_required: int = 0) -> None:
@@ -234,10 +239,10 @@ def load_managed(patchers: list, memory_required: int = 0) -> None:
 
 def forget_managed(pipeline) -> None:
     """The pipeline was released: unload its patchers from ComfyUI and drop them."""
-    patchers = pipeline.host.pop("comfy_patchers", {})
+    patchers = list(pipeline.host.pop("comfy_patchers", {}).values())
     mm = _comfy("comfy.model_management")
     if mm is not None and patchers:
-        ids = set(map(id, patchers.values()))
+        ids = set(map(id, patchers))
         for loaded in [m for m in mm.current_loaded_models if id(m.model) in ids]:
             loaded.model_unload()
             mm.current_loaded_models.remove(loaded)

@@ -78,7 +78,7 @@ def comfyui_server(base: Path, checkpoints: dict, tiny_factory, env: dict | None
     """A real ComfyUI server on a free loopback port with `base` as its base directory: the pack linked into
     custom_nodes/, `checkpoints` ({folder name: make_tiny_checkpoint options}) in models/cosmos3/, an
     input/example.png. Yields its URL; `base / "server.log"` is its log."""
-    (base / "custom_nodes").mkdir(parents=True)
+    (base / "custom_nodes").mkdir(parents=True, exist_ok=True)
     (base / "custom_nodes" / "cosmos3").symlink_to(ROOT, target_is_directory=True)
     for name, options in checkpoints.items():
         shutil.copytree(tiny_factory(**options), base / "models" / "cosmos3" / name)
@@ -254,10 +254,22 @@ def _rss(base) -> int:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
 
 
+def _settled_rss(url: str, base) -> int:
+    """The server's resident memory after /free, once it stops falling (at most 10 s)."""
+    assert _call(f"{url}/free", {"unload_models": True, "free_memory": True})[0] == 200
+    deadline, last = time.monotonic() + 10, None
+    while (rss := _rss(base)) != last and time.monotonic() < deadline:
+        last = rss
+        time.sleep(1.5)  # the pack gives freed memory back to the system 1 s after a checkpoint is collected
+    return rss
+
+
 @pytest.mark.parametrize("workflow", ["cosmos3_edge_t2i", "cosmos3_super_t2i_4step_core"])
 def test_free_releases_the_weights_and_the_next_run_gives_the_same_output(server, workflow):
-    """POST /free (unload_models, free_memory) gives the checkpoint's memory back within 10 s, on the pack's path
-    and on the core MODEL path; the next run reloads and gives the same output."""
+    """After POST /free (unload_models, free_memory) the server is back within 30 % of the checkpoint's size of
+    its memory before the checkpoint was loaded, within 10 s, on the pack's path and on the core MODEL path; the next
+    run reloads and gives the same output. Measured from before the load, not from after the run: under RAM
+    pressure ComfyUI's cache may evict the loaded checkpoint during the run, and it is then gone before /free."""
     from cosmos3_runtime.weights import stored_bytes
 
     url, base = server
@@ -269,19 +281,20 @@ def test_free_releases_the_weights_and_the_next_run_gives_the_same_output(server
     outputs = []
     for attempt in ("before", "after"):
         saves[0]["inputs"]["filename_prefix"] = f"free/{workflow}_{attempt}"
+        unloaded = _settled_rss(url, base)  # what earlier tests loaded is gone
         history = _run(url, prompt)
         assert history["status"]["status_str"] == "success"
         (saved,) = [i for out in history["outputs"].values() for i in out.get("images", [])]
         path = base / "output" / saved["subfolder"] / saved["filename"]
         outputs.append(np.asarray(Image.open(path).convert("RGB")))  # (the files differ: each embeds its prompt)
         if attempt == "before":
-            loaded = _rss(base)
             assert _call(f"{url}/free", {"unload_models": True, "free_memory": True})[0] == 200
             deadline = time.monotonic() + 10
-            while loaded - _rss(base) < 0.7 * weights and time.monotonic() < deadline:
+            while _rss(base) - unloaded > 0.3 * weights and time.monotonic() < deadline:
                 time.sleep(0.25)
-            released = loaded - _rss(base)
-            assert released >= 0.7 * weights, f"{released / 2**20:.0f} MiB of {weights / 2**20:.0f} MiB released"
+            left = _rss(base) - unloaded
+            assert left <= 0.3 * weights, (f"{left / 2**20:.0f} MiB more than before the {weights / 2**20:.0f} MiB "
+                                           "checkpoint was loaded")  # fmt: skip
     assert np.array_equal(outputs[0], outputs[1])
 
 

@@ -117,3 +117,41 @@ def test_linear_layers_are_comfyui_cast_weight_layers_and_stream_per_layer(comfy
     streamed = [m for m in linears if getattr(m, "comfy_cast_weights", False)]
     assert streamed, "ComfyUI streams nothing"
     assert torch.equal(ours.generate("a cat", **request).latents, expected)
+
+
+@pytest.mark.parametrize("path", ["pack sampler", "core MODEL", "block swap", "worker pool"])
+def test_a_dropped_checkpoint_is_freed_without_a_garbage_collection(comfyui, tiny_factory, tmp_path, path):
+    """Once ComfyUI lets go of a loaded checkpoint's outputs (its cache evicts them under RAM pressure, or /free
+    resets it), the weights go at once: nothing the pack builds holds them in a reference cycle, so the release
+    never waits for Python's cyclic collector (ComfyUI runs it at most every 10 s)."""
+    import gc
+    import shutil
+    import weakref
+
+    import folder_paths
+
+    shutil.copytree(tiny_factory(kind="edge"), tmp_path / "Cosmos3-Edge")
+    folder_paths.add_model_folder_path("cosmos3", str(tmp_path))
+    nodes = comfyui.nodes
+    nodes.loader.release_all()
+    options = {"block swap": {"blocks_to_swap": 1}, "worker pool": {"gpus": 2, "multi_gpu": "cfg"}}.get(path, {})
+    gc.collect()
+    gc.disable()
+    try:
+        model, vae, _ = nodes.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default", **options)["result"]
+        text = nodes.Cosmos3TextEncode().encode("a cat", "", "auto", True, True, True)["result"][0]
+        latent = nodes.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 1)["result"][0]
+        nodes.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)
+        outputs = [model, vae, latent]
+        if path == "core MODEL":
+            core_model, core_vae = nodes.Cosmos3CoreModel().build(model)
+            outputs += [core_model, core_model.clone(), core_vae]  # a clone, as LoRA and sampling nodes make
+        held = [weakref.ref(model.pipeline)]
+        if path != "worker pool":  # (the pool's workers hold its weights; the pool stops when it is collected)
+            held += [weakref.ref(model.pipeline.transformer), weakref.ref(next(model.pipeline.transformer.parameters()))]
+        del model, vae, latent, outputs, text
+        if path == "core MODEL":
+            del core_model, core_vae
+        assert [ref() for ref in held] == [None] * len(held)
+    finally:
+        gc.enable()

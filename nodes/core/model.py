@@ -90,8 +90,7 @@ class Cosmos3Network(torch.nn.Module):
         for name, parameter in transformer.named_parameters(recurse=False):
             self.register_parameter(name, parameter)
         self.runtime = (transformer,)  # a tuple: not registered twice
-        self.inner_forward = self._forward  # one bound method: torch.compile guards on its identity
-        self.distilled, self.warned_cfg = distilled, False
+        self.inner_forward = VelocityForward(transformer, distilled)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -105,7 +104,16 @@ class Cosmos3Network(torch.nn.Module):
                                                      transformer_options),
         ).execute(x, timestep, context, control, transformer_options, **kwargs)  # fmt: skip
 
-    def _forward(self, x, timestep, context, control, transformer_options, **kwargs):
+
+class VelocityForward:
+    """What the wrapper executor runs: one object per network, since torch.compile guards on the callable's identity.
+    Not a bound method of the network: that would be a reference cycle, and the weights would then wait for a
+    garbage collection after ComfyUI lets go of them."""
+
+    def __init__(self, transformer, distilled: bool):
+        self.transformer, self.distilled, self.warned_cfg = transformer, distilled, False
+
+    def __call__(self, x, timestep, context, control, transformer_options, **kwargs):
         if TEXT_KV not in kwargs:
             raise InputError("the Cosmos3 MODEL got no Cosmos3 prompt: connect Cosmos3 Text Encode (core) to the "
                              "sampler's positive and negative inputs")  # fmt: skip
@@ -116,8 +124,8 @@ class Cosmos3Network(torch.nn.Module):
                         "sampler's cfg is above 1, so it runs an unconditional pass the checkpoint was not made for")
         velocities = []
         for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
-            out = self.runtime[0](x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
-                                  noisy_frames(mask[b]) if mask is not None else None, float(fps))  # fmt: skip
+            out = self.transformer(x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
+                                   noisy_frames(mask[b]) if mask is not None else None, float(fps))  # fmt: skip
             velocities.append(out.vision)
         return torch.cat(velocities)
 
@@ -173,7 +181,7 @@ class Cosmos3Model(comfy.model_base.BaseModel):
         batch, _, frames, h, w = input_shape
         tokens = max((shape[3] for shape in cond_shapes.get(TEXT_KV, [])), default=0)  # [1, layers, 2, L, K, D]
         s = SimpleNamespace(height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, latent_frames=frames,
-                            guidance_scale=1.0)  # fmt: skip
+                            guidance_scale=1.0, transfer=None)  # fmt: skip
         one = estimate(self.diffusion_model.runtime[0].config, None, s, tokens, 0, self.get_dtype_inference())
         return batch * one.total
 

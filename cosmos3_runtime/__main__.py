@@ -13,11 +13,13 @@ from .action import MODES, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from .checkpoint import Checkpoint, read_json, resolve
 from .errors import Cosmos3Error, InputError
 from .gguf_convert import WRITABLE, convert, describe_types
-from .media import LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions, save_wav
+from .controls import derive
+from .media import IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions, save_wav
 from .parallel import init_from_env
-from .pipeline import load, open_gguf
+from .pipeline import load, open_gguf, planner
 from .request import Request, add_arguments, options_from_args
 from .tiny import KINDS, SIZES, make_tiny_checkpoint
+from .transfer import HINTS, check_hints, summary as transfer_summary
 from .transformer import Cosmos3Transformer, tower_of
 from .weights import stored_bytes
 
@@ -32,7 +34,9 @@ def cmd_generate(args) -> None:
     options = options_from_args(args)
     options["image"] = read_image(args.image) if args.image else None
     options["video"] = read_video(args.video) if args.video else None
-    latents_only = check_output(args.output).suffix.lower() == LATENT_TYPE
+    options["control_videos"] = read_controls(args.control_videos) if args.control_videos else None
+    tensors_out = check_output(args.output).suffix.lower() == LATENT_TYPE
+    latents_only = tensors_out and options["control_videos"] is None  # a transfer's tensors are its frames
     if args.sound_output and not args.sound:
         raise InputError("--sound-output needs --sound")
     if args.sound_output:
@@ -55,7 +59,8 @@ def cmd_generate(args) -> None:
         if args.checkpoint is None:
             say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
                 "the output is noise.")  # fmt: skip
-            args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
+            args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind or ("gated" if args.control_videos else "edge"))
+        planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only).check(args.prompt, request)
         pipe = load(args.checkpoint, device=device, dtype=args.dtype, **low_vram_options(args))
         say(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
         start = time.perf_counter()
@@ -67,13 +72,14 @@ def cmd_generate(args) -> None:
         say()
         s = result.settings
         say(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
-            f"({s.schedule}), guidance {s.guidance_scale:g}")  # fmt: skip
+            f"({s.schedule}), guidance {s.guidance_scale:g}" + (transfer_summary(s.transfer) if s.transfer else ""))  # fmt: skip
         if not main:
             return
-        if latents_only:
+        if tensors_out:
             from safetensors.torch import save_file
 
-            save_file({"latents": result.latents.contiguous()}, args.output)
+            name, value = ("latents", result.latents) if latents_only else ("frames", result.frames)
+            save_file({name: value.contiguous()}, args.output)
             paths = [args.output]
         else:
             paths = save(result.frames, args.output, s.fps, result.sound, result.sample_rate)
@@ -83,6 +89,22 @@ def cmd_generate(args) -> None:
             paths += save_actions(result.actions, Path(args.output), s.action, s.fps)
         for path in paths:
             print(f"wrote {path}")
+
+
+def read_controls(specs: list[str]) -> dict:
+    """--control HINT=FILE (the control clip) or HINT:PRESET=FILE (edge or blur derived from the source clip FILE)."""
+    controls = {}
+    for spec in specs:
+        hint, _, path = spec.partition("=")
+        hint, _, preset = hint.partition(":")
+        if not path or not hint:
+            raise InputError(f"--control {spec!r} must be HINT=FILE or HINT:PRESET=FILE (hints {', '.join(HINTS)})")
+        check_hints([hint])
+        if hint in controls:
+            raise InputError(f"--control {hint} is given twice")
+        frames = read_video(path) if Path(path).suffix.lower() not in IMAGE_TYPES else [read_image(path)]
+        controls[hint] = derive(hint, frames, preset) if preset else frames
+    return controls
 
 
 def low_vram_options(args) -> dict:
@@ -167,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate an image or a video")
     p.add_argument("--checkpoint", help="checkpoint folder or Hugging Face repo id namespace/name (default: a tiny "
                    "random checkpoint)")  # fmt: skip
-    p.add_argument("--kind", choices=KINDS, default="edge", help="kind of the tiny checkpoint [default: edge]")
+    p.add_argument("--kind", choices=KINDS, help="kind of the tiny checkpoint [default: edge; gated for a transfer, "
+                   "which Edge does not run]")  # fmt: skip
     p.add_argument("--prompt", required=True, help="prose or a JSON caption")
     p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video, "
                    "out.safetensors for the latents")  # fmt: skip

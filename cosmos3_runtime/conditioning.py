@@ -63,6 +63,13 @@ def frame_size(video) -> tuple[int, int]:
     return tuple(_channels_last_to_batch(video, "video").shape[-2:])
 
 
+def frame_count(video) -> int:
+    """Frames of a clip: a list of PIL images, or an array / tensor [F, H, W, 3]."""
+    if isinstance(video, (list, tuple)) and video and _is_pil(video[0]):
+        return len(video)
+    return _channels_last_to_batch(video, "video").shape[0]
+
+
 def preprocess_video(video, height: int, width: int) -> torch.Tensor:
     """Conditioning video frames -> [1, 3, F, height, width] in [-1, 1] (resized, not cropped)."""
     if isinstance(video, (list, tuple)) and video and _is_pil(video[0]):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import budget
+from . import budget, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError
@@ -117,7 +117,7 @@ def load_vae(folder: Path, device: torch.device, dtype: torch.dtype) -> WanVAE:
 
 @dataclass
 class Generation:
-    latents: torch.Tensor  # normalized latents [1, 48, T, h, w], float32, CPU
+    latents: torch.Tensor | None  # normalized latents [1, 48, T, h, w], float32, CPU (None for a transfer)
     frames: torch.Tensor | None  # [F, H, W, 3] float32 in 0..1, CPU (ComfyUI IMAGE); None for output="latents"
     settings: Settings
     sound: torch.Tensor | None = None  # [channels, samples] float32 in [-1, 1], CPU (sound=True, output="frames")
@@ -130,26 +130,112 @@ class Generation:
 StepCallback = Callable[[int, int, torch.Tensor], None]
 
 
-class Cosmos3Pipeline:
-    """A loaded checkpoint: its variant, its components, and `generate`."""
+@dataclass(frozen=True)
+class CFG:
+    """Classifier-free guidance as separate forwards: the prompt, and the negative prompt where the scale (inside
+    its interval of timesteps) is not 1; combined as u + g (c - u) for the video and every track."""
 
-    def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
-        self.text_offload: TextOffload | None = None
-        self.block_swap: BlockSwap | None = None
+    cond: list[int]  # token ids
+    uncond: list[int]
+    scale: float
+    interval: tuple[float, float] | None
+
+    def _scale(self, t: float) -> float:
+        inside = self.interval is None or self.interval[0] <= t <= self.interval[1]
+        return self.scale if inside else 1.0
+
+    def passes(self, t: float) -> list[tuple[list[int], list]]:
+        """(token ids, clean items before the video) of each forward pass."""
+        return [(self.cond, [])] + ([(self.uncond, [])] if self._scale(t) != 1.0 else [])
+
+    def combine(self, t: float, outputs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        if len(outputs) == 1:
+            return outputs[0]
+        g = self._scale(t)
+        return [u + g * (c - u) for c, u in zip(*outputs)]
+
+
+class Planner:
+    """What requests need from a checkpoint, from its config files and tokenizer alone (no weight is read): resolved
+    settings, token ids, and the memory a generation takes on `device`. `planner(path)` makes one; a loaded
+    `Cosmos3Pipeline` is one too."""
+
+    def __init__(self, checkpoint: Checkpoint, tokenizer, transformer_config, vae_config, device, dtype):
         self.checkpoint = checkpoint
-        self.transformer = transformer
-        self.vae = vae
-        self.sound_tokenizer = sound_tokenizer
-        self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
         self.tokenizer = tokenizer
+        self.transformer_config = transformer_config
+        self.vae_config = vae_config  # None: no VAE (latents only)
         self.device = device
         self.dtype = dtype
-        self._text_cache: OrderedDict[tuple[int, ...], TextKV] = OrderedDict()
-        self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
 
     @property
     def variant(self) -> Variant:
         return self.checkpoint.variant
+
+    def check(self, prompt: str, r: Request) -> tuple[Settings, list[int], list[int]]:
+        """`prepare`, then the memory check (unless the request turns it off): what `generate` refuses up front."""
+        if not isinstance(prompt, str):
+            raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+        s, cond_ids, uncond_ids = self.prepare(prompt, r)
+        if r.check_memory:
+            budget.check(self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)), self.device)
+        return s, cond_ids, uncond_ids
+
+    def token_ids(self, texts: tuple[str, str], system: str | None, max_length=None,
+                  max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):  # fmt: skip
+        """(cond ids, uncond ids) of the conditional and unconditional texts; texts over `max_tokens` are refused."""
+        if self.tokenizer is None:
+            raise InputError("this pipeline was loaded without its tokenizer")
+        ids = []
+        for name, text in zip(("prompt", "negative_prompt"), texts):
+            if len(text.encode("utf-8")) > max_tokens * BYTES_PER_TOKEN_BOUND:  # surely too long: skip tokenizing
+                raise budget.prompt_too_long(name, f"over {len(text) // BYTES_PER_TOKEN_BOUND}", max_tokens)
+            encoded = self.tokenizer.encode(text, system, max_length)
+            if len(encoded) > max_tokens:
+                raise budget.prompt_too_long(name, len(encoded), max_tokens)
+            ids.append(encoded)
+        return tuple(ids)
+
+    def prepare(self, prompt: str, r: Request) -> tuple[Settings, list[int], list[int]]:
+        """Resolved settings and the (cond, uncond) token ids of a request."""
+        s = resolve_settings(self.variant, r)
+        prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
+                                       r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
+        system = prompt_options.system_prompt
+        if s.transfer is not None:  # verbatim, under the transfer system prompt
+            texts, system = (prompt, s.negative_prompt), transfer.SYSTEM_PROMPT if s.use_system_prompt else None
+        elif s.action is not None:  # the structured action caption; the negative prompt as given
+            texts = (action_prompt(prompt, s.action.view_point, s.num_frames, s.fps, s.height, s.width),
+                     s.negative_prompt)  # fmt: skip
+        else:
+            texts = (positive_text(prompt, prompt_options), negative_text(s.negative_prompt, prompt_options))
+        return (s, *self.token_ids(texts, system, r.max_sequence_length, r.max_prompt_tokens))
+
+    def memory_needed(self, prompt: str, request: Request) -> int:
+        """Bytes a generation would need beyond the weights (the estimate `generate` checks), without running it."""
+        s, cond_ids, uncond_ids = self.prepare(prompt, request)
+        return self.memory_estimate(s, request, len(cond_ids), len(uncond_ids)).total
+
+    def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
+        decode = r.output == "frames" and self.vae_config is not None
+        return budget.estimate(self.transformer_config, self.vae_config if decode else None, s, cond_tokens,
+                               uncond_tokens, self.dtype, r.vae_tile)  # fmt: skip
+
+
+
+class Cosmos3Pipeline(Planner):
+    """A loaded checkpoint: its variant, its components, and `generate`."""
+
+    def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
+        super().__init__(checkpoint, tokenizer, transformer.config, None if vae is None else vae.config, device, dtype)
+        self.text_offload: TextOffload | None = None
+        self.block_swap: BlockSwap | None = None
+        self.transformer = transformer
+        self.vae = vae
+        self.sound_tokenizer = sound_tokenizer
+        self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
+        self._text_cache: OrderedDict[tuple[int, ...], TextKV] = OrderedDict()
+        self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
 
     def __repr__(self) -> str:
         return f"Cosmos3Pipeline({str(self.checkpoint.root)!r}, {self.variant.describe()}, {self.dtype}, {self.device})"
@@ -195,21 +281,6 @@ class Cosmos3Pipeline:
                 self._text_cache.popitem(last=False)
         return self._text_cache[key]
 
-    def token_ids(self, texts: tuple[str, str], system: str | None, max_length=None,
-                  max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):  # fmt: skip
-        """(cond ids, uncond ids) of the conditional and unconditional texts; texts over `max_tokens` are refused."""
-        if self.tokenizer is None:
-            raise InputError("this pipeline was loaded without its tokenizer")
-        ids = []
-        for name, text in zip(("prompt", "negative_prompt"), texts):
-            if len(text.encode("utf-8")) > max_tokens * BYTES_PER_TOKEN_BOUND:  # surely too long: skip tokenizing
-                raise budget.prompt_too_long(name, f"over {len(text) // BYTES_PER_TOKEN_BOUND}", max_tokens)
-            encoded = self.tokenizer.encode(text, system, max_length)
-            if len(encoded) > max_tokens:
-                raise budget.prompt_too_long(name, len(encoded), max_tokens)
-            ids.append(encoded)
-        return tuple(ids)
-
     @torch.inference_mode()
     def generate(
         self,
@@ -234,14 +305,18 @@ class Cosmos3Pipeline:
         every rank of a torchrun job with sequence and/or CFG parallelism; every rank gets the same
         result.
         """
-        if not isinstance(prompt, str):
-            raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
         r = Request.build(request, **options)
-        s, cond_ids, uncond_ids = self.prepare(prompt, r)
-        if r.check_memory:
-            budget.check(self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)), self.device)
+        s, cond_ids, uncond_ids = self.check(prompt, r)
         if parallel is not None and (r.sound or r.action is not None):
             raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
+        if s.transfer is not None:
+            if parallel is not None and parallel.cfg is not None:
+                raise InputError("transfer runs up to three forward passes a step, which CFG parallelism cannot split; "
+                                 "turn cfg-parallel off (sequence parallelism works)")  # fmt: skip
+            if self.vae is None:
+                raise InputError("transfer needs the VAE (it encodes the controls and decodes every chunk); load the "
+                                 "pipeline with its VAE")  # fmt: skip
+            return Generation(None, transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel), s)
 
         shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
                  s.width // SPATIAL_FACTOR)  # fmt: skip
@@ -264,7 +339,8 @@ class Cosmos3Pipeline:
                                        self.schedule_for(s))  # fmt: skip
         tracks = [t for t in (sound_track, action_track) if t is not None]
 
-        latents = self._denoise(latents, s, cond_ids, uncond_ids, clean, mask, generator, callback, parallel, tracks)
+        guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
+        latents = self._denoise(latents, s, guidance, clean, mask, generator, callback, parallel, tracks)
         frames = None
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile)
@@ -291,28 +367,6 @@ class Cosmos3Pipeline:
             waveform = waveform[:, : int(seconds * self.sound_tokenizer.config.sampling_rate)]
         return waveform
 
-    def prepare(self, prompt: str, r: Request) -> tuple[Settings, list[int], list[int]]:
-        """Resolved settings and the (cond, uncond) token ids of a request."""
-        s = resolve_settings(self.variant, r)
-        prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
-                                       r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
-        if s.action is not None:  # the structured action caption; the negative prompt as given
-            texts = (action_prompt(prompt, s.action.view_point, s.num_frames, s.fps, s.height, s.width),
-                     s.negative_prompt)  # fmt: skip
-        else:
-            texts = (positive_text(prompt, prompt_options), negative_text(s.negative_prompt, prompt_options))
-        return (s, *self.token_ids(texts, prompt_options.system_prompt, r.max_sequence_length, r.max_prompt_tokens))
-
-    def memory_needed(self, prompt: str, request: Request) -> int:
-        """Bytes a generation would need beyond the weights (the estimate `generate` checks), without running it."""
-        s, cond_ids, uncond_ids = self.prepare(prompt, request)
-        return self.memory_estimate(s, request, len(cond_ids), len(uncond_ids)).total
-
-    def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
-        decode = r.output == "frames" and self.vae is not None
-        return budget.estimate(self.transformer.config, self.vae.config if decode else None, s, cond_tokens,
-                               uncond_tokens, self.dtype, r.vae_tile)  # fmt: skip
-
     def _conditioning(self, s: Settings, shape, r: Request):
         """Clean conditioning latents and the mask [T, 1, 1] of conditioned frames (None, None for T2I/T2V)."""
         if s.mode in ("t2i", "t2v"):
@@ -323,7 +377,7 @@ class Cosmos3Pipeline:
         if s.action is not None:  # the whole clip on its canvas, encoded, then cropped back to the content
             pixels, _, (content_h, content_w) = canvas_frames(s.action.clip(), s.action.resolution_tier,
                                                                s.num_frames, self.vae.dtype)  # fmt: skip
-            encoded = self.vae.normalize(self.vae.encode(pixels.to(self.device))).float()
+            encoded = self.encode_pixels(pixels)
             encoded = encoded[..., : max(content_h // SPATIAL_FACTOR, 1), : max(content_w // SPATIAL_FACTOR, 1)]
             shape = tuple(encoded.shape)
         elif r.condition_latents is not None:  # already encoded (a ComfyUI LATENT): raw VAE latents
@@ -338,7 +392,7 @@ class Cosmos3Pipeline:
                     tail = frames[:, :, -1:].expand(-1, -1, needed - frames.shape[2], -1, -1)
                     frames = torch.cat([frames, tail], dim=2)
                 pixels = frames
-            encoded = self.vae.normalize(self.vae.encode(pixels.to(self.device))).float()
+            encoded = self.encode_pixels(pixels)
         clean = torch.zeros(shape, dtype=torch.float32, device=self.device)
         clean[:, :, : encoded.shape[2]] = encoded
         mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=self.device)
@@ -369,41 +423,33 @@ class Cosmos3Pipeline:
             return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)
         return unipc_schedule(s.steps, s.flow_shift)
 
-    def _denoise(self, latents, s: Settings, cond_ids, uncond_ids, clean, mask, generator, callback, parallel,
-                 tracks: list = ()):  # fmt: skip
+    def _denoise(self, latents, s: Settings, guidance, clean, mask, generator, callback, parallel, tracks: list = ()):
         """The sampling loop over the video latents and the tracks beside them (sound, action).
 
-        A track gives the transformer its tokens (`tokens()`, passed as its `segment`) and takes its
-        combined velocity (`step`).
+        `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
+        transfer's). A track gives the transformer its tokens (`tokens()`, passed as its `segment`) and takes
+        its combined velocity (`step`).
         """
         schedule = self.schedule_for(s)
         stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
         noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
         sp, cfg = (parallel.sp, parallel.cfg) if parallel is not None else (None, None)
-        cond = self.text_kv(cond_ids)
-        # The conditional branch of a CFG-parallel job never runs the unconditional prompt.
-        needs_uncond = s.guidance_scale != 1.0 and (cfg is None or cfg.rank == 1)
-        uncond = self.text_kv(uncond_ids) if needs_uncond else None
 
-        def velocities(text) -> list[torch.Tensor]:
+        def velocities(ids, context) -> list[torch.Tensor]:
+            # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
             segments = {track.segment: track.tokens() for track in tracks}
-            out = self.transformer(latents, t, text, noisy, s.fps, sp=sp, **segments)
+            out = self.transformer(latents, t, self.text_kv(ids), noisy, s.fps, sp=sp, context=context, **segments)
             return [out.vision.float()] + [getattr(out, track.segment).float() for track in tracks]
 
         for i, t in enumerate(schedule.timesteps):
-            guidance = s.guidance_scale
-            if s.guidance_interval is not None and not s.guidance_interval[0] <= float(t) <= s.guidance_interval[1]:
-                guidance = 1.0
-            # Each branch runs at its own text length: padding one to the other's would leave zero
-            # keys that the (unmasked) media attention still weights.
-            if guidance == 1.0:
-                combined = velocities(cond)
+            # Each pass runs at its own text length: padding one to the other's would leave zero keys that the
+            # (unmasked) media attention still weights.
+            passes = guidance.passes(float(t))
+            if cfg is not None and len(passes) == 2:  # one pass per rank group, exchanged (no tracks)
+                outputs = [[v] for v in exchange_branches(cfg, velocities(*passes[cfg.rank])[0])]
             else:
-                if cfg is not None:  # one branch per rank group, exchanged, then the serial formula (no tracks)
-                    branches = [[v] for v in exchange_branches(cfg, velocities((cond, uncond)[cfg.rank])[0])]
-                else:
-                    branches = [velocities(cond), velocities(uncond)]
-                combined = [u + guidance * (c - u) for c, u in zip(*branches)]
+                outputs = [velocities(*p) for p in passes]
+            combined = guidance.combine(float(t), outputs)
             velocity = combined[0]
             if callback is not None:  # the model's current guess of the result: what previews should show
                 denoised = latents - schedule.sigmas[i].to(latents.device) * velocity
@@ -418,6 +464,10 @@ class Cosmos3Pipeline:
             if callback is not None:
                 callback(i + 1, len(schedule), denoised)
         return latents
+
+    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels [1, 3, F, H, W] in [-1, 1] -> normalized latents (float32, on the device)."""
+        return self.vae.normalize(self.vae.encode(pixels.to(self.device, self.vae.dtype))).float()
 
     @torch.inference_mode()
     def encode(self, frames: torch.Tensor, progress: Progress | None = None, raw: bool = False) -> torch.Tensor:
@@ -512,6 +562,21 @@ def load(
         pipe.use_low_vram(offload_text, blocks_to_swap)  # swapped and offloaded parts stay in CPU memory
         pipe.to(device)  # the rest goes to the device
     return pipe
+
+
+def planner(path: str | os.PathLike, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+            load_vae_weights: bool = True, local_files_only: bool | None = None) -> Planner:
+    """What `load` with these arguments would plan requests with, from the checkpoint's config files and tokenizer
+    (no weight is read): `planner(path).check(prompt, request)` refuses what `generate` would refuse up front (the
+    variant's refusals, prompt length, memory) before minutes of loading."""
+    device = resolve_device(device)
+    checkpoint = Checkpoint(resolve(path, components=("tokenizer",), local_files_only=local_files_only))
+    vae_config = None
+    if load_vae_weights:
+        source = checkpoint.path("vae", "config.json")
+        vae_config = VAEConfig.from_dict(read_json(source), source=str(source))
+    return Planner(checkpoint, PromptTokenizer(checkpoint.tokenizer_dir()), checkpoint.transformer_config(), vae_config,
+                   device, resolve_dtype(dtype, device))  # fmt: skip
 
 
 def open_gguf(checkpoint: Checkpoint, transformer_file=None) -> GGUFFile | None:

@@ -17,6 +17,7 @@ from .errors import InputError
 from .vae import TileSpec
 
 SPATIAL_FACTOR = 16  # pixels per latent (Wan 2.2 VAE 16x spatial compression); checked against vae/config.json
+TEMPORAL_FACTOR = 4  # video frames per latent frame (Wan 2.2 VAE); checked against vae/config.json
 SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
 OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
@@ -33,7 +34,7 @@ def option(default, help: str, flag: str | None = None, cli: bool = True, tri_st
     return field(default=default, metadata=metadata)
 
 
-def parse_guidance_interval(value) -> tuple[float, float] | str | None:
+def parse_guidance_interval(value, name: str = "guidance_interval") -> tuple[float, float] | str | None:
     """'auto' | 'off' (or None, '') | 'LOW,HIGH' | 'LOW-HIGH' | 'LOW HIGH' | (low, high), in timesteps."""
     if value is None or isinstance(value, str) and value.strip().lower() in ("", "off", "none"):
         return None
@@ -48,10 +49,10 @@ def parse_guidance_interval(value) -> tuple[float, float] | str | None:
         low, high = (float(p) for p in parts)
     except (TypeError, ValueError):
         raise InputError(
-            f"guidance_interval {value!r} must be 'auto', 'off' or 'LOW,HIGH' in timesteps 0-1000 (e.g. 400,1000)"
+            f"{name} {value!r} must be 'auto', 'off' or 'LOW,HIGH' in timesteps 0-1000 (e.g. 400,1000)"
         ) from None
     if not 0 <= low <= high:
-        raise InputError(f"guidance_interval ({low:g}, {high:g}) must be LOW,HIGH with 0 <= LOW <= HIGH (timesteps)")
+        raise InputError(f"{name} ({low:g}, {high:g}) must be LOW,HIGH with 0 <= LOW <= HIGH (timesteps)")
     return low, high
 
 
@@ -134,12 +135,27 @@ class Request:
                          "tokenizer, such as Nano)")  # fmt: skip
     sound_trim: bool = option(True, "trim the waveform to the video's duration, int(frames / fps * sample_rate) "
                               "samples; off: the full latent length")  # fmt: skip
+    control_videos: Any = option(None, "transfer: control clips by hint, {edge|blur|depth|seg|wsm: clip} (each in a form "
+                                 "`video` takes); the output follows them, frame for frame. CLI: --control HINT=FILE "
+                                 "(repeatable), or --control edge:PRESET=FILE / blur:PRESET=FILE to derive the control "
+                                 "from a source clip (presets very_low ... very_high)", flag="--control",
+                                 action="append")  # fmt: skip
+    control_guidance: float | None = option(None, "transfer: how strongly the output follows the controls, 1 = no "
+                                            "control guidance (auto: the model authors' 1.5; seg 2, wsm 3)", type=float)  # fmt: skip
+    control_guidance_interval: Any = option("auto", "transfer: timesteps where control guidance applies: auto or off "
+                                            "(every step), or LOW,HIGH")  # fmt: skip
+    chunk_frames: int | None = option(None, "transfer: frames per chunk, rounded up to 1 + 4k (auto: the whole clip up "
+                                      "to 93 frames, 101 for a world-scenario map alone)", type=int)  # fmt: skip
+    chunk_overlap_frames: int | None = option(None, "transfer: frames each chunk takes from the end of the previous one "
+                                              "(auto: 1)", type=int)  # fmt: skip
     check_memory: bool = option(True, "estimate the memory a request needs and refuse it when the device does not "
                                 "have it")  # fmt: skip
 
     def __post_init__(self):
         set_ = object.__setattr__  # frozen: normalise in place once
         set_(self, "guidance_interval", parse_guidance_interval(self.guidance_interval))
+        set_(self, "control_guidance_interval", parse_guidance_interval(self.control_guidance_interval,
+                                                                        "control_guidance_interval"))
         set_(self, "condition_frame_indexes", parse_frame_indexes(self.condition_frame_indexes))
         set_(self, "vae_tile", parse_tile(self.vae_tile))
         for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS)):
@@ -167,6 +183,30 @@ class Request:
             raise InputError("give one of an image (image-to-video), a video or condition latents (video-to-video)")
         if self.action is not None and (self.image is not None or self.video is not None):
             raise InputError("an action run takes its observation from the ActionRequest (its image or video)")
+        if self.control_videos is not None:
+            self._check_transfer()
+        elif any(getattr(self, name) is not None for name in ("control_guidance", "chunk_frames", "chunk_overlap_frames")):
+            raise InputError("control_guidance, chunk_frames and chunk_overlap_frames are transfer options: give "
+                             "control_videos too")  # fmt: skip
+
+    def _check_transfer(self) -> None:
+        from .transfer import canonical
+
+        object.__setattr__(self, "control_videos", canonical(self.control_videos))
+        others = [name for name, given in (("image", self.image is not None), ("video", self.has_video),
+                                           ("action", self.action is not None), ("sound", self.sound)) if given]  # fmt: skip
+        if others:
+            raise InputError(f"transfer (control_videos) does not combine with {' or '.join(others)}: the controls set "
+                             "the whole clip")  # fmt: skip
+        if self.output != "frames":
+            raise InputError("transfer decodes every chunk to start the next one from it, so it returns frames, not "
+                             "latents (output='frames')")  # fmt: skip
+        if self.chunk_frames is not None and self.chunk_frames < 1:
+            raise InputError(f"chunk_frames must be at least 1, got {self.chunk_frames}")
+        if self.chunk_overlap_frames is not None and self.chunk_overlap_frames < 0:
+            raise InputError(f"chunk_overlap_frames must be 0 or more, got {self.chunk_overlap_frames}")
+        if self.control_guidance is not None and not self.control_guidance >= 0:
+            raise InputError(f"control_guidance must be 0 or more (1: no control guidance), got {self.control_guidance}")
 
     @property
     def has_image(self) -> bool:

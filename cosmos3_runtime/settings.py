@@ -18,13 +18,13 @@ from typing import Any
 
 from .checkpoint import Variant
 from .errors import InputError
+from . import transfer
 from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
-from .request import Request
+from .request import TEMPORAL_FACTOR, Request
 from .schedulers import FLOW_MATCH_EULER
 
 log = logging.getLogger(__name__)
 
-TEMPORAL_FACTOR = 4  # video frames per latent frame (Wan 2.2 VAE); checked against vae/config.json
 DEFAULT_FRAMES = 81
 DEFAULT_FPS = 24.0
 DEFAULT_STEPS = 35
@@ -51,6 +51,7 @@ class Settings:
     condition_frames: tuple[int, ...]  # conditioned latent frames
     notes: list[str] = field(default_factory=list)
     action: Any = None  # the ActionRequest with its preset's values filled in (action runs)
+    transfer: Any = None  # the transfer.Plan (transfer runs): controls and chunks
 
     @property
     def latent_frames(self) -> int:
@@ -66,6 +67,8 @@ def resolve(variant: Variant, request: Request) -> Settings:
     applied: list[str] = []  # what was applied for the request (reported, logged at INFO)
     notes: list[str] = []  # what of the request was changed or ignored (reported, logged as warnings)
     r = request  # already checked for everything that does not depend on the variant
+    if r.control_videos is not None:
+        return _report(_transfer_settings(variant, r, notes), applied)
     if r.action is not None:
         r = _action_request(variant, r, applied, notes)
     # Frames decide image vs video; variant defaults follow the requested count, before rounding.
@@ -133,14 +136,48 @@ def resolve(variant: Variant, request: Request) -> Settings:
         use_system_prompt=bool(use_system_prompt),
         mode=mode,
         condition_frames=condition_frames,
-        notes=applied + notes,
+        notes=notes,
         action=r.action,
     )
+    return _report(settings, applied)
+
+
+def _report(settings: Settings, applied: list[str]) -> Settings:
+    """Log what was applied (INFO) and what of the request was changed or ignored (warnings); list both."""
     for line in applied:
         log.info(line)
-    for note in notes:
+    for note in settings.notes:
         log.warning(note)
+    settings.notes[:0] = applied
     return settings
+
+
+def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:
+    """A transfer's settings: the model authors' recommended values where the request leaves them unset."""
+    if variant.is_distilled:
+        raise InputError("transfer (control_videos) needs a multi-step checkpoint such as Cosmos3-Nano or "
+                         "Cosmos3-Super: distilled checkpoints have no transfer schedule (diffusers has none, SGLang "
+                         "refuses them)")  # fmt: skip
+    if variant.is_edge:
+        raise InputError("transfer (control_videos) runs on Cosmos3-Nano and Cosmos3-Super, the checkpoints NVIDIA "
+                         "documents for control-to-video; Edge is refused, as SGLang refuses it")  # fmt: skip
+    if r.schedule == "distilled":
+        raise InputError("schedule 'distilled' needs a distilled checkpoint (this one is multi-step)")
+    plan = transfer.plan(r.control_videos, r.num_frames, r.chunk_frames, r.chunk_overlap_frames, r.control_guidance,
+                         None if r.control_guidance_interval == "auto" else r.control_guidance_interval, notes)  # fmt: skip
+    width, height = _size(variant, r, plan.total == 1, notes)
+    notes.extend(transfer.resize_notes(r.control_videos, height, width))
+    guidance, _, fps = transfer.RECOMMENDED[plan.hints[0] if len(plan.hints) == 1 else "mixed"]
+    schedule = "unipc" if r.schedule == "auto" else r.schedule
+    shift = r.flow_shift if r.flow_shift is not None or schedule == "checkpoint" else transfer.DEFAULT_SHIFT
+    return Settings(
+        width=width, height=height, num_frames=plan.total, fps=fps if r.fps is None else float(r.fps),
+        steps=transfer.DEFAULT_STEPS if r.steps is None else int(r.steps),
+        guidance_scale=guidance if r.guidance_scale is None else float(r.guidance_scale), flow_shift=shift,
+        schedule=schedule, guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
+        negative_prompt=r.negative_prompt or "", use_system_prompt=r.use_system_prompt is not False,
+        mode="transfer", condition_frames=(), notes=notes, transfer=plan,
+    )  # fmt: skip
 
 
 def _action_request(variant: Variant, r: Request, applied: list[str], notes: list[str]) -> Request:

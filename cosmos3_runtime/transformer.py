@@ -468,13 +468,16 @@ class Cosmos3Transformer(nn.Module):
         sound: SoundTokens | None = None,
         action: ActionTokens | None = None,
         sp: Group | None = None,
+        context: list[torch.Tensor] = (),
     ) -> Velocity:
         """Predict the flow velocity of the media tokens.
 
         latents [1, C, T, h, w]; timestep a scalar tensor; text the prompt's cached K/V;
         noisy_frames the latent frames being denoised (default all; the rest are clean conditioning
         and get no timestep embedding and zero velocity); fps the video frame rate; sp a
-        sequence-parallel group (every rank passes the same inputs and gets the same result).
+        sequence-parallel group (every rank passes the same inputs and gets the same result);
+        context clean latent items [1, C, T', h', w'] placed before the video (transfer controls): no
+        timestep embedding, no output, each at the positions the video would have at its size.
         """
         c = self.config
         dtype, device = self.dtype, self.device
@@ -492,11 +495,17 @@ class Cosmos3Transformer(nn.Module):
                 base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids, device,
             )  # fmt: skip
 
+        segments, positions = [], []
+        for item in context:  # every item restarts at the media offset: a control and its video align token by token
+            item_patches, item_grid = self.patchify(item.to(device=device, dtype=dtype)[0])
+            segments.append(self.proj_in(item_patches))
+            positions.append(positions_of(item_grid, fps, temporal_factor=VAE_TEMPORAL_FACTOR))
+        n_context = sum(segment.shape[0] for segment in segments)
         patches, grid = self.patchify(x)
         vision = self.proj_in(patches).view(T, grid[1] * grid[2], -1)
         vision[noisy] += temb
-        segments = [vision.flatten(0, 1)]
-        positions = [positions_of(grid, fps, temporal_factor=VAE_TEMPORAL_FACTOR)]
+        segments.append(vision.flatten(0, 1))
+        positions.append(positions_of(grid, fps, temporal_factor=VAE_TEMPORAL_FACTOR))
         if sound is not None:
             tokens = self.audio_proj_in(sound.latents.to(device, dtype).t()) + self.audio_modality_embed
             tokens[_frames(sound.noisy_frames, tokens.shape[0])] += temb
@@ -528,18 +537,19 @@ class Cosmos3Transformer(nn.Module):
         hidden = self.norm_moe_gen(hidden)
 
         n_vision = vision.shape[0] * vision.shape[1]
+        video = slice(n_context, n_context + n_vision)
         if shards is not None and sound is None:  # gather 192-wide patch outputs, not hidden states
-            patches = shards.gather(self.proj_out(hidden))
+            patches = shards.gather(self.proj_out(hidden))[video]
             vision_out = patches.view(T, -1, patches.shape[-1])[noisy].flatten(0, 1)
         else:
             if shards is not None:
                 hidden = shards.gather(hidden)
-            vision_out = self.proj_out(hidden[:n_vision].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1))
+            vision_out = self.proj_out(hidden[video].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1))
         velocity = torch.zeros_like(x)
         if noisy:
             velocity[:, noisy] = self.unpatchify(vision_out, len(noisy), grid, h, w)
         result = Velocity(velocity.unsqueeze(0))
-        start = n_vision
+        start = video.stop
         if sound is not None:
             n = sound.latents.shape[1]
             frames = _frames(sound.noisy_frames, n)

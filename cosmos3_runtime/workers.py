@@ -241,9 +241,12 @@ class WorkerPool:
         return result
 
     def generate(self, prompt: str, request: Request | None = None, *, callback=None, **options):
-        """Same arguments and result as `Cosmos3Pipeline.generate` (latents only: decode with `decode`)."""
+        """Same arguments and result as `Cosmos3Pipeline.generate` (latents only, decode them with `decode`; a
+        transfer's frames, which it decodes chunk by chunk)."""
         options.pop("parallel", None)
-        request = Request.build(request, **options, output="latents")  # a bad request fails here, in the caller
+        request = Request.build(request, **options)  # a bad request fails here, in the caller
+        if request.control_videos is None:
+            request = Request.build(request, output="latents")
         self.cancel.clear()
         for requests in self.requests:
             requests.put(("generate", (prompt, request.plain())))

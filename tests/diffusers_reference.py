@@ -106,3 +106,35 @@ def distilled_pipeline(root):
     pipe = ModularPipeline.from_pretrained(str(root))
     pipe.load_components(torch_dtype=torch.float32)
     return pipe
+
+
+def transfer_pipeline(root, dtype=torch.float32):
+    """diffusers' modular Cosmos3OmniBlocks (the only place its transfer lives) on a tiny checkpoint, with flow UniPC
+    at shift 10 (no Karras sigmas), as NVIDIA's transfer recipe sets it up."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
+    from diffusers.modular_pipelines.cosmos import Cosmos3OmniBlocks
+    from transformers import AutoTokenizer
+
+    pipe = Cosmos3OmniBlocks().init_pipeline()
+    shipped = UniPCMultistepScheduler.from_pretrained(str(root / "scheduler"))
+    pipe.update_components(
+        transformer=load_transformer(root, dtype),
+        vae=AutoencoderKLWan.from_pretrained(str(root / "vae"), torch_dtype=dtype),
+        scheduler=UniPCMultistepScheduler.from_config(shipped.config, flow_shift=10.0, use_karras_sigmas=False),
+        text_tokenizer=AutoTokenizer.from_pretrained(str(root / "text_tokenizer")),
+    )
+    pipe.disable_safety_checker()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def transfer_tokens(pipe, prompt: str) -> list[int]:
+    """The token ids diffusers' transfer text step makes of a prompt."""
+    from diffusers.modular_pipelines.cosmos.encoders import Cosmos3TransferTextStep
+    from diffusers.modular_pipelines.modular_pipeline import PipelineState
+
+    state = PipelineState()
+    for name, value in {"prompt": prompt, "negative_prompt": None, "use_system_prompt": True}.items():
+        state.set(name, value)
+    _, state = Cosmos3TransferTextStep()(pipe, state)
+    return list(state.get("cond_input_ids"))

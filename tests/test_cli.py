@@ -198,3 +198,50 @@ def test_generate_actions_writes_them_next_to_the_video(tiny_factory, tmp_path, 
     assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "x", "--image", str(image),
                  "--action-mode", "inverse_dynamics", "--output", str(out)]) == 2  # fmt: skip
     assert "inverse_dynamics needs a video" in capsys.readouterr().err
+
+
+def test_transfer_writes_a_clip_as_long_as_its_controls(tiny_factory, tmp_path, capsys):
+    av = pytest.importorskip("av")
+    import torch
+
+    from cosmos3_runtime.media import save_video
+
+    source = save_video(torch.rand(9, 40, 56, 3), tmp_path / "source.mp4", 16.0)
+    out = tmp_path / "transfer.mp4"
+    assert main(["generate", "--checkpoint", str(tiny_factory(kind="gated")), "--prompt", "a red ball rolls",
+                 "--control", f"edge:medium={source}", "--control", f"depth={source}", "--width", "64", "--height",
+                 "48", "--steps", "1", "--chunk-frames", "5", "--output", str(out)]) == 0  # fmt: skip
+    with av.open(str(out)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 9 and frames[0].shape == (48, 64, 3)
+    printed = capsys.readouterr().out
+    assert "transfer 64x48, 9 frames @ 30 fps" in printed and "(edge, depth), 2 chunks of 5 frames" in printed
+
+
+@pytest.mark.parametrize("kind, flags, words", [
+    ("edge", [], "Edge is refused, as SGLang refuses it"),
+    ("gated", ["--width", "1280", "--height", "720"], "this request needs at least"),
+    ("gated", ["--control", "sky=x.mp4"], "unknown control hint(s) 'sky'"),
+    ("gated", ["--control", "edge"], "--control 'edge' must be HINT=FILE or HINT:PRESET=FILE"),
+    ("gated", ["--control", "depth:medium=SOURCE"], "only edge and blur controls can be derived"),
+])  # fmt: skip
+def test_transfer_mistakes_are_refused_before_any_weight_is_read(tiny_factory, tmp_path, capsys, monkeypatch, kind,
+                                                                  flags, words):  # fmt: skip
+    """The checkpoints have no transformer weights at all: a refusal that comes first needed none."""
+    import shutil
+
+    import torch
+
+    from cosmos3_runtime import budget
+    from cosmos3_runtime.media import save_video
+
+    folder = shutil.copytree(tiny_factory(kind=kind), tmp_path / "ckpt")
+    for shard in (folder / "transformer").glob("*.safetensors"):
+        shard.unlink()
+    monkeypatch.setattr(budget, "available_bytes", lambda device: 2**20)  # 1 MiB free
+    source = save_video(torch.rand(5, 16, 16, 3), tmp_path / "source.mp4", 16.0)
+    flags = [str(source) if f == "SOURCE" else f.replace("SOURCE", str(source)) for f in flags]
+    controls = [] if any(f == "--control" for f in flags) else ["--control", f"edge={source}"]
+    code = main(["generate", "--checkpoint", str(folder), "--prompt", "x", *controls, *flags, "--output",
+                 str(tmp_path / "x.mp4")])  # fmt: skip
+    assert code == 2 and words in capsys.readouterr().err

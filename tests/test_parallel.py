@@ -34,7 +34,8 @@ def run(checkpoint, out, processes=1, extra=()):
         command += ["--device", "cpu"]
     result = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return load_file(str(out))["latents"]
+    (tensor,) = load_file(str(out)).values()  # the latents (a transfer's: its frames)
+    return tensor
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +78,30 @@ def test_cfg_parallel_equals_serial_cfg(tiny_factory, single, tmp_path):
 def test_cfg_parallel_with_sequence_parallel(four_kv_heads, single, tmp_path):
     parallel = run(four_kv_heads, tmp_path / "cfg-sp2.safetensors", 4, ["--cfg-parallel", "--sp", "2"])
     torch.testing.assert_close(parallel, single(four_kv_heads), atol=1e-5, rtol=0)
+
+
+def test_transfer_under_sequence_parallelism_equals_one_process(tiny_gated, tmp_path):
+    """Controls, then the video, sharded across the ranks; two chunks, text and control guidance (three passes)."""
+    import numpy as np
+
+    from cosmos3_runtime.media import save_video
+
+    clip = save_video(torch.from_numpy(np.random.default_rng(0).random((9, 96, 80, 3), dtype=np.float32)),
+                      tmp_path / "edge.mp4", 24.0)  # fmt: skip
+    extra = ["--control", f"edge={clip}", "--chunk-frames", "5", "--control-guidance", "1.5"]
+    one = run(tiny_gated, tmp_path / "one.safetensors", 1, extra)
+    two = run(tiny_gated, tmp_path / "sp2.safetensors", 2, ["--sp", "2", *extra])
+    assert one.shape == (9, 96, 80, 3)
+    torch.testing.assert_close(two, one, atol=1e-5, rtol=0)
+
+
+def test_transfer_under_cfg_parallelism_is_refused(tiny_gated):
+    from types import SimpleNamespace
+
+    pipe = load(tiny_gated, dtype="fp32")
+    with pytest.raises(InputError, match="CFG parallelism cannot split"):
+        pipe.generate("x", control_videos={"edge": torch.rand(5, 16, 16, 3)}, width=32, height=32,
+                      parallel=SimpleNamespace(sp=None, cfg=FAKE_GROUP))  # fmt: skip
 
 
 # The checks below fail before any communication, so a stand-in group is enough.

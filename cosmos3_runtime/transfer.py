@@ -1,0 +1,246 @@
+"""Transfer: a new clip from a caption and spatial control clips, generated in chunks.
+
+A request with `control_videos` ({hint: clip}, hints edge, blur, depth, seg and wsm) is a transfer. Every
+control is resized to the output size (exactly, as the reference does: PIL frames bilinear, tensor frames
+nearest) and reflect-padded in time. The clip is made in chunks of `chunk_frames` pixel frames; each chunk after
+the first starts from the last `chunk_overlap_frames` frames of the previous one, decoded, so clips can be far
+longer than one forward pass holds. Per chunk the transformer sees
+
+    [text | control 1 | ... | control N | target]
+
+where every control is a clean latent item (no time embedding, no output) at exactly the target's positions, and
+only the target is denoised. Three forward passes make the velocity: with controls, without them (control
+guidance, when its scale is not 1) and the negative prompt with controls (text guidance, when its scale is
+above 1), nested as
+
+    v = u + g * ((n + cg * (c - n)) - u)
+
+The scheduler restarts every chunk; one noise generator runs through all of them. The prompt is read verbatim
+under the transfer system prompt: no templates, no caption metadata.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from .conditioning import frame_size, frame_count, preprocess_video
+from .errors import InputError
+from .request import TEMPORAL_FACTOR
+
+HINTS = ("edge", "blur", "depth", "seg", "wsm")  # also the order the controls take in the sequence
+HINT_NAMES = {"edge": "edges (Canny)", "blur": "a blurred copy of the clip", "depth": "depth",
+              "seg": "segmentation", "wsm": "a world-scenario map"}  # fmt: skip
+SYSTEM_PROMPT = ("You are a helpful assistant that generates images or videos following the user's instructions and "
+                 "control signals (edge maps, blur, depth, or segmentation).")  # the trained text, as the reference has it
+
+# The model authors' recommended values per hint (guidance, control guidance, fps); several hints take the
+# "mixed" row. Chunks: 93 frames, 101 for a world-scenario map alone (NVIDIA's servers' defaults).
+RECOMMENDED = {"edge": (3.0, 1.5, 30.0), "blur": (3.0, 1.5, 30.0), "depth": (3.0, 1.5, 30.0),
+               "seg": (3.0, 2.0, 30.0), "wsm": (1.0, 3.0, 10.0), "mixed": (3.0, 1.5, 30.0)}  # fmt: skip
+DEFAULT_CHUNK = 93
+WSM_CHUNK = 101
+DEFAULT_OVERLAP = 1
+DEFAULT_STEPS = 50
+DEFAULT_SHIFT = 10.0
+
+
+def check_hints(hints) -> None:
+    unknown = [str(k) for k in hints if k not in HINTS]
+    if unknown:
+        raise InputError(f"unknown control hint(s) {', '.join(map(repr, unknown))}; hints are {', '.join(HINTS)}")
+
+
+def canonical(control_videos) -> dict:
+    """The controls checked (a non-empty dict of known hints to readable clips) and in the sequence's order."""
+    if not isinstance(control_videos, dict):
+        raise InputError(f"control_videos must be a dict from hint ({', '.join(HINTS)}) to a clip, got "
+                         f"{type(control_videos).__name__}")  # fmt: skip
+    if not control_videos:
+        raise InputError(f"control_videos is empty: give at least one control clip ({', '.join(HINTS)})")
+    check_hints(control_videos)
+    for hint, clip in control_videos.items():
+        if clip is None:
+            raise InputError(f"control {hint!r} has no clip")
+        try:
+            count, size = frame_count(clip), frame_size(clip)
+        except InputError as exc:
+            raise InputError(f"control {hint!r}: {exc}") from None
+        if count == 0 or 0 in size:
+            raise InputError(f"control {hint!r} has no frames")
+    return {hint: control_videos[hint] for hint in HINTS if hint in control_videos}
+
+
+def round_up_frames(n: int) -> int:
+    """Smallest 1 + 4k not below n."""
+    return 1 if n <= 1 else math.ceil((n - 1) / TEMPORAL_FACTOR) * TEMPORAL_FACTOR + 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a transfer does: its controls (in sequence order) and the chunk geometry."""
+
+    hints: tuple[str, ...]
+    total: int  # output frames
+    chunk: int  # pixel frames per chunk (1 + 4k)
+    overlap: int  # frames each later chunk takes from the previous one
+    stride: int  # frames between chunk starts
+    count: int  # chunks
+    control_guidance: float
+    control_interval: tuple[float, float] | None
+
+    @property
+    def padded(self) -> int:
+        """Frames every control is padded to."""
+        return max(self.total, self.chunk)
+
+    def window(self, k: int) -> tuple[int, int]:
+        start = k * self.stride
+        return start, min(start + self.chunk, self.total)
+
+
+def plan(controls: dict, num_frames, chunk_frames, overlap, control_guidance, control_interval, notes: list) -> Plan:
+    """The chunk geometry of checked controls (`canonical`); None values take the defaults."""
+    first = frame_count(next(iter(controls.values())))
+    total = max(1, min(first, num_frames) if num_frames is not None else first)
+    if num_frames is not None and num_frames > first:
+        notes.append(f"transfer: num_frames {num_frames} capped at the control clip's {first} frames")
+    wsm_alone = tuple(controls) == ("wsm",)
+    if chunk_frames is None:  # short clips are one chunk of their own length
+        chunk = min(round_up_frames(total), WSM_CHUNK if wsm_alone else DEFAULT_CHUNK)
+    else:
+        chunk = round_up_frames(chunk_frames)
+        if chunk != chunk_frames:
+            notes.append(f"transfer: chunk_frames {chunk_frames} rounded up to {chunk} (chunks are 1 + 4k frames)")
+    chunk = 1 if total == 1 else chunk
+    overlap = DEFAULT_OVERLAP if overlap is None else int(overlap)
+    if overlap < 0:
+        raise InputError(f"chunk_overlap_frames must be 0 or more, got {overlap}")
+    if total <= chunk:
+        stride, count = chunk, 1
+    else:
+        stride = chunk - overlap
+        if stride <= 0:
+            raise InputError(f"chunk_overlap_frames {overlap} must be smaller than chunk_frames {chunk}")
+        count = 1 + math.ceil((total - chunk) / stride)
+    for hint, clip in controls.items():
+        frames = frame_count(clip)
+        if frames < max(total, chunk):
+            notes.append(f"transfer: control {hint!r} has {frames} frames, reflect-padded to {max(total, chunk)}")
+    key = next(iter(controls)) if len(controls) == 1 else "mixed"
+    scale = RECOMMENDED[key][1] if control_guidance is None else float(control_guidance)
+    return Plan(tuple(controls), total, chunk, overlap, stride, count, scale, control_interval)
+
+
+def summary(p: Plan) -> str:
+    """The plan in a few words, for reports: ", control guidance 1.5 (edge, depth), 2 chunks of 93 frames"."""
+    chunks = f"{p.count} chunks of {p.chunk} frames, overlap {p.overlap}" if p.count > 1 else f"one chunk of {p.chunk} frames"
+    return f", control guidance {p.control_guidance:g} ({', '.join(p.hints)}), {chunks}"
+
+
+def resize_notes(controls: dict, height: int, width: int) -> list[str]:
+    """What the resize does to controls of another size (an exact resize: the aspect ratio may change)."""
+    notes = []
+    for hint, clip in controls.items():
+        h, w = frame_size(clip)
+        if (h, w) != (height, width):
+            changed = abs(h * width - w * height) > max(h, w)  # more than a pixel's worth
+            notes.append(f"transfer: control {hint!r} is {w}x{h}, resized to {width}x{height}"
+                         + (" (its aspect ratio changes)" if changed else ""))  # fmt: skip
+    return notes
+
+
+def reflect_pad(frames: torch.Tensor, length: int) -> torch.Tensor:
+    """[1, 3, T, H, W] -> `length` frames: mirrored back and forth; a single frame is repeated."""
+    while frames.shape[2] < length:
+        extra = min(frames.shape[2] - 1, length - frames.shape[2])
+        if extra <= 0:
+            return torch.cat([frames, frames[:, :, -1:].expand(-1, -1, length - frames.shape[2], -1, -1)], dim=2)
+        frames = torch.cat([frames, frames.flip(2)[:, :, :extra]], dim=2)
+    return frames
+
+
+def control_pixels(controls: dict, p: Plan, height: int, width: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Every control as pixels [1, 3, padded, H, W] in [-1, 1], rounded to `dtype` (the transformer's), in order."""
+    return [reflect_pad(preprocess_video(controls[h], height, width).to(dtype), p.padded) for h in p.hints]
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """The forward passes of a transfer step and how their velocities combine."""
+
+    cond: list[int]  # token ids
+    uncond: list[int]
+    controls: list[torch.Tensor]  # this chunk's control latents, in sequence order
+    scale: float
+    interval: tuple[float, float] | None
+    control_scale: float
+    control_interval: tuple[float, float] | None
+
+    def _scales(self, t: float) -> tuple[float, float]:
+        text = self.scale if self.interval is None or self.interval[0] <= t <= self.interval[1] else 1.0
+        inside = self.control_interval is None or self.control_interval[0] <= t <= self.control_interval[1]
+        return text, self.control_scale if inside else 1.0
+
+    def passes(self, t: float) -> list[tuple[list[int], list[torch.Tensor]]]:
+        """(token ids, clean items before the target) of each forward: with controls, then without them when
+        control guidance applies (its scale is not 1), then the negative prompt when text guidance does (above 1)."""
+        g, cg = self._scales(t)
+        return ([(self.cond, self.controls)] + ([(self.cond, [])] if cg != 1.0 else [])
+                + ([(self.uncond, self.controls)] if g > 1.0 else []))  # fmt: skip
+
+    def combine(self, t: float, outputs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        g, cg = self._scales(t)
+        c, rest = outputs[0][0], [o[0] for o in outputs[1:]]
+        if cg != 1.0:
+            n, rest = rest[0], rest[1:]
+            c = n + cg * (c - n)
+        if g > 1.0:
+            u = rest[0]
+            c = u + g * (c - u)
+        return [c]
+
+
+def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, parallel):
+    """The stitched frames [F, H, W, 3] in 0..1 (CPU) of a transfer; `s.transfer` is its plan."""
+    p: Plan = s.transfer
+    vae = pipe.vae
+    pixels = control_pixels(r.control_videos, p, s.height, s.width, pipe.transformer.dtype)
+    generator = torch.Generator("cpu").manual_seed(int(r.seed))
+    steps = s.steps
+    chunks, previous = [], None
+    for k in range(p.count):
+        start, end = p.window(k)
+        controls = [pipe.encode_pixels(reflect_pad(c[:, :, start:end], p.chunk)) for c in pixels]
+        seed = 0 if previous is None else min(p.overlap, previous.shape[2], p.chunk)
+        chunk = replace(s, num_frames=p.chunk, condition_frames=tuple(range(latent_frames(seed))))
+        shape = (1, pipe.transformer.config.latent_channel, chunk.latent_frames, *controls[0].shape[3:])
+        clean = mask = None
+        if seed:  # the previous chunk's last frames, the last repeated up to whole latent frames (causal VAE)
+            held = latent_frames(seed)
+            covered = TEMPORAL_FACTOR * (held - 1) + 1
+            target = previous[:, :, -seed:][:, :, :covered].to(vae.dtype)
+            target = torch.cat([target, target[:, :, -1:].expand(-1, -1, covered - target.shape[2], -1, -1)], dim=2)
+            clean = torch.zeros(shape, dtype=torch.float32, device=pipe.device)
+            clean[:, :, :held] = pipe.encode_pixels(target)
+            mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=pipe.device)
+            mask[:held] = 1.0
+        noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(pipe.device)
+        latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
+        guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
+                            p.control_guidance, p.control_interval)  # fmt: skip
+
+        def progress(step, total, denoised, k=k):
+            if callback is not None:
+                callback(k * steps + step, p.count * steps, denoised)
+
+        latents = pipe._denoise(latents, chunk, guidance, clean, mask, generator, progress, parallel)
+        previous = vae.decode(vae.denormalize(latents.to(vae.dtype)), tile=r.vae_tile).float()  # clamped to [-1, 1]
+        chunks.append((previous if k == 0 else previous[:, :, seed:]).cpu())  # the device holds one chunk at a time
+    video = torch.cat(chunks, dim=2)[:, :, : p.total]
+    return (video / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()
+
+
+def latent_frames(pixel_frames: int) -> int:
+    """Latent frames that hold the first `pixel_frames` frames (0 for none)."""
+    return 0 if pixel_frames <= 0 else (pixel_frames - 1) // TEMPORAL_FACTOR + 1

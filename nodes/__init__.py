@@ -4,17 +4,22 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 `services`, which imports them lazily and falls back when they are absent.
 """
 
-from . import serving, services
-from .core import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode, Cosmos3LoraLoader
+from . import serving, services, transfer
+from .core.lora import Cosmos3LoraLoader
+from .core.nodes import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
 from .sampling import (Cosmos3ImageToVideo, Cosmos3LatentToVideo, Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode,
                        Cosmos3VideoToVideo)  # fmt: skip
+from .transfer import (Cosmos3BlurControl, Cosmos3DepthControl, Cosmos3EdgeControl, Cosmos3SegmentationControl,
+                       Cosmos3TransferSampler, Cosmos3WorldScenarioMapControl)  # fmt: skip
 from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 
 services.register_model_folder()
-serving.register_routes()
+if services.prompt_server() is not None:  # inside a running ComfyUI
+    serving.register_routes()
+    transfer.write_example_clips(services.input_directory())
 
 NODE_CLASS_MAPPINGS = {
     "Cosmos3ModelLoader": Cosmos3ModelLoader,
@@ -40,6 +45,12 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3CoreTextEncode": Cosmos3CoreTextEncode,
     "Cosmos3ConditionFrames": Cosmos3ConditionFrames,
     "Cosmos3LoraLoader": Cosmos3LoraLoader,
+    "Cosmos3EdgeControl": Cosmos3EdgeControl,
+    "Cosmos3BlurControl": Cosmos3BlurControl,
+    "Cosmos3DepthControl": Cosmos3DepthControl,
+    "Cosmos3SegmentationControl": Cosmos3SegmentationControl,
+    "Cosmos3WorldScenarioMapControl": Cosmos3WorldScenarioMapControl,
+    "Cosmos3TransferSampler": Cosmos3TransferSampler,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3ModelLoader": "Cosmos3 Model Loader",
@@ -65,4 +76,10 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3CoreTextEncode": "Cosmos3 Text Encode (core)",
     "Cosmos3ConditionFrames": "Cosmos3 Condition Frames (core)",
     "Cosmos3LoraLoader": "Cosmos3 LoRA Loader (core)",
+    "Cosmos3EdgeControl": "Cosmos3 Edge Control",
+    "Cosmos3BlurControl": "Cosmos3 Blur Control",
+    "Cosmos3DepthControl": "Cosmos3 Depth Control",
+    "Cosmos3SegmentationControl": "Cosmos3 Segmentation Control",
+    "Cosmos3WorldScenarioMapControl": "Cosmos3 World Scenario Map Control",
+    "Cosmos3TransferSampler": "Cosmos3 Transfer Sampler",
 }

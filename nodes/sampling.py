@@ -18,6 +18,17 @@ def auto_help(name: str) -> str:
     return f"{help_of(name)}; 0 = automatic"
 
 
+def size_widgets() -> dict:
+    """The width and height widgets of the samplers (0: the variant's default)."""
+    return {name: ("INT", {"default": 0, "min": 0, "max": MAX_SIZE, "step": SPATIAL_FACTOR, "tooltip": auto_help(name)})
+            for name in ("width", "height")}  # fmt: skip
+
+
+def seed_widget() -> tuple:
+    return ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True,
+                    "tooltip": help_of("seed")})  # fmt: skip
+
+
 def prompt_inputs(filled_from: str) -> dict:
     """The prompt widgets of both text-encode nodes: the prompts and how their metadata is applied."""
     return {
@@ -189,17 +200,13 @@ class Cosmos3Sampler:
             "required": {
                 "model": ("COSMOS3_MODEL",),
                 "text": ("COSMOS3_TEXT",),
-                "width": ("INT", {"default": 0, "min": 0, "max": MAX_SIZE, "step": SPATIAL_FACTOR,
-                          "tooltip": auto_help("width")}),  # fmt: skip
-                "height": ("INT", {"default": 0, "min": 0, "max": MAX_SIZE, "step": SPATIAL_FACTOR,
-                           "tooltip": auto_help("height")}),  # fmt: skip
+                **size_widgets(),
                 "frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": auto_help("num_frames")}),
                 "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5, "tooltip": auto_help("fps")}),
                 "guidance": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 30.0, "step": 0.1, "round": 0.01,
                              "tooltip": auto_help("guidance_scale")}),  # fmt: skip
                 "guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("guidance_interval")}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True,
-                         "tooltip": help_of("seed")}),  # fmt: skip
+                "seed": seed_widget(),
                 "sound": ("BOOLEAN", {"default": False, "tooltip": help_of("sound") + "; decode it with Cosmos3 "
                           "Sound Decode"}),  # fmt: skip
             },

@@ -314,6 +314,13 @@ def latent_rgb(latents: torch.Tensor, factors: torch.Tensor, bias: torch.Tensor)
     return Image.fromarray(pixels)
 
 
+def progress_text(text: str, node_id: str | None) -> None:
+    """Text shown on a running node (ComfyUI's progress text); nothing outside ComfyUI."""
+    server = prompt_server()
+    if server is not None and node_id is not None:
+        server.send_progress_text(text, node_id)
+
+
 def prompt_server():
     """ComfyUI's running server, or None outside it."""
     server = _comfy("server")

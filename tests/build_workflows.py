@@ -39,17 +39,19 @@ TOP_ROW = ("Model", "Input media", "Prompt")
 BOTTOM_ROW = ("Sample", "Output")
 MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt", "Cosmos3CoreModel", "EasyCache", "TorchCompileModel",
                "Cosmos3LoraLoader")  # fmt: skip
+CONTROL_NODES = ("Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthControl", "Cosmos3SegmentationControl",
+                 "Cosmos3WorldScenarioMapControl")  # fmt: skip
 MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
-               "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames")  # fmt: skip
+               "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames", *CONTROL_NODES)  # fmt: skip
 SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise",
-                "Cosmos3Scheduler")
+                "Cosmos3Scheduler", "Cosmos3TransferSampler")
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
                 "Cosmos3ActionPlot", "VAEDecode")  # fmt: skip
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
 REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
-REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler")
+REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler", *CONTROL_NODES)
 GROUP_COLORS = {"Model": "#3f789e", "Input media": "#8A8", "Prompt": "#b58b2a", "Sample": "#a1309b", "Output": "#444"}
 CHECKPOINT_REPOS = "https://huggingface.co/nvidia/"  # where the released checkpoints are published
 

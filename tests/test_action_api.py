@@ -28,6 +28,11 @@ def graph(pack):
     return pack.serving.graph
 
 
+def serving(pack, name: str):
+    """A module of the pack's serving package (ComfyUI's server imports them when it registers the routes)."""
+    return importlib.import_module(f"{pack.serving.__name__}.{name}")
+
+
 def installed(api, *names, capable=None):
     """The checkpoints a request is parsed against: `names` installed, all with an action head unless `capable`."""
     checkpoints = importlib.import_module(api.__package__ + ".checkpoints")
@@ -236,7 +241,7 @@ def test_a_body_without_a_length_is_cut_off_at_the_limit(api, pack):
         return b"x" * 2**19
 
     with pytest.raises(api.FieldError) as error:
-        asyncio.run(pack.serving.http._read(next_chunk, 2**20, "image"))
+        asyncio.run(serving(pack, "http")._read(next_chunk, 2**20, "image"))
     assert error.value.status == 413 and error.value.field == "image" and len(sent) == 3
 
 
@@ -291,7 +296,7 @@ def droid_observation(**extra) -> dict:
 
 
 def test_a_droid_observation_becomes_a_droid_server_request(api, pack):
-    openpi = pack.serving.openpi
+    openpi = serving(pack, "openpi")
     observation = droid_observation(seed=3, action_horizon=8)
     call = api.parse_request(openpi.action_request(observation), installed(api))
     a = call.action
@@ -317,7 +322,7 @@ def test_a_droid_observation_becomes_a_droid_server_request(api, pack):
 def test_a_malformed_droid_observation_names_the_key(api, pack, change, key, words):
     observation = {k: v for k, v in {**droid_observation(), **change}.items() if v is not None}
     with pytest.raises(api.FieldError) as error:
-        api.parse_request(pack.serving.openpi.action_request(observation), installed(api))
+        api.parse_request(serving(pack, "openpi").action_request(observation), installed(api))
     assert error.value.field == key and words in str(error.value), str(error.value)
 
 

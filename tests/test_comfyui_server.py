@@ -177,8 +177,22 @@ def test_every_api_workflow_runs_in_the_server(server, path):
         assert any(output.get("images") for output in history["outputs"].values()), history["outputs"]
         return
     reports = [text for output in history["outputs"].values() for text in output.get("text", [])]
-    modes = ("t2i", "t2v", "i2v", "v2v", "policy", "forward_dynamics", "inverse_dynamics")
+    modes = ("t2i", "t2v", "i2v", "v2v", "policy", "forward_dynamics", "inverse_dynamics", "transfer")
     assert any(line.startswith(modes) for line in reports), reports
+
+
+def test_a_transfer_the_checkpoint_refuses_leaves_the_server_working(server):
+    """Transfer on Edge is refused by name (the pack writes the example clips into the input folder at startup)."""
+    url, base = server
+    assert all((base / "input" / name).is_file() for name in ("cosmos3_transfer_scene.mp4",
+                                                              "cosmos3_transfer_scene_depth.mp4"))  # fmt: skip
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_nano_transfer_edge.json").read_text()))
+    prompt["1"]["inputs"]["model_name"] = "Cosmos3-Edge"
+    history = _run(url, prompt)
+    errors = [data.get("exception_message") for event, data in history["status"]["messages"] if event == "execution_error"]
+    assert history["status"]["status_str"] == "error" and "Edge is refused" in errors[0], errors
+    prompt["1"]["inputs"]["model_name"] = "Cosmos3-Nano"
+    assert _run(url, prompt)["status"]["status_str"] == "success"
 
 
 def test_a_lora_on_the_core_model_and_a_lora_for_another_model(server):
@@ -279,15 +293,15 @@ def test_free_releases_the_weights_and_the_next_run_gives_the_same_output(server
     loader["inputs"]["model_name"] = "Cosmos3-Edge-Large"
     weights = 2 * sum(stored_bytes(base / "models" / "cosmos3" / "Cosmos3-Edge-Large" / "transformer")[0].values())
     outputs = []
-    for attempt in ("before", "after"):
-        saves[0]["inputs"]["filename_prefix"] = f"free/{workflow}_{attempt}"
+    for run in ("before", "after"):
+        saves[0]["inputs"]["filename_prefix"] = f"free/{workflow}_{run}"
         unloaded = _settled_rss(url, base)  # what earlier tests loaded is gone
         history = _run(url, prompt)
         assert history["status"]["status_str"] == "success"
         (saved,) = [i for out in history["outputs"].values() for i in out.get("images", [])]
         path = base / "output" / saved["subfolder"] / saved["filename"]
         outputs.append(np.asarray(Image.open(path).convert("RGB")))  # (the files differ: each embeds its prompt)
-        if attempt == "before":
+        if run == "before":
             assert _call(f"{url}/free", {"unload_models": True, "free_memory": True})[0] == 200
             deadline = time.monotonic() + 10
             while _rss(base) - unloaded > 0.3 * weights and time.monotonic() < deadline:

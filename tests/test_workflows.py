@@ -26,6 +26,7 @@ from conftest import ROOT
 API = sorted((ROOT / "workflows" / "api").glob("*.json"))
 ACTION = [p for p in API if "_droid_" in p.name]  # action workflows (Edge-Policy-DROID)
 CORE = [p for p in API if p.stem.endswith(("_core", "_easycache"))]  # ComfyUI samples them (test_comfyui_server.py)
+TRANSFER = [p for p in API if "_transfer_" in p.name]  # Cosmos3 Transfer Sampler: frames out, no LATENT
 UI = sorted((ROOT / "workflows").glob("*.json"))
 
 
@@ -36,7 +37,9 @@ def registry(pack, models_dir, tmp_path):
     pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(inputs / "example.png")
     LoadImage.input_dir = inputs
-    LoadVideo.clips = {"example.mp4": Video(torch.rand(11, 120, 160, 3), 24.0)}
+    LoadVideo.clips = {"example.mp4": Video(torch.rand(11, 120, 160, 3), 24.0),
+                       **{name: Video(clip[:13], 16.0) for name, clip in zip(pack.transfer.EXAMPLE_CLIPS,
+                                                                             pack.transfer.example_scene(13, 48, 80))}}  # fmt: skip
     SaveImage.saved.clear()
     SaveVideo.saved.clear()
     return {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES}
@@ -69,10 +72,12 @@ def small(prompt: dict) -> dict:
             node["inputs"].update(width=64, height=48, length=1 if length == 1 else 13)
         if node["class_type"] == "KSampler":
             node["inputs"]["steps"] = 3
+        if node["class_type"] == "Cosmos3TransferSampler":  # 13 frames in two chunks
+            node["inputs"].update(width=64, height=48, chunk_frames=9)
     return prompt
 
 
-@pytest.mark.parametrize("path", [p for p in API if p not in ACTION + CORE], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in API if p not in ACTION + CORE + TRANSFER], ids=lambda p: p.stem)
 def test_api_workflow_runs_and_saves_frames(registry, path):
     prompt = small(load_json(path))
     results = execute(prompt, registry)
@@ -90,6 +95,19 @@ def test_api_workflow_runs_and_saves_frames(registry, path):
             assert video.audio["waveform"].shape == (1, 2, int(13 / expected_fps * video.audio["sample_rate"]))
     loader = next(n for n, node in prompt.items() if node["class_type"] == "Cosmos3ModelLoader")
     assert "multi-step" in results[loader][0][2] or "distilled" in results[loader][0][2]
+
+
+@pytest.mark.parametrize("path", TRANSFER, ids=lambda p: p.stem)
+def test_transfer_workflow_runs_and_saves_a_clip_as_long_as_the_controls(registry, path):
+    prompt = small(load_json(path))
+    results = execute(prompt, registry)
+    ((_, video),) = SaveVideo.saved
+    assert video.images.shape == (13, 48, 64, 3) and video.fps == 16.0  # the source clip's fps, through the sampler
+    (sampler,) = [n for n, node in prompt.items() if node["class_type"] == "Cosmos3TransferSampler"]
+    report = "\n".join(results[sampler][1]["text"])
+    assert "2 chunks of 9 frames" in report and "resized to 64x48" in report
+    hints = {node["class_type"] for node in prompt.values() if node["class_type"].endswith("Control")}
+    assert ("depth" in report) == ("Cosmos3DepthControl" in hints) and "(edge" in report
 
 
 @pytest.mark.parametrize("path", ACTION, ids=lambda p: p.stem)
@@ -188,6 +206,13 @@ def test_widget_order_of_our_nodes(pack):
                                   "duration_template", "json_captions", "fps"],
         "Cosmos3ConditionFrames": ["condition_frames"],
         "Cosmos3LoraLoader": ["lora_name", "strength"],
+        "Cosmos3EdgeControl": ["derive"],
+        "Cosmos3BlurControl": ["derive"],
+        "Cosmos3DepthControl": [],
+        "Cosmos3SegmentationControl": [],
+        "Cosmos3WorldScenarioMapControl": [],
+        "Cosmos3TransferSampler": ["width", "height", "frames", "fps", "guidance", "control_guidance", "chunk_frames",
+                                   "chunk_overlap_frames", "seed", "control_guidance_interval"],
     }  # fmt: skip
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
 

@@ -1,11 +1,13 @@
 // Cosmos3 nodes in the ComfyUI front end:
-// - a read-only report under the loader, text encode and sampler nodes (detected variant, resolved
+// - a read-only report under the loader, text encode, sampler and control nodes (detected variant, resolved
 //   settings, one note per line), refreshed after every run, cached runs included;
 // - when a workflow is opened, a notice for every Cosmos3 checkpoint it names that is not installed,
 //   with where to download it (the loader node's `properties.models`).
 import { app } from "../../scripts/app.js";
 
-const REPORTING_NODES = new Set(["Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler"]);
+const REPORTING_NODES = new Set(["Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler",
+  "Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthControl", "Cosmos3SegmentationControl",
+  "Cosmos3WorldScenarioMapControl"]);
 const REPORT = "cosmos3_report";
 const LINE_PX = 17;
 const MAX_LINES = 5; // longer reports scroll inside the box instead of growing the node over its neighbours

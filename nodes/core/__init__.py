@@ -6,8 +6,3 @@
 - `vae`: the checkpoint's VAE as ComfyUI's Wan 2.2 VAE; imports ComfyUI when one is built.
 - `prompt_marker`: what a Cosmos3 CONDITIONING holds (no ComfyUI import).
 """
-
-from .lora import Cosmos3LoraLoader
-from .nodes import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode
-
-__all__ = ["Cosmos3ConditionFrames", "Cosmos3CoreModel", "Cosmos3CoreTextEncode", "Cosmos3LoraLoader"]

@@ -39,7 +39,8 @@ REFUSED_COND_KEYS = {
     "area": "area conditioning (ConditioningSetArea) crops the latent, which breaks Cosmos3's joint attention",
     "mask": "mask conditioning (ConditioningSetMask) crops the latent, which breaks Cosmos3's joint attention; "
             "use a LATENT noise_mask instead",
-    "control": "ControlNets do not apply to Cosmos3",
+    "control": "ControlNets do not apply to Cosmos3; for control-to-video (edge, blur, depth, segmentation, "
+               "world-scenario map) use the Cosmos3 control nodes with Cosmos3 Transfer Sampler",
     "gligen": "GLIGEN does not apply to Cosmos3",
 }  # fmt: skip
 

@@ -1,0 +1,213 @@
+"""Transfer nodes: one control node per hint, chained into COSMOS3_CONTROLS, and the sampler that makes a clip
+following them, chunk by chunk.
+
+COSMOS3_CONTROLS values are dicts {hint: IMAGE batch [F, H, W, 3] in 0..1}. A control node takes frames from any
+node (a depth or segmentation preprocessor, a simulator's render, Load Video) or, for edge and blur, derives the
+control from a source clip with the model authors' presets.
+"""
+
+import os
+
+import numpy as np
+import torch
+
+from ..cosmos3_runtime import InputError, Request
+from ..cosmos3_runtime.controls import BLUR_PRESETS, DEFAULT_PRESET, EDGE_PRESETS, derive
+from ..cosmos3_runtime.media import save_video
+from ..cosmos3_runtime.request import help_of
+from ..cosmos3_runtime.settings import resolve as resolve_settings
+from ..cosmos3_runtime.transfer import HINT_NAMES, summary
+from . import services
+from .sampling import auto_help, seed_widget, size_widgets
+
+CONTROLS = "COSMOS3_CONTROLS"
+GIVEN = "off: the images are the control"  # the derive widget's "don't derive" choice
+
+
+class ControlNode:
+    """A control clip for Cosmos3 Transfer Sampler; HINT names it, PRESETS (edge, blur) let it derive from a clip."""
+
+    CATEGORY = "cosmos3/transfer"
+    RETURN_TYPES = (CONTROLS, "IMAGE")
+    RETURN_NAMES = ("controls", "control")
+    OUTPUT_TOOLTIPS = ("the controls so far, this one added: connect to Cosmos3 Transfer Sampler or another control "
+                       "node", "this control's frames (to preview a derived control)")  # fmt: skip
+    FUNCTION = "add"
+    HINT: str
+    PRESETS: dict = {}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        required = {"images": ("IMAGE", {"tooltip": f"the {HINT_NAMES[cls.HINT]} clip as frames (an IMAGE batch)"
+                                         + (", or the source clip to derive it from" if cls.PRESETS else "")})}  # fmt: skip
+        if cls.PRESETS:
+            required["derive"] = ([GIVEN, *cls.PRESETS], {"default": DEFAULT_PRESET, "tooltip": (
+                f"derive the {cls.HINT} control from the images, with the model authors' preset (OpenCV, as NVIDIA's "
+                "stacks do; derive at the output size for their result), or use the images as the control")})  # fmt: skip
+        return {"required": required, "optional": {"controls": (CONTROLS, {"tooltip": "controls to add this one to"})}}
+
+    def add(self, images, derive_preset=None, controls=None):
+        controls = dict(controls or {})
+        if self.HINT in controls:
+            raise InputError(f"the {self.HINT} control is given twice in this chain; keep one {self.HINT} node")
+        derived = derive_preset not in (None, GIVEN)
+        frames = derive(self.HINT, images, derive_preset) if derived else images
+        controls[self.HINT] = frames
+        how = f"derived with preset {derive_preset}" if derived else "as given"
+        report = f"{self.HINT}: {frames.shape[0]} frames of {frames.shape[2]}x{frames.shape[1]}, {how}"
+        return {"ui": {"text": [report]}, "result": (controls, frames)}
+
+
+class DerivingControl(ControlNode):
+    def add(self, images, derive, controls=None):
+        return super().add(images, derive, controls)
+
+
+class Cosmos3EdgeControl(DerivingControl):
+    DESCRIPTION = "An edge control for transfer: a Canny edge clip, or edges derived from a source clip (OpenCV Canny)."
+    HINT, PRESETS = "edge", EDGE_PRESETS
+
+
+class Cosmos3BlurControl(DerivingControl):
+    DESCRIPTION = ("A blur control for transfer: the output keeps the clip's colours and layout; a blurred clip, or "
+                   "one derived from a source clip (OpenCV bilateral filter and resampling).")  # fmt: skip
+    HINT, PRESETS = "blur", BLUR_PRESETS
+
+
+class Cosmos3DepthControl(ControlNode):
+    DESCRIPTION = "A depth control for transfer: a depth clip (from a depth preprocessor or a renderer), near = bright."
+    HINT = "depth"
+
+
+class Cosmos3SegmentationControl(ControlNode):
+    DESCRIPTION = "A segmentation control for transfer: a clip of segment colours (from a segmentation preprocessor)."
+    HINT = "seg"
+
+
+class Cosmos3WorldScenarioMapControl(ControlNode):
+    DESCRIPTION = ("A world-scenario map control for transfer: a driving simulator's map render (lanes, boxes); "
+                   "alone it samples at 10 fps in 101-frame chunks, text guidance off, as the model authors recommend.")  # fmt: skip
+    HINT = "wsm"
+
+
+# Transfer sampler widget -> Request field; 0 means automatic (None) for these.
+TRANSFER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
+                   "guidance": "guidance_scale", "control_guidance": "control_guidance", "chunk_frames": "chunk_frames"}  # fmt: skip
+
+
+class Cosmos3TransferSampler:
+    DESCRIPTION = ("Transfer: a new clip that follows the controls (edge, blur, depth, segmentation, world-scenario "
+                   "map) frame for frame and the prompt, made in chunks, each starting from the end of the last. "
+                   "Nano and Super; decodes every chunk, so it outputs frames.")  # fmt: skip
+    CATEGORY = "cosmos3/transfer"
+    RETURN_TYPES = ("IMAGE", "FLOAT")
+    RETURN_NAMES = ("images", "fps")
+    OUTPUT_TOOLTIPS = ("the clip", "its frame rate: connect it to Create Video")
+    FUNCTION = "sample"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": ("COSMOS3_MODEL",),
+                "text": ("COSMOS3_TEXT", {"tooltip": "read verbatim under the transfer system prompt (templates and "
+                         "caption metadata do not apply)"}),  # fmt: skip
+                "controls": (CONTROLS, {"tooltip": "from the Cosmos3 control nodes"}),
+                **size_widgets(),
+                "frames": ("INT", {"default": 0, "min": 0, "max": 100000, "tooltip": "frames to make, at most the "
+                           "controls' (the first control in hint order sets the length); 0 = all of them"}),  # fmt: skip
+                "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5,
+                        "tooltip": "the clip's frame rate, which the model reads (connect the source's); 0 = the "
+                                   "authors' 30 (10 for a world-scenario map alone)"}),  # fmt: skip
+                "guidance": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 30.0, "step": 0.1, "round": 0.01,
+                             "tooltip": "text guidance (only above 1 does it run); 0 = the authors' 3 (1 for a "
+                                        "world-scenario map alone)"}),  # fmt: skip
+                "control_guidance": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 0.05, "round": 0.01,
+                                     "tooltip": auto_help("control_guidance")}),  # fmt: skip
+                "chunk_frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": auto_help("chunk_frames")}),
+                "chunk_overlap_frames": ("INT", {"default": 1, "min": 0, "max": 64,
+                                         "tooltip": help_of("chunk_overlap_frames")}),  # fmt: skip
+                "seed": seed_widget(),
+            },
+            "optional": {
+                "schedule": ("COSMOS3_SCHEDULE", {"tooltip": "steps and flow shift (default: the authors' 50 steps, "
+                             "shift 10)"}),  # fmt: skip
+                "control_guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("control_guidance_interval")}),
+            },
+            "hidden": {"node_id": "UNIQUE_ID"},
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, control_guidance_interval="auto"):
+        return services.validation(lambda: Request.build(control_guidance_interval=control_guidance_interval),
+                                   control_guidance_interval)  # fmt: skip
+
+    def sample(self, model, text, controls, width, height, frames, fps, guidance, control_guidance, chunk_frames,
+               chunk_overlap_frames, seed, schedule=None, control_guidance_interval="auto", node_id=None):  # fmt: skip
+        widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
+                       control_guidance=control_guidance, chunk_frames=chunk_frames)  # fmt: skip
+        options = {field: widgets[name] or None for name, field in TRANSFER_FIELDS.items()}
+        text_options = {k: v for k, v in text.items() if k in ("negative_prompt", "use_system_prompt")}
+        request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
+                                chunk_overlap_frames=chunk_overlap_frames, seed=seed,
+                                control_guidance_interval=control_guidance_interval)  # fmt: skip
+        progress = None
+        with model.use(memory_required=model.memory_needed(text["prompt"], request)) as pipe:
+            planned = resolve_settings(pipe.variant, request)
+
+            def on_step(step, total, denoised):
+                nonlocal progress
+                progress = progress or services.Progress(total)
+                progress.update(step, denoised)
+                if step % planned.steps == 1 or planned.steps == 1:  # the first step of a chunk
+                    services.progress_text(f"chunk {(step - 1) // planned.steps + 1} of {planned.transfer.count}",
+                                           node_id)  # fmt: skip
+
+            result = pipe.generate(text["prompt"], request, callback=on_step)
+        s = result.settings
+        report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
+                  f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}", *s.notes]  # fmt: skip
+        return {"ui": {"text": report}, "result": (result.frames, float(s.fps))}
+
+
+EXAMPLE_CLIPS = ("cosmos3_transfer_scene.mp4", "cosmos3_transfer_scene_depth.mp4")
+
+
+def example_scene(frames: int = 33, height: int = 216, width: int = 384) -> tuple[torch.Tensor, torch.Tensor]:
+    """A small synthetic scene and its depth, as IMAGE batches: a ball rolling past a box on a checkered floor. The
+    depth (near = bright) is exact, since the scene is drawn from it."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    horizon = height * 0.35
+    floor_depth = np.where(y > horizon, 1.5 + 18.0 * horizon / np.maximum(y - horizon, 1.0) / height, 60.0)
+    rgb, depth = [], []
+    for t in range(frames):
+        z = floor_depth.copy()
+        checker = ((x / 40 + 3.0 / z * 8).astype(int) + (z * 2).astype(int)) % 2
+        image = np.where((y > horizon)[..., None], np.where(checker[..., None] == 1, [190, 180, 160], [90, 80, 70]),
+                         [150, 190, 235]).astype(np.float32)  # fmt: skip
+        box = (x > width * 0.58) & (x < width * 0.78) & (y > height * 0.38) & (y < height * 0.72)
+        z[box], image[box] = 5.0, [60, 90, 200]
+        cx, cy, radius = width * (0.15 + 0.6 * t / max(frames - 1, 1)), height * 0.72, height * 0.14
+        ball = (x - cx) ** 2 + (y - cy) ** 2 < radius**2
+        shade = 1.0 - 0.5 * np.clip(((x - cx + radius / 3) ** 2 + (y - cy + radius / 3) ** 2) / radius**2, 0, 1)
+        z[ball], image[ball] = 2.5, (np.array([220.0, 50.0, 40.0]) * shade[ball][:, None])
+        rgb.append(image / 255.0)
+        near = np.clip(2.0 / z, 0.0, 1.0)
+        depth.append(np.repeat(near[..., None], 3, axis=-1))
+    return torch.from_numpy(np.stack(rgb)).float(), torch.from_numpy(np.stack(depth)).float()
+
+
+def write_example_clips(folder: str) -> None:
+    """The transfer workflows' example clips in ComfyUI's input folder, when they are not there yet (never replaced)."""
+    from pathlib import Path
+
+    missing = [name for name in EXAMPLE_CLIPS if not os.path.exists(os.path.join(folder, name))]
+    if not missing:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for name, clip in zip(EXAMPLE_CLIPS, example_scene()):
+            if name in missing:
+                save_video(clip, Path(folder) / name, fps=16.0)
+    except (OSError, InputError) as exc:  # a read-only input folder: the workflows then need a clip picked by hand
+        services.log.warning("Cosmos3: could not write the transfer example clips to %s (%s)", folder, exc)

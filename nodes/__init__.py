@@ -19,6 +19,7 @@ from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 services.register_model_folder()
 if services.prompt_server() is not None:  # inside a running ComfyUI
     serving.register_routes()
+    services.wake_for_flags(services.prompt_server().prompt_queue)
     transfer.write_example_clips(services.input_directory())
 
 NODE_CLASS_MAPPINGS = {

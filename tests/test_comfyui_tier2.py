@@ -155,3 +155,37 @@ def test_a_dropped_checkpoint_is_freed_without_a_garbage_collection(comfyui, tin
         assert [ref() for ref in held] == [None] * len(held)
     finally:
         gc.enable()
+
+
+def test_free_reaches_the_prompt_worker_even_while_it_collects_garbage(comfyui):
+    """ComfyUI's worker reads the queue's flags after each wake-up; a flag set while it is busy between reading them
+    and waiting again (its garbage collection after a run) lost its wake-up. With the pack's nudge it is read."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import execution
+
+    def worker_takes(queue) -> list:
+        taken, busy = [], threading.Event()
+
+        def worker():  # the loop of ComfyUI's prompt_worker, with its post-run collection as a pause
+            queue.get_flags()
+            busy.set()
+            time.sleep(0.3)  # gc.collect() after a run: not waiting on the queue
+            start = time.monotonic()
+            queue.get(timeout=3)  # ComfyUI waits up to 1000 s
+            taken.append((queue.get_flags(), time.monotonic() - start < 1))
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        busy.wait()
+        queue.set_flag("free_memory", True)  # POST /free, while the worker is busy
+        thread.join()
+        return taken
+
+    plain = execution.PromptQueue(SimpleNamespace(queue_updated=lambda: None))
+    assert worker_takes(plain) == [({"free_memory": True}, False)]  # ComfyUI's own queue: read only at the timeout
+    nudged = execution.PromptQueue(SimpleNamespace(queue_updated=lambda: None))
+    assert comfyui.nodes.services.wake_for_flags(nudged)
+    assert worker_takes(nudged) == [({"free_memory": True}, True)]

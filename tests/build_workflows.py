@@ -48,6 +48,7 @@ SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuide
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
                 "Cosmos3ActionPlot", "VAEDecode")  # fmt: skip
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
+MEDIA_NODES_ON_TOP = 4  # more input-media nodes than this: the prompt moves to the bottom row
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
 REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
@@ -91,8 +92,9 @@ def node_height(cls, inputs: int) -> int:
     multiline = sum(options.get("multiline", False) for _, options, _ in declared_inputs(cls).values())
     widgets = sum(is_widget(kind) for kind in kinds)
     slots = max(inputs, len(cls.RETURN_TYPES))
-    preview = 260 if any(options.get("image_upload") for _, options, _ in declared_inputs(cls).values()) else 0
-    return 40 + 24 * slots + 28 * widgets + 70 * multiline + preview  # (LoadImage shows the picture)
+    preview = 260 if any(options.get("image_upload") or options.get("video_upload")
+                         for _, options, _ in declared_inputs(cls).values()) else 0
+    return 40 + 24 * slots + 28 * widgets + 70 * multiline + preview  # (Load Image and Load Video show a preview)
 
 
 def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
@@ -100,7 +102,10 @@ def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list
     stage_of = stages(prompt)
     placed, groups = {}, []
     y = MARGIN + GROUP_TITLE
-    for row in (TOP_ROW, BOTTOM_ROW):
+    rows = (TOP_ROW, BOTTOM_ROW)
+    if sum(stage == "Input media" for stage in stage_of.values()) > MEDIA_NODES_ON_TOP:  # keep the rows balanced
+        rows = (TOP_ROW[:-1], ("Prompt", *BOTTOM_ROW))
+    for row in rows:
         x, row_bottom = MARGIN, y
         for stage in row:
             members = [n for n in prompt if stage_of[n] == stage]

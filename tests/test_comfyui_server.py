@@ -240,7 +240,11 @@ def test_the_front_end_opens_and_converts_every_ui_workflow(server, tmp_path):
         api = json.loads((path.parent / "api" / path.name).read_text())
         expected = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
         got = report["converted"][path.stem]
-        assert {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in got.items()} == expected
+        # Load Video's preview is a front-end widget whose value graphToPrompt adds; ComfyUI's LoadVideo has no such
+        # input and ignores it
+        got = {k: {"class_type": v["class_type"], "inputs": {name: value for name, value in v["inputs"].items()
+                                                             if name != "video-preview"}} for k, v in got.items()}  # fmt: skip
+        assert got == expected
         assert report["errors"][path.stem] == [], report["errors"][path.stem]
         assert report["template_scale"][path.stem] >= 0.6  # opened from the template browser: text still drawn
     assert "checkpoint not installed: Cosmos3-Missing" in report["missing_notice"]

@@ -135,3 +135,14 @@ def test_low_vram_options_reach_the_workers(pack, monkeypatch):
                                  quantize="fp8")  # fmt: skip
     assert pack.loader.worker_pool(spec, torch.device("cpu"), "fp32") == "pool"
     assert (seen["offload_text"], seen["blocks_to_swap"], seen["quantize"]) == (True, 3, "fp8")
+
+
+def test_a_transfer_on_the_pool_equals_one_process(pool, reference):
+    """The pool returns a transfer's frames (it decodes every chunk to start the next)."""
+    controls = {"edge": torch.rand(9, 40, 56, 3)}
+    options = dict(width=80, height=96, steps=2, seed=3, chunk_frames=5, control_videos=controls)
+    steps = []
+    result = pool.generate("a cat", callback=lambda step, total, latents: steps.append((step, total)), **options)
+    expected = reference[0].generate("a cat", **options)
+    assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)] and result.latents is None
+    torch.testing.assert_close(result.frames, expected.frames, atol=1e-5, rtol=0)

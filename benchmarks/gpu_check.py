@@ -6,7 +6,8 @@ Checks (each prints PASS or FAIL with its figure): bf16 generation on the GPU cl
 offload_text and blocks_to_swap bit-identical to the default on the GPU (side-stream prefetch with
 pinned memory); fp8 and GGUF (Q8_0, Q4_0 files from the converter) weights run and stay close, GGUF with
 block swap bit-identical to GGUF alone, and GGUF layers left in CPU memory (as ComfyUI's memory manager
-leaves what does not fit) running from there; the text tower and swapped layers are off the GPU after a run.
+leaves what does not fit) running from there; the text tower and swapped layers are off the GPU after a run;
+a two-control transfer over two chunks in bf16 close to fp32 on the CPU.
 Then one speed table from `bench_memory.py --measure` (random weights in the released shapes): Edge
 832x480x81 with CFG, seconds per step (and for 35 steps) and peak VRAM for bf16, fp8, Q8_0, Q4_0,
 offload_text and blocks_to_swap; Nano at its default size with fp8 and Q4_0 when the GPU has room. What
@@ -35,6 +36,19 @@ REQUEST = dict(width=128, height=96, num_frames=9, steps=4, seed=3, output="late
 def check(name: str, ok: bool, figure: str) -> bool:
     print(f"{'PASS' if ok else 'FAIL'} {name}: {figure}")
     return ok
+
+
+def check_transfer(folder: Path) -> bool:
+    """A two-chunk transfer with two controls (three passes a step) in bf16 on the GPU against fp32 on the CPU."""
+    root = make_tiny_checkpoint(folder, kind="gated", size="small")
+    controls = {"edge": torch.rand(9, 96, 128, 3), "depth": torch.rand(9, 96, 128, 3)}
+    options = dict(width=128, height=96, steps=4, seed=3, chunk_frames=5, control_videos=controls, guidance_scale=3.0)
+    cpu = cosmos3_runtime.load(root, device="cpu", dtype="fp32").generate("a cat", **options).frames
+    torch.cuda.reset_peak_memory_stats()
+    gpu = cosmos3_runtime.load(root, device="cuda", dtype="bf16").generate("a cat", **options).frames
+    error = (gpu - cpu).abs().mean().item()
+    return check("transfer, two controls over two chunks, bf16 on the GPU vs fp32 on the CPU", error < 0.05,
+                 f"mean abs difference of the frames {error:.4f}, peak VRAM {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")  # fmt: skip
 
 
 def main() -> int:
@@ -80,6 +94,7 @@ def main() -> int:
             same = torch.equal(quantized.generate("a cat", **REQUEST).latents, latents)
             results.append(check(f"GGUF {qtype} layers left in CPU memory run from there", same,
                                  f"{len(left)} layers on the CPU, bit-identical={same}"))  # fmt: skip
+        results.append(check_transfer(Path(tmp) / "gated"))
     bench = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--measure", "--no-table", "--steps", "2"]
     runs = [("edge", ["--size", "832x480x81", "--options", "default", "fp8", "gguf Q8_0", "gguf Q4_0", "offload_text",
                       "blocks_to_swap=8"])]  # fmt: skip

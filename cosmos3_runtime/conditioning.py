@@ -20,6 +20,11 @@ def _is_pil(value) -> bool:
     return type(value).__module__.startswith("PIL.")
 
 
+def is_pil_clip(video) -> bool:
+    """A clip given as a list of PIL images."""
+    return isinstance(video, (list, tuple)) and bool(video) and _is_pil(video[0])
+
+
 def _channels_last_to_batch(array, what: str) -> torch.Tensor:
     """[H, W, 3] / [N, H, W, 3] (numpy or torch) -> [N, 3, H, W], dtype kept."""
     tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
@@ -58,21 +63,21 @@ def preprocess_image(image, height: int, width: int) -> torch.Tensor:
 
 def frame_size(video) -> tuple[int, int]:
     """(height, width) of a clip's frames: a list of PIL images, or an array / tensor [F, H, W, 3]."""
-    if isinstance(video, (list, tuple)) and video and _is_pil(video[0]):
+    if is_pil_clip(video):
         return video[0].size[1], video[0].size[0]
     return tuple(_channels_last_to_batch(video, "video").shape[-2:])
 
 
 def frame_count(video) -> int:
     """Frames of a clip: a list of PIL images, or an array / tensor [F, H, W, 3]."""
-    if isinstance(video, (list, tuple)) and video and _is_pil(video[0]):
+    if is_pil_clip(video):
         return len(video)
     return _channels_last_to_batch(video, "video").shape[0]
 
 
 def preprocess_video(video, height: int, width: int) -> torch.Tensor:
     """Conditioning video frames -> [1, 3, F, height, width] in [-1, 1] (resized, not cropped)."""
-    if isinstance(video, (list, tuple)) and video and _is_pil(video[0]):
+    if is_pil_clip(video):
         frames = [np.array(f.convert("RGB").resize((width, height), resample=2), dtype=np.float32) / 255.0 for f in video]
         pixels = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)  # PIL resample 2 = bilinear
     else:

@@ -14,6 +14,7 @@ Depth, segmentation and world-scenario maps come from elsewhere (a preprocessor,
 import numpy as np
 import torch
 
+from .conditioning import is_pil_clip
 from .errors import InputError
 
 EDGE_PRESETS = {"very_low": (20, 50), "low": (50, 100), "medium": (100, 200), "high": (200, 300),
@@ -23,7 +24,6 @@ BLUR_PRESETS = {"none": (1, 1), "very_low": (1, 4), "low": (4, 4), "medium": (2,
 DEFAULT_PRESET = "medium"
 BILATERAL = (30, 150.0, 100.0)  # diameter, sigma colour, sigma space, tuned at a longest side of 720
 BILATERAL_REFERENCE_SIDE = 720
-DERIVED = {"edge": EDGE_PRESETS, "blur": BLUR_PRESETS}
 
 
 def _cv2():
@@ -38,7 +38,7 @@ def _cv2():
 def uint8_frames(frames) -> np.ndarray:
     """A clip (a list of PIL images, or an IMAGE batch [F, H, W, 3] of floats in 0..1 or uint8) as a contiguous uint8
     array [F, H, W, 3], floats rounded to nearest."""
-    if isinstance(frames, (list, tuple)) and frames and type(frames[0]).__module__.startswith("PIL."):
+    if is_pil_clip(frames):
         frames = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])
     frames = torch.as_tensor(frames)
     if frames.ndim == 3:
@@ -95,7 +95,10 @@ def _preset(presets: dict, name: str, hint: str):
 def derive(hint: str, frames, preset: str = DEFAULT_PRESET) -> torch.Tensor:
     """The `hint` control (edge or blur) of a source clip (an IMAGE batch or uint8 frames) as an IMAGE batch
     [F, H, W, 3] float32 in 0..1."""
-    if hint not in DERIVED:
+    if hint not in DERIVE:
         raise InputError(f"only edge and blur controls can be derived from a clip, not {hint!r}; give a {hint} clip")
-    derived = (edge if hint == "edge" else blur)(uint8_frames(frames), preset)
+    derived = DERIVE[hint](uint8_frames(frames), preset)
     return torch.from_numpy(derived).float() / 255.0
+
+
+DERIVE = {"edge": edge, "blur": blur}

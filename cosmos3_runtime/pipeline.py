@@ -20,7 +20,7 @@ from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
 from .quantize import expect_stored_fp8, fast_fp8_available, quantize_fp8
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
-from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request
+from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request, in_interval
 from .action import ActionTrack, action_prompt, canvas_frames
 from .sound import SoundTrack, load_sound_tokenizer
 from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
@@ -141,8 +141,7 @@ class CFG:
     interval: tuple[float, float] | None
 
     def _scale(self, t: float) -> float:
-        inside = self.interval is None or self.interval[0] <= t <= self.interval[1]
-        return self.scale if inside else 1.0
+        return self.scale if in_interval(self.interval, t) else 1.0
 
     def passes(self, t: float) -> list[tuple[list[int], list]]:
         """(token ids, clean items before the video) of each forward pass."""
@@ -220,7 +219,6 @@ class Planner:
         decode = r.output == "frames" and self.vae_config is not None
         return budget.estimate(self.transformer_config, self.vae_config if decode else None, s, cond_tokens,
                                uncond_tokens, self.dtype, r.vae_tile)  # fmt: skip
-
 
 
 class Cosmos3Pipeline(Planner):

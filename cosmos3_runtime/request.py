@@ -56,6 +56,11 @@ def parse_guidance_interval(value, name: str = "guidance_interval") -> tuple[flo
     return low, high
 
 
+def in_interval(interval: tuple[float, float] | None, t: float) -> bool:
+    """Whether guidance with this (parsed, inclusive) interval of timesteps applies at `t`; None: always."""
+    return interval is None or interval[0] <= t <= interval[1]
+
+
 def parse_frame_indexes(value) -> tuple[int, ...] | None:
     """Latent frame numbers from '0,1' / '0 1' / a sequence of ints; None stays None."""
     if value is None:

@@ -16,9 +16,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import transfer
 from .checkpoint import Variant
 from .errors import InputError
-from . import transfer
 from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
 from .request import TEMPORAL_FACTOR, Request
 from .schedulers import FLOW_MATCH_EULER
@@ -31,6 +31,7 @@ DEFAULT_STEPS = 35
 DEFAULT_GUIDANCE = 4.0
 EDGE_GUIDANCE = {"image": 7.0, "video": 5.0}
 IMAGE_GUIDANCE_INTERVAL = (400.0, 1000.0)
+NOT_DISTILLED = "schedule 'distilled' needs a distilled checkpoint (this one is multi-step)"
 EDGE_SIZES = ((832, 480), (480, 832), (640, 480), (480, 640), (480, 480), (640, 640), (448, 256), (256, 448), (256, 256))
 
 
@@ -105,7 +106,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
         shift, interval = None, None
     else:
         if schedule == "distilled":
-            raise InputError("schedule 'distilled' needs a distilled checkpoint (this one is multi-step)")
+            raise InputError(NOT_DISTILLED)
         schedule = "unipc" if schedule == "auto" else schedule
         if schedule == "checkpoint" and variant.scheduler_class == FLOW_MATCH_EULER:
             notes.append(f"schedule 'checkpoint': the shipped {FLOW_MATCH_EULER} (this checkpoint declares no "
@@ -162,12 +163,12 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         raise InputError("transfer (control_videos) runs on Cosmos3-Nano and Cosmos3-Super, the checkpoints NVIDIA "
                          "documents for control-to-video; Edge is refused, as SGLang refuses it")  # fmt: skip
     if r.schedule == "distilled":
-        raise InputError("schedule 'distilled' needs a distilled checkpoint (this one is multi-step)")
+        raise InputError(NOT_DISTILLED)
     plan = transfer.plan(r.control_videos, r.num_frames, r.chunk_frames, r.chunk_overlap_frames, r.control_guidance,
                          None if r.control_guidance_interval == "auto" else r.control_guidance_interval, notes)  # fmt: skip
     width, height = _size(variant, r, plan.total == 1, notes)
     notes.extend(transfer.resize_notes(r.control_videos, height, width))
-    guidance, _, fps = transfer.RECOMMENDED[plan.hints[0] if len(plan.hints) == 1 else "mixed"]
+    guidance, _, fps = transfer.recommended(plan.hints)
     schedule = "unipc" if r.schedule == "auto" else r.schedule
     shift = r.flow_shift if r.flow_shift is not None or schedule == "checkpoint" else transfer.DEFAULT_SHIFT
     return Settings(

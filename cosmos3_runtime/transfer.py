@@ -26,7 +26,7 @@ import torch
 
 from .conditioning import frame_size, frame_count, preprocess_video
 from .errors import InputError
-from .request import TEMPORAL_FACTOR
+from .request import TEMPORAL_FACTOR, in_interval
 
 HINTS = ("edge", "blur", "depth", "seg", "wsm")  # also the order the controls take in the sequence
 HINT_NAMES = {"edge": "edges (Canny)", "blur": "a blurred copy of the clip", "depth": "depth",
@@ -43,6 +43,11 @@ WSM_CHUNK = 101
 DEFAULT_OVERLAP = 1
 DEFAULT_STEPS = 50
 DEFAULT_SHIFT = 10.0
+
+
+def recommended(hints: tuple[str, ...]) -> tuple[float, float, float]:
+    """The authors' (guidance, control guidance, fps) for these hints: a single hint's row, or the mixed one."""
+    return RECOMMENDED[hints[0] if len(hints) == 1 else "mixed"]
 
 
 def check_hints(hints) -> None:
@@ -127,8 +132,7 @@ def plan(controls: dict, num_frames, chunk_frames, overlap, control_guidance, co
         frames = frame_count(clip)
         if frames < max(total, chunk):
             notes.append(f"transfer: control {hint!r} has {frames} frames, reflect-padded to {max(total, chunk)}")
-    key = next(iter(controls)) if len(controls) == 1 else "mixed"
-    scale = RECOMMENDED[key][1] if control_guidance is None else float(control_guidance)
+    scale = recommended(tuple(controls))[1] if control_guidance is None else float(control_guidance)
     return Plan(tuple(controls), total, chunk, overlap, stride, count, scale, control_interval)
 
 
@@ -178,9 +182,8 @@ class Guidance:
     control_interval: tuple[float, float] | None
 
     def _scales(self, t: float) -> tuple[float, float]:
-        text = self.scale if self.interval is None or self.interval[0] <= t <= self.interval[1] else 1.0
-        inside = self.control_interval is None or self.control_interval[0] <= t <= self.control_interval[1]
-        return text, self.control_scale if inside else 1.0
+        return (self.scale if in_interval(self.interval, t) else 1.0,
+                self.control_scale if in_interval(self.control_interval, t) else 1.0)  # fmt: skip
 
     def passes(self, t: float) -> list[tuple[list[int], list[torch.Tensor]]]:
         """(token ids, clean items before the target) of each forward: with controls, then without them when

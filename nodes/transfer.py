@@ -7,12 +7,13 @@ control from a source clip with the model authors' presets.
 """
 
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..cosmos3_runtime import InputError, Request
-from ..cosmos3_runtime.controls import BLUR_PRESETS, DEFAULT_PRESET, EDGE_PRESETS, derive
+from ..cosmos3_runtime.controls import BLUR_PRESETS, DEFAULT_PRESET, EDGE_PRESETS, derive as derive_control
 from ..cosmos3_runtime.media import save_video
 from ..cosmos3_runtime.request import help_of
 from ..cosmos3_runtime.settings import resolve as resolve_settings
@@ -46,29 +47,24 @@ class ControlNode:
                 "stacks do; derive at the output size for their result), or use the images as the control")})  # fmt: skip
         return {"required": required, "optional": {"controls": (CONTROLS, {"tooltip": "controls to add this one to"})}}
 
-    def add(self, images, derive_preset=None, controls=None):
+    def add(self, images, derive=GIVEN, controls=None):
         controls = dict(controls or {})
         if self.HINT in controls:
             raise InputError(f"the {self.HINT} control is given twice in this chain; keep one {self.HINT} node")
-        derived = derive_preset not in (None, GIVEN)
-        frames = derive(self.HINT, images, derive_preset) if derived else images
+        derived = derive != GIVEN
+        frames = derive_control(self.HINT, images, derive) if derived else images
         controls[self.HINT] = frames
-        how = f"derived with preset {derive_preset}" if derived else "as given"
+        how = f"derived with preset {derive}" if derived else "as given"
         report = f"{self.HINT}: {frames.shape[0]} frames of {frames.shape[2]}x{frames.shape[1]}, {how}"
         return {"ui": {"text": [report]}, "result": (controls, frames)}
 
 
-class DerivingControl(ControlNode):
-    def add(self, images, derive, controls=None):
-        return super().add(images, derive, controls)
-
-
-class Cosmos3EdgeControl(DerivingControl):
+class Cosmos3EdgeControl(ControlNode):
     DESCRIPTION = "An edge control for transfer: a Canny edge clip, or edges derived from a source clip (OpenCV Canny)."
     HINT, PRESETS = "edge", EDGE_PRESETS
 
 
-class Cosmos3BlurControl(DerivingControl):
+class Cosmos3BlurControl(ControlNode):
     DESCRIPTION = ("A blur control for transfer: the output keeps the clip's colours and layout; a blurred clip, or "
                    "one derived from a source clip (OpenCV bilateral filter and resampling).")  # fmt: skip
     HINT, PRESETS = "blur", BLUR_PRESETS
@@ -199,8 +195,6 @@ def example_scene(frames: int = 33, height: int = 216, width: int = 384) -> tupl
 
 def write_example_clips(folder: str) -> None:
     """The transfer workflows' example clips in ComfyUI's input folder, when they are not there yet (never replaced)."""
-    from pathlib import Path
-
     missing = [name for name in EXAMPLE_CLIPS if not os.path.exists(os.path.join(folder, name))]
     if not missing:
         return

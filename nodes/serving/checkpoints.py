@@ -37,10 +37,10 @@ class Checkpoints:
 
     def default(self) -> str | None:
         """The checkpoint a request that names none gets (None: it must name one)."""
-        chosen = self.url_choice or os.environ.get(self.env) or None
-        if chosen is not None:
-            return chosen
-        return self.capable[0] if len(self.capable) == 1 else None
+        try:
+            return self.choose(None)
+        except FieldError:
+            return None
 
     def choose(self, name) -> str:
         """The checkpoint for a request's `model` value (None when it names none)."""

@@ -1,4 +1,4 @@
-"""Command line: `python -m cosmos3_runtime {generate,demo,info,quantize,make-tiny} ...`."""
+"""Command line: `python -m cosmos3_runtime {generate,reason,demo,info,quantize,make-tiny} ...`."""
 
 import argparse
 import logging
@@ -14,7 +14,11 @@ from .checkpoint import Checkpoint, read_json, resolve
 from .errors import Cosmos3Error, InputError
 from .gguf_convert import WRITABLE, convert, describe_types
 from .controls import derive
-from .media import IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions, save_wav
+from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions,
+                    save_wav, video_header)  # fmt: skip
+from .reasoner import DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLE_FPS, DEFAULT_VIDEO_FPS, Clip, Sampling, check_max_new_tokens
+from .reasoner.config import EDGE, OMNI, read_processor
+from .reasoner.processing import sample_indices
 from .parallel import init_from_env
 from .pipeline import load, open_gguf, planner
 from .request import Request, add_arguments, options_from_args
@@ -89,6 +93,54 @@ def cmd_generate(args) -> None:
             paths += save_actions(result.actions, Path(args.output), s.action, s.fps)
         for path in paths:
             print(f"wrote {path}")
+
+
+def cmd_reason(args) -> None:
+    # The options and media are checked (and bad files refused) before any weight is read.
+    check_max_new_tokens(args.max_new_tokens)
+    Sampling.resolve(args.thinking, args.temperature, args.top_p, args.top_k, args.presence_penalty)
+    images = [read_image(path) for path in args.image or []]
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.checkpoint is None:
+            print("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); the answer "
+                  "is gibberish.", file=sys.stderr)  # fmt: skip
+            args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
+        root = resolve(args.checkpoint, components=("transformer", "tokenizer", "reasoner"))
+        video = read_clip(args.video, args.video_fps, root) if args.video else None
+        pipe = load(root, device=args.device, dtype=args.dtype, parts="reasoner", offload_text=args.offload_text,
+                    quantize=args.quantize)  # fmt: skip
+
+        def stream(count, total, text, shown=[0]):
+            print(text[shown[0] :], end="", flush=True)
+            shown[0] = len(text)
+
+        answer = pipe.reason(args.prompt, images=images, video=video, system_prompt=args.system_prompt,
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                             top_k=args.top_k, presence_penalty=args.presence_penalty, seed=args.seed,
+                             thinking=args.thinking, callback=None if args.thinking else stream)  # fmt: skip
+        if args.thinking:
+            print(f"<think>\n{answer.thinking}\n</think>\n\n{answer.text}")
+        else:
+            print()
+        tokens = len(answer.token_ids)
+        print(f"{len(answer.prompt_ids)} prompt tokens, {tokens} new ({answer.finish_reason}); prefill "
+              f"{answer.prefill_seconds:.2f} s, {tokens / max(answer.decode_seconds, 1e-9):.1f} tokens/s", file=sys.stderr)
+
+
+def read_clip(path: str, sample_fps: float, root: Path) -> Clip:
+    """A video file, decoding only the frames the Reasoner samples when the container says how many it has."""
+    if sample_fps <= 0:
+        raise InputError(f"--video-fps must be positive, got {sample_fps}")
+    total, rate = video_header(path)
+    rate = rate or DEFAULT_VIDEO_FPS
+    if not total:
+        return Clip(read_video(path), rate, sample_fps)
+    family = EDGE if Checkpoint(root).transformer_config().is_dense else OMNI
+    indices = sample_indices(total, rate, sample_fps, read_processor(root, family, "video"))
+    frames = read_video(path, keep=set(indices))
+    if len(frames) != len(indices):
+        raise InputError(f"video {path} has fewer frames than its header says ({total}); re-encode it")
+    return Clip(frames, rate, sample_fps, indices)
 
 
 def read_controls(specs: list[str]) -> dict:
@@ -214,6 +266,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_generate)
     generate = p
 
+    p = sub.add_parser("reason", help="ask the Reasoner a question about images, a video, or text alone")
+    p.add_argument("--checkpoint", help="checkpoint folder or Hugging Face repo id (default: a tiny random checkpoint)")
+    p.add_argument("--kind", choices=KINDS, default="gated", help="kind of the tiny checkpoint [default: gated]")
+    p.add_argument("--prompt", required=True, help="the question")
+    p.add_argument("--image", action="append", help="an image to ask about (repeat for several)")
+    p.add_argument("--video", help="a video to ask about")
+    p.add_argument("--video-fps", type=float, default=DEFAULT_SAMPLE_FPS, help="frames per second of the video to "
+                   f"look at [default: {DEFAULT_SAMPLE_FPS:g}, NVIDIA's recommendation]")  # fmt: skip
+    p.add_argument("--system-prompt", help="a system prompt (default: none)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="[default: %(default)s]")
+    p.add_argument("--temperature", type=float, help="0 is greedy [default: 0.7, or 0.6 with --thinking]")
+    p.add_argument("--top-p", type=float, help="[default: 0.8, or 0.95 with --thinking]")
+    p.add_argument("--top-k", type=int, help="[default: 20]")
+    p.add_argument("--presence-penalty", type=float, help="[default: 1.5, or 0 with --thinking]")
+    p.add_argument("--seed", type=int, default=0, help="[default: 0]")
+    p.add_argument("--thinking", action="store_true", help="reason step by step; the thinking is printed first")
+    p.set_defaults(run=cmd_reason)
+    reason = p
+
     p = sub.add_parser("demo", help="load a checkpoint and time one transformer forward")
     p.add_argument("--checkpoint", help="folder or HF repo id (default: a tiny random checkpoint)")
     p.add_argument("--kind", choices=KINDS, default="edge", help="kind of the tiny checkpoint")
@@ -234,15 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "weights; everything else stays BF16 [default: q8_0]")  # fmt: skip
     p.set_defaults(run=cmd_quantize)
 
-    for loading in (generate, sub.choices["demo"]):
+    for loading in (generate, reason, sub.choices["demo"]):
         loading.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
         loading.add_argument("--dtype", default=None, help="auto, bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)")
         loading.add_argument("--offload-text", action="store_true", help="keep the text tower in CPU memory except "
                              "while a prompt is encoded (bit-identical)")  # fmt: skip
-        loading.add_argument("--blocks-to-swap", type=int, default=0, help="stream this many layers from CPU memory "
-                             "during each forward (bit-identical) [default: 0]")  # fmt: skip
         loading.add_argument("--quantize", choices=["fp8"], default=None, help="store the transformer's weights as "
                              "fp8 with per-channel scales (about half the memory)")  # fmt: skip
+    for loading in (generate, sub.choices["demo"]):
+        loading.add_argument("--blocks-to-swap", type=int, default=0, help="stream this many layers from CPU memory "
+                             "during each forward (bit-identical) [default: 0]")  # fmt: skip
         loading.add_argument("--transformer-file", help="a .gguf file to load the transformer's weights from (a "
                              "single .gguf in transformer/ is found without it)")  # fmt: skip
 

@@ -92,16 +92,17 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def check(needed: Estimate, device: torch.device) -> None:
+GENERATION_ADVICE = ("lower the size or the frame count, decode tiled (vae_tile), or shorten the prompt "
+                     "(check_memory=False skips this check)")  # fmt: skip
+
+
+def check(needed: Estimate, device: torch.device, advice: str = GENERATION_ADVICE) -> None:
     """Refuse a request whose estimate exceeds what `device` has free, naming the figures and what to lower."""
     available = available_bytes(device)
     if available is None or needed.total <= available:
         return
-    raise InputError(
-        f"this request needs at least {needed.describe()} on {device}, which has {gib(available)} free; "
-        "lower the size or the frame count, decode tiled (vae_tile), or shorten the prompt "
-        "(check_memory=False skips this check)"
-    )
+    raise InputError(f"this request needs at least {needed.describe()} on {device}, which has {gib(available)} free; "
+                     f"{advice}")
 
 
 def prompt_too_long(which: str, tokens, limit: int) -> InputError:

@@ -222,6 +222,7 @@ COMPONENT_PATTERNS = {
     "transformer": ["transformer/*"],
     "vae": ["vae/*", "sound_tokenizer/*"],  # the sound tokenizer loads with the VAE
     "tokenizer": [f"{d}/*" for d in TOKENIZER_DIRS],
+    "reasoner": ["*.json", "*.jinja", "vision_encoder/*"],  # the root files and vision tower of the Reasoner
 }
 
 
@@ -265,7 +266,7 @@ def resolve_repo(name: str, components=("transformer", "vae", "tokenizer"), loca
     repo_id, subfolder = split_repo_id(name)
     prefix = f"{subfolder}/" if subfolder else ""
     patterns = [prefix + p for c in ("config", *components) for p in COMPONENT_PATTERNS[c]]
-    needed = ["model_index.json", *(c for c in components if c != "tokenizer")]
+    needed = ["model_index.json", *(c for c in components if c not in ("tokenizer", "reasoner"))]
     offline = local_files_only if local_files_only is not None else _env_offline()
 
     from huggingface_hub import snapshot_download

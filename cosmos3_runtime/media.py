@@ -74,9 +74,10 @@ def read_image(source: "str | Path | bytes", max_pixels: int | None = None):
         raise InputError(f"cannot read image {name}: {exc}") from None
 
 
-def read_video(source: "str | Path | bytes", max_frames: int | None = None, max_pixels: int | None = None) -> list:
-    """The frames of a video (a file or bytes) as PIL images: the first `max_frames` if given; `max_pixels` bounds
-    each frame."""
+def read_video(source: "str | Path | bytes", max_frames: int | None = None, max_pixels: int | None = None,
+               keep=None) -> list:  # fmt: skip
+    """The frames of a video (a file or bytes) as PIL images: the first `max_frames` if given, or only the frame
+    indices in `keep` (a set: the rest are decoded and dropped); `max_pixels` bounds each frame."""
     import av
 
     opened, name = _source(source)
@@ -85,11 +86,12 @@ def read_video(source: "str | Path | bytes", max_frames: int | None = None, max_
     frames = []
     try:
         with av.open(opened) as container:
-            for frame in container.decode(video=0):
+            for index, frame in enumerate(container.decode(video=0)):
                 if max_pixels is not None and frame.width * frame.height > max_pixels:
                     raise LimitError(f"video {name} is {frame.width}x{frame.height}, over the limit of {max_pixels} "
                                      "pixels per frame")  # fmt: skip
-                frames.append(frame.to_image())
+                if keep is None or index in keep:
+                    frames.append(frame.to_image())
                 if max_frames is not None and len(frames) >= max_frames:
                     break
     except (av.error.FFmpegError, IndexError, ValueError) as exc:
@@ -97,6 +99,22 @@ def read_video(source: "str | Path | bytes", max_frames: int | None = None, max_
     if not frames:
         raise InputError(f"video {name} has no frames")
     return frames
+
+
+def video_header(source: "str | Path | bytes") -> tuple[int, float | None]:
+    """(frame count, frames per second) of a video from its container, without decoding (count 0: not recorded)."""
+    import av
+
+    opened, name = _source(source)
+    if opened is None:
+        raise InputError(f"video file {name} does not exist")
+    try:
+        with av.open(opened) as container:
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate
+            return int(stream.frames or 0), float(rate) if rate else None
+    except (av.error.FFmpegError, IndexError, ValueError) as exc:
+        raise InputError(f"cannot read video {name}: {exc}") from None
 
 
 def save_images(frames: torch.Tensor, path: Path) -> list[Path]:

@@ -26,6 +26,7 @@ from .sound import SoundTrack, load_sound_tokenizer
 from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper, linear_layers
+from . import reasoner as reasoning
 from .vae import Progress, TileSpec, VAEConfig, WanVAE
 from .weights import load_weights, read_headers
 
@@ -78,21 +79,22 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return resolved
 
 
-def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                     linear_class: type | None = None, gguf: GGUFFile | None = None) -> Cosmos3Transformer:  # fmt: skip
-    """The transformer from the folder's safetensors, or from `gguf` (its block-type linears stay quantized)."""
+def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, linear_class: type | None = None,
+                     gguf: GGUFFile | None = None, media: bool = True) -> Cosmos3Transformer:  # fmt: skip
+    """The transformer from the folder's safetensors, or from `gguf` (its block-type linears stay quantized);
+    `media=False`: the text tower alone."""
     config = checkpoint.transformer_config()
-    rename = checkpoint_key_mapper(config)
+    rename = checkpoint_key_mapper(config, media)
     if gguf is not None:
         with torch.device("meta"), linear_layers(linear_class):
-            model = Cosmos3Transformer(config)
+            model = Cosmos3Transformer(config, media)
             expect_gguf_linears(model, gguf, rename)
         load_gguf_weights(model, gguf, dtype, device, rename, keep_fp32=("time_embedder.",))
         return model
     headers, _ = read_headers(checkpoint.path("transformer"))
     fp8_weights = {rename(key) for key, entry in headers.items() if entry["dtype"] == "F8_E4M3"}  # ModelOpt fp8
     with torch.device("meta"), linear_layers(linear_class):
-        model = Cosmos3Transformer(config)
+        model = Cosmos3Transformer(config, media)
         expect_stored_fp8(model, fp8_weights)
     load_weights(
         model,
@@ -234,6 +236,9 @@ class Cosmos3Pipeline(Planner):
         self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
         self._text_cache: OrderedDict[tuple[int, ...], TextKV] = OrderedDict()
         self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
+        self.linear_class: type | None = None  # how the transformer was built: the Reasoner's parts are built alike
+        self.quantize: str | None = None
+        self._reasoner: reasoning.Reasoner | None = None
 
     def __repr__(self) -> str:
         return f"Cosmos3Pipeline({str(self.checkpoint.root)!r}, {self.variant.describe()}, {self.dtype}, {self.device})"
@@ -253,6 +258,8 @@ class Cosmos3Pipeline(Planner):
         for part in (self.vae, self.sound_tokenizer):
             if part is not None:
                 part.to(device)
+        if self._reasoner is not None:
+            self._reasoner.to(device)
         self.device = device
         self._text_cache.clear()
         return self
@@ -279,6 +286,73 @@ class Cosmos3Pipeline(Planner):
                 self._text_cache.popitem(last=False)
         return self._text_cache[key]
 
+    @property
+    def reasoner(self) -> reasoning.Reasoner:
+        """The Reasoner on this pipeline's text tower; its own parts are read from the checkpoint on first use."""
+        if self._reasoner is None:
+            self._reasoner = reasoning.Reasoner.load(self.checkpoint, self.transformer, self.device, self.dtype,
+                                                     self.linear_class, self.quantize)  # fmt: skip
+        return self._reasoner
+
+    def reason(
+        self,
+        question: str,
+        *,
+        images=None,
+        video=None,
+        video_fps: float | None = None,
+        sample_fps: float | None = None,
+        system_prompt: str | None = None,
+        **options,
+    ) -> reasoning.Answer:
+        """Answer a question about `images` (a list of PIL images or uint8 [H, W, 3] arrays) and/or a `video`
+        (PIL images, uint8 [T, H, W, 3] or floats in 0..1 at `video_fps`, default 24, sampled at `sample_fps`,
+        default 4; or a `reasoner.Clip`), or a text-only question.
+
+        `options`: max_new_tokens (default 1024), temperature / top_p / top_k / presence_penalty (unset: NVIDIA's
+        recommendation, 0.7 / 0.8 / 20 / 1.5, or 0.6 / 0.95 / 20 / 0 with thinking; temperature=0 is greedy),
+        seed, thinking (the reply's reasoning comes back separately as `answer.thinking`), callback(new tokens,
+        max_new_tokens, text so far) after every token (raise from it to stop), max_prompt_tokens, check_memory.
+        """
+        if not isinstance(question, str) or not question.strip():
+            raise InputError("no question: pass the question as a non-empty string")
+        images = reasoning.image_list(images)
+        if video is None or isinstance(video, reasoning.Clip):
+            videos = [] if video is None else [video]
+        else:
+            videos = [reasoning.Clip(video, video_fps or reasoning.DEFAULT_VIDEO_FPS,
+                                     sample_fps or reasoning.DEFAULT_SAMPLE_FPS)]  # fmt: skip
+        messages = reasoning.chat.question_messages(question, system_prompt, len(images), bool(videos))
+        return self.chat(messages, images, videos, **options)
+
+    def upsample_prompt(self, prompt: str, *, image=None, width: int | None = None, height: int | None = None,
+                        num_frames: int | None = None, fps: float | None = None, **options) -> "reasoning.Upsampled":  # fmt: skip
+        """Turn a short prompt (and optionally the starting image of an image-to-video request) into the JSON
+        caption the generator was trained on, with the model authors' upsampling templates. width, height,
+        num_frames and fps are the generation's (unset: the variant's defaults; num_frames=1 asks for an image
+        caption). `options` as for `reason`; greedy by default (temperature=0), max_new_tokens 4096."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InputError("no prompt to upsample: pass a non-empty string")
+        s = resolve_settings(self.variant, Request.build(width=width, height=height, num_frames=num_frames, fps=fps))
+        task = reasoning.upsample.task_for(s.num_frames, image is not None)
+        messages = reasoning.upsample.messages_for(task, prompt, s.width, s.height, s.num_frames, s.fps)
+        options.setdefault("temperature", 0.0)
+        options.setdefault("max_new_tokens", reasoning.upsample.DEFAULT_MAX_NEW_TOKENS)
+        answer = self.chat(messages, [] if image is None else [image], **options)
+        return reasoning.upsample.caption_from_reply(answer.text, prompt, task, s.num_frames, s.fps)
+
+    @torch.inference_mode()
+    def chat(self, messages: list[dict], images=(), videos=(), *, temperature=None, top_p=None, top_k=None,
+             presence_penalty=None, thinking: bool = False, **options) -> reasoning.Answer:  # fmt: skip
+        """Answer the last user turn of a conversation: turns {"role", "content"}, content a string or parts
+        ({"type": "text", "text": ...}, {"type": "image"}, {"type": "video"}) that take `images` and `videos`
+        (`reasoner.Clip`s) in order. Options as for `reason`."""
+        sampling = reasoning.Sampling.resolve(thinking, temperature, top_p, top_k, presence_penalty)
+        reasoner = self.reasoner
+        on_device = self.text_offload.on(self.device) if self.text_offload is not None else nullcontext()
+        with on_device:
+            return reasoner.answer(messages, images, videos, sampling=sampling, thinking=thinking, **options)
+
     @torch.inference_mode()
     def generate(
         self,
@@ -303,6 +377,9 @@ class Cosmos3Pipeline(Planner):
         every rank of a torchrun job with sequence and/or CFG parallelism; every rank gets the same
         result.
         """
+        if not self.transformer.has_media:
+            raise InputError("this pipeline was loaded with parts='reasoner' (no generator weights); load it with "
+                             "parts='all' to generate")  # fmt: skip
         r = Request.build(request, **options)
         s, cond_ids, uncond_ids = self.check(prompt, r)
         if parallel is not None and (r.sound or r.action is not None):
@@ -512,6 +589,7 @@ def load(
     quantize: str | None = None,
     linear_class: type | None = None,
     transformer_file: str | os.PathLike | None = None,
+    parts: str = "all",
 ) -> Cosmos3Pipeline:
     """Load a Cosmos3 checkpoint from a folder or a Hugging Face repo id (`namespace/repo[/subfolder]`).
 
@@ -525,7 +603,16 @@ def load(
     (ComfyUI passes its cast-weight layers, so its memory manager can stream them per layer).
     GGUF: a single .gguf file in transformer/, or `transformer_file` (a .gguf anywhere), replaces the
     safetensors shards; its quantized linear weights stay quantized in memory.
+    `parts="reasoner"` loads only what `reason` needs (the text tower, the Reasoner's head and vision tower): no
+    media tower, no VAE. The default, "all", serves both; its Reasoner parts are read on the first question.
     """
+    if parts not in ("all", "reasoner"):
+        raise InputError(f"parts must be 'all' or 'reasoner', got {parts!r}")
+    reasoner_only = parts == "reasoner"
+    if reasoner_only and blocks_to_swap:
+        raise InputError("blocks_to_swap streams the generator's media tower, which parts='reasoner' does not load; "
+                         "leave it at 0 (offload_text and quantize apply)")  # fmt: skip
+    load_vae_weights = load_vae_weights and not reasoner_only
     if quantize not in (None, "fp8"):
         raise InputError(f"quantize must be None or 'fp8', got {quantize!r}")
     if blocks_to_swap < 0:
@@ -533,7 +620,7 @@ def load(
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     vae_dtype = dtype if vae_dtype is None else resolve_dtype(vae_dtype, device)
-    components = ("transformer", "tokenizer", "vae") if load_vae_weights else ("transformer", "tokenizer")
+    components = ("transformer", "tokenizer", "reasoner") + (("vae",) if load_vae_weights else ())
     checkpoint = Checkpoint(resolve(path, components=components, local_files_only=local_files_only))
     tokenizer = PromptTokenizer(checkpoint.tokenizer_dir())
     gguf = open_gguf(checkpoint, transformer_file)
@@ -541,7 +628,8 @@ def load(
         raise InputError(f"quantize={quantize!r} cannot apply to {gguf.path.name}: a GGUF file is already quantized; "
                          "load it without quantize")  # fmt: skip
     low_vram = offload_text or blocks_to_swap or quantize
-    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class, gguf)
+    home = torch.device("cpu") if low_vram else device
+    transformer = load_transformer(checkpoint, home, dtype, linear_class, gguf, media=not reasoner_only)
     if quantize == "fp8":
         quantize_fp8(transformer, fast=fast_fp8_available(device))
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
@@ -556,6 +644,9 @@ def load(
         sound_tokenizer = load_sound_tokenizer(folder, device, vae_dtype)
     pipe = Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
     pipe.transformer_file = None if gguf is None else gguf.path
+    pipe.linear_class, pipe.quantize = linear_class, quantize
+    if reasoner_only:
+        pipe._reasoner = reasoning.Reasoner.load(checkpoint, transformer, home, dtype, linear_class, quantize)
     if low_vram:
         pipe.use_low_vram(offload_text, blocks_to_swap)  # swapped and offloaded parts stay in CPU memory
         pipe.to(device)  # the rest goes to the device

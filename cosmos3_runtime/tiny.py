@@ -27,7 +27,8 @@ SMALL = dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_ke
              intermediate_size=1536, rope_axes_dim=[12, 10, 10])  # fmt: skip
 SIZES = {"tiny": TINY, "small": SMALL}
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                  "<|video_pad|>"]  # fmt: skip
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -278,12 +279,14 @@ def make_tiny_checkpoint(
     dtype: torch.dtype | str = torch.bfloat16,
     legacy_class_name: bool = False,
     overrides: dict | None = None,
+    reasoner: bool = True,
 ) -> Path:
     """Write a random checkpoint in the released diffusers layout and return its folder.
 
     `overrides` replaces transformer config values (for example {"num_key_value_heads": 4}).
     `sound` adds a sound head and a sound tokenizer (decoder-only when `sound_encoder` is False, as early
-    releases shipped it).
+    releases shipped it). `reasoner` adds the Reasoner's root files and vision encoder (False: a
+    generator-only folder, as diffusers-only exports are).
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -329,4 +332,9 @@ def make_tiny_checkpoint(
             modular[name] = [library, class_name, spec]
         (root / "modular_model_index.json").write_text(json.dumps(modular, indent=2))
     write_tokenizer(root / "text_tokenizer", vocab_size)
+    if reasoner:
+        from .reasoner.config import EDGE, OMNI
+        from .reasoner.tiny import write_reasoner_files
+
+        write_reasoner_files(root, EDGE if kind == "edge" else OMNI, config, seed, dtype)
     return root

@@ -39,31 +39,13 @@ class PromptTokenizer:
         }
         self.eos_id = self._id(self.special_tokens["eos_token"], "eos_token in tokenizer_config.json")
         self.vision_start_id = self._id(VISION_START, f"the {VISION_START} token")
-        self.template = self._load_template(config)
+        self.template = load_chat_template(folder, config)
 
     def _id(self, token: str | None, what: str) -> int:
         token_id = self.tokenizer.token_to_id(token) if token else None
         if token_id is None:
             raise CheckpointError(f"{self.folder}: {what} ({token!r}) is not in tokenizer.json")
         return token_id
-
-    def _load_template(self, config: dict):
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        path = self.folder / "chat_template.jinja"
-        source = path.read_text(encoding="utf-8") if path.is_file() else config.get("chat_template")
-        if isinstance(source, list):  # named templates: [{"name": "default", "template": ...}, ...]
-            source = next((t["template"] for t in source if t.get("name") == "default"), None)
-        if not source:
-            raise CheckpointError(f"{self.folder} has no chat template (chat_template.jinja or tokenizer_config.json)")
-
-        def raise_exception(message):
-            raise InputError(f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
-        env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
-        return env.from_string(source)
 
     def render(self, text: str, system_prompt: str | None) -> str:
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
@@ -80,3 +62,29 @@ class PromptTokenizer:
             log.warning("prompt has %d tokens; cutting it to max_sequence_length %d", len(ids) + 2, max_length)
             ids = ids[: max(max_length - 2, 0)]
         return ids + [self.eos_id, self.vision_start_id]
+
+
+def load_chat_template(folder: Path, config: dict):
+    """The folder's chat template (chat_template.jinja, chat_template.json, or `chat_template` in
+    tokenizer_config.json `config`), compiled in Jinja's immutable sandbox."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    path, processor_file = folder / "chat_template.jinja", folder / "chat_template.json"
+    if path.is_file():
+        source = path.read_text(encoding="utf-8")
+    elif processor_file.is_file():
+        source = json.loads(processor_file.read_text(encoding="utf-8")).get("chat_template")
+    else:
+        source = config.get("chat_template")
+    if isinstance(source, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        source = next((t["template"] for t in source if t.get("name") == "default"), None)
+    if not source:
+        raise CheckpointError(f"{folder} has no chat template (chat_template.jinja or tokenizer_config.json)")
+
+    def raise_exception(message):
+        raise InputError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    return env.from_string(source)

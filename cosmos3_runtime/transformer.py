@@ -219,7 +219,7 @@ class MoTAttention(nn.Module):
     # text prefill always runs SDPA: it runs once per prompt, and no host backend has a causal mode.
     media_attention = None
 
-    def __init__(self, config: TransformerConfig, text_output: bool):
+    def __init__(self, config: TransformerConfig, text_output: bool, media: bool = True):
         super().__init__()
         H, A, K, D = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
         bias = config.attention_bias
@@ -234,6 +234,8 @@ class MoTAttention(nn.Module):
         self.to_v = linear(H, K * D, bias=bias)
         self.norm_k = make_norm(config, D) if config.qk_norm_for_text else identity()
         self.k_norm_und_for_gen = make_norm(config, D) if config.has_und_k_norm_for_gen else identity()
+        if not media:  # a Reasoner-only load
+            return
         # Media pathway.
         self.add_q_proj = linear(H, A * D, bias=bias)
         self.add_k_proj = linear(H, K * D, bias=bias)
@@ -275,17 +277,18 @@ class MoTAttention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: TransformerConfig, text_output: bool = True):
+    def __init__(self, config: TransformerConfig, text_output: bool = True, media: bool = True):
         super().__init__()
         self.text_output = text_output
-        self.self_attn = MoTAttention(config, text_output)
+        self.self_attn = MoTAttention(config, text_output, media)
         self.input_layernorm = make_norm(config, config.hidden_size)
-        self.input_layernorm_moe_gen = make_norm(config, config.hidden_size)
         if text_output:
             self.post_attention_layernorm = make_norm(config, config.hidden_size)
             self.mlp = MLP(config)
-        self.post_attention_layernorm_moe_gen = make_norm(config, config.hidden_size)
-        self.mlp_moe_gen = MLP(config)
+        if media:
+            self.input_layernorm_moe_gen = make_norm(config, config.hidden_size)
+            self.post_attention_layernorm_moe_gen = make_norm(config, config.hidden_size)
+            self.mlp_moe_gen = MLP(config)
 
     def text(self, x, cos, sin):
         """Text tokens [L, H] -> (next hidden or None, K for media, V)."""
@@ -379,18 +382,23 @@ class Velocity:
 
 
 class Cosmos3Transformer(nn.Module):
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, media: bool = True):
+        """`media=False` builds the text tower alone (embeddings and every layer's text pathway): what the
+        Reasoner shares, without the generator's weights."""
         super().__init__()
         self.config = config
+        self.has_media = media
         H = config.hidden_size
         self.embed_tokens = embedding(config.vocab_size, H)
         last = config.num_hidden_layers - 1
-        self.layers = nn.ModuleList(DecoderLayer(config, text_output=i < last) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i < last, media) for i in range(config.num_hidden_layers))
+        self.streamer = None  # optional: .before(i) / .after(i) around media layer i (block swap, host streaming)
+        if not media:
+            return
         self.norm_moe_gen = make_norm(config, H)
         self.proj_in = linear(config.patch_latent_dim, H)
         self.proj_out = linear(H, config.patch_latent_dim)
         self.time_embedder = TimestepEmbedder(H)
-        self.streamer = None  # optional: .before(i) / .after(i) around media layer i (block swap, host streaming)
         if config.sound_gen:
             self.audio_proj_in = linear(config.sound_dim, H)
             self.audio_proj_out = linear(H, config.sound_dim)
@@ -409,12 +417,12 @@ class Cosmos3Transformer(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The activations' dtype (a norm gain's: linear weights may be stored in fp8)."""
-        return self.norm_moe_gen.weight.dtype
+        return self.layers[0].input_layernorm.weight.dtype
 
     @property
     def device(self) -> torch.device:
         """Where the media tower runs (the text tower may be offloaded elsewhere between prompts)."""
-        return self.norm_moe_gen.weight.device
+        return (self.norm_moe_gen if self.has_media else self.embed_tokens).weight.device
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
@@ -580,8 +588,9 @@ def _frames(selected: list[int] | None, count: int) -> list[int]:
     return list(range(count)) if selected is None else sorted(set(selected))
 
 
-def checkpoint_key_mapper(config: TransformerConfig):
-    """Map a checkpoint key to a parameter name, or None for tensors generation never reads."""
+def checkpoint_key_mapper(config: TransformerConfig, media: bool = True):
+    """Map a checkpoint key to a parameter name, or None for tensors generation never reads (with `media=False`,
+    for tensors the text tower alone does not hold)."""
     last = f"layers.{config.num_hidden_layers - 1}."
     last_text_tail = tuple(
         last + part
@@ -591,6 +600,8 @@ def checkpoint_key_mapper(config: TransformerConfig):
 
     def map_key(key: str) -> str | None:
         if key in ("lm_head.weight", "norm.weight") or key.startswith(last_text_tail):
+            return None
+        if not media and tower_of(key) != "text tower":
             return None
         if key.endswith(".weight_quantizer._scale"):  # ModelOpt fp8: the weight's per-tensor scale
             return map_key(key[: -len(".weight_quantizer._scale")] + ".scale")

@@ -53,8 +53,9 @@ def load_weights(
     device: torch.device,
     rename: Callable[[str], str | None] = lambda key: key,
     keep_fp32: tuple[str, ...] = (),
+    files: list[Path] | None = None,
 ) -> None:
-    """Fill the meta parameters of `module` from the safetensors files in `folder`.
+    """Fill the meta parameters of `module` from the safetensors files in `folder` (or the given `files`).
 
     `rename` maps a file key to a parameter name, or to None for a tensor that is deliberately not
     used. Parameters whose name starts with a `keep_fp32` prefix stay float32. Missing, unexpected
@@ -64,7 +65,7 @@ def load_weights(
     expected.update(module.named_buffers())
     loaded: set[str] = set()
     unexpected: list[str] = []
-    for path in weight_files(folder):
+    for path in files or weight_files(folder):
         state = {}
         for key, tensor_of in _tensors(path, device):
             name = rename(key)

@@ -1,0 +1,257 @@
+"""The Reasoner: images, videos and text in, text out, on the generator's own text tower.
+
+    pipe = cosmos3_runtime.load("path/to/Cosmos3-Nano")            # or parts="reasoner"
+    answer = pipe.reason("What is on the table?", images=[picture])
+    print(answer.text)
+
+A Cosmos3 checkpoint's language model is the generator's text tower: the same tensors serve both.
+What only the Reasoner needs (the output head, the final norm, the last layer's query side and MLP,
+the vision tower) is read from the checkpoint when it is first asked a question.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import budget
+from ..checkpoint import Checkpoint
+from ..errors import CheckpointError, InputError
+from ..tokenizer import PromptTokenizer
+from ..transformer import Cosmos3Transformer, linear_layers
+from ..weights import load_weights
+from . import chat, upsample
+from .chat import IMAGE, VIDEO, Prompt
+from .config import EDGE, OMNI, ReasonerConfig, read_config, read_processor, vision_files
+from .decoding import Sampling, next_token
+from .language import KVCache, LanguageModel, ReasonerHead, head_key_mapper
+from .processing import VisionInput, prepare_image, prepare_video
+from .upsample import Upsampled
+from .vision_edge import EdgeVisionTower
+from .vision_qwen import QwenVisionTower
+
+DEFAULT_MAX_NEW_TOKENS = 1024
+MAX_NEW_TOKENS = 32768
+DEFAULT_MAX_PROMPT_TOKENS = 32768
+DEFAULT_SAMPLE_FPS = 4.0  # NVIDIA's recommendation for reasoning over video
+DEFAULT_VIDEO_FPS = 24.0  # a clip's rate when nobody says (as the reference processors assume)
+ADVICE = ("ask with fewer or smaller images, a shorter clip or a lower sample_fps, fewer max_new_tokens, or "
+          "check_memory=False to skip this check")  # fmt: skip
+
+# (new tokens so far, max_new_tokens, the answer's text so far); raise from it to stop
+AnswerCallback = Callable[[int, int, str], None]
+
+
+@dataclass
+class Answer:
+    text: str  # the answer (after the thinking block when thinking was asked for)
+    thinking: str | None  # the thinking block's text (thinking=True), else None
+    token_ids: list[int]  # the generated ids, the end token that stopped them included
+    prompt_ids: list[int]
+    finish_reason: str  # "stop" (an end token) or "length" (max_new_tokens)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    logits: list[torch.Tensor] | None = field(default=None, repr=False)  # fp32 [V] per step (keep_logits=True)
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A video for the Reasoner: frames at `fps`, sampled at `sample_fps` frames per second."""
+
+    frames: object  # PIL images, uint8 [T, H, W, 3], or floats in 0..1
+    fps: float = DEFAULT_VIDEO_FPS
+    sample_fps: float = DEFAULT_SAMPLE_FPS
+    indices: list[int] | None = None  # frames already sampled: their indices in the source clip
+
+
+def check_max_new_tokens(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NEW_TOKENS:
+        raise InputError(f"max_new_tokens must be a whole number in 1..{MAX_NEW_TOKENS}, got {value!r}")
+
+
+def image_list(images) -> list:
+    """`images` as a list: None, one picture, a list of pictures, or an array / tensor batch [N, H, W, 3]."""
+    if images is None:
+        return []
+    if isinstance(images, (list, tuple)):
+        return list(images)
+    if getattr(images, "ndim", 0) == 4:
+        return list(images)
+    return [images]
+
+
+def split_thinking(text: str) -> tuple[str | None, str]:
+    """(thinking, answer) of a reply that was asked to think; an unfinished block is all thinking."""
+    head, closed, tail = text.partition("</think>")
+    thinking = head.strip().removeprefix("<think>").strip()
+    return (thinking, tail.strip()) if closed else (thinking, "")
+
+
+class Reasoner:
+    def __init__(self, config: ReasonerConfig, tokenizer: PromptTokenizer, tower: Cosmos3Transformer,
+                 head: ReasonerHead, vision, processors: dict, device: torch.device):  # fmt: skip
+        self.config = config
+        self.tokenizer = tokenizer
+        self.language = LanguageModel(tower, head)
+        self.head = head
+        self.vision = vision  # None: text only
+        self.processors = processors  # {"image": ProcessorConfig, "video": ProcessorConfig}
+        self.device = device
+        self.parts = torch.nn.ModuleList([m for m in (head, vision) if m is not None])  # what a host manages
+        added = tokenizer.tokenizer.get_added_tokens_decoder().values()
+        self.special_texts = tuple(t.content for t in added if t.special)  # never accepted inside user text
+        self.end_ids = {tokenizer.eos_id, *config.end_token_ids}
+
+    @classmethod
+    def load(cls, checkpoint: Checkpoint, tower: Cosmos3Transformer, device: torch.device, dtype: torch.dtype,
+             linear_class: type | None = None, quantize: str | None = None) -> "Reasoner":  # fmt: skip
+        """Read what the Reasoner adds to `tower` (the loaded text tower) from `checkpoint`."""
+        tc = tower.config
+        family = EDGE if tc.is_dense else OMNI
+        config = read_config(checkpoint.root, family, tc.hidden_size, tc.num_hidden_layers)
+        root_tokenizer = (checkpoint.root / "tokenizer.json").is_file()
+        tokenizer = PromptTokenizer(checkpoint.root if root_tokenizer else checkpoint.tokenizer_dir())
+        with torch.device("meta"), linear_layers(linear_class):
+            head = ReasonerHead(tc)
+        try:
+            load_weights(head, checkpoint.path("transformer"), dtype, device, rename=head_key_mapper(tc))
+        except CheckpointError as exc:
+            raise CheckpointError(f"the Reasoner's output head and last text layer could not be read from "
+                                  f"{checkpoint.path('transformer')} ({exc}); a GGUF transformer file does not hold "
+                                  "them: keep the checkpoint's safetensors shards in transformer/ beside it") from None
+        if quantize == "fp8":
+            from ..quantize import fast_fp8_available, quantize_fp8
+
+            quantize_fp8(head, fast=fast_fp8_available(device))
+        vision = None
+        if config.vision is not None:
+            with torch.device("meta"), linear_layers(linear_class):
+                vision = (QwenVisionTower if family == OMNI else EdgeVisionTower)(config.vision)
+            prefix = "model.visual." if family == OMNI else "model."
+            load_weights(vision, checkpoint.root, dtype, device, rename=lambda key: key.removeprefix(prefix),
+                         files=vision_files(checkpoint.root))  # fmt: skip
+        processors = {kind: read_processor(checkpoint.root, family, kind) for kind in ("image", "video")}
+        return cls(config, tokenizer, tower, head, vision, processors, device)
+
+    def to(self, device: torch.device) -> None:
+        self.parts.to(device)
+        self.device = torch.device(device)
+
+    def _media(self, images, videos) -> list[VisionInput]:
+        if (images or videos) and self.vision is None:
+            raise InputError(f"this checkpoint cannot look at images or videos: {self.config.why_no_vision}; ask a "
+                             "text-only question, or download the checkpoint's vision_encoder/ and root files")  # fmt: skip
+        family = self.config.family
+        media = [prepare_image(image, family, self.processors["image"]) for image in images]
+        for clip in videos:
+            clip = clip if isinstance(clip, Clip) else Clip(clip)
+            media.append(prepare_video(clip.frames, clip.fps, clip.sample_fps, family, self.processors["video"],
+                                       clip.indices))  # fmt: skip
+        return media
+
+    def prepare(self, messages: list[dict], images=(), videos=(), thinking: bool = False,
+                max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> tuple[Prompt, list[VisionInput]]:  # fmt: skip
+        """The prompt (ids, types, positions) and the pre-processed media of a conversation; too long is refused."""
+        chat.check_messages(messages, self.special_texts)
+        if not any(m["role"] == "user" for m in messages):
+            raise InputError("the conversation has no user turn; ask a question")
+        media = self._media(list(images), list(videos))
+        if thinking:
+            messages = chat.with_thinking(messages, self.config.family)
+        prompt = chat.encode(self.tokenizer, self.config, messages, media, thinking)
+        if len(prompt.ids) > max_prompt_tokens:
+            seen = sum(m.tokens for m in media)
+            raise InputError(f"the prompt is {len(prompt.ids)} tokens ({seen} of them for the images and video), over "
+                             f"max_prompt_tokens {max_prompt_tokens}; lower the video's sample_fps, shorten the clip or "
+                             "the question, use smaller images, or raise max_prompt_tokens")  # fmt: skip
+        return prompt, media
+
+    def memory_estimate(self, prompt_tokens: int, max_new_tokens: int, media: list[VisionInput],
+                        dtype: torch.dtype) -> budget.Estimate:  # fmt: skip
+        c = self.language.config
+        b = torch.finfo(dtype).bits // 8
+        total = prompt_tokens + max_new_tokens
+        parts = {"K/V cache": 2 * c.num_hidden_layers * total * c.num_key_value_heads * c.head_dim * b,
+                 "prefill": prompt_tokens * (6 * c.hidden_size + 3 * c.intermediate_size) * b + c.vocab_size * 8}
+        if media and self.vision is not None:
+            v = self.config.vision
+            patches = sum(m.pixels.shape[0] for m in media)
+            parts["vision"] = patches * (8 * v.hidden_size + 2 * v.intermediate_size) * b + patches * media[0].pixels.shape[1] * 4
+        return budget.Estimate(parts)
+
+    @torch.inference_mode()
+    def answer(self, messages: list[dict], images=(), videos=(), *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+               sampling: Sampling | None = None, seed: int = 0, thinking: bool = False,
+               callback: AnswerCallback | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+               check_memory: bool = True, keep_logits: bool = False) -> Answer:  # fmt: skip
+        """Answer the last user turn of `messages` (see `Cosmos3Pipeline.reason` for the arguments)."""
+        check_max_new_tokens(max_new_tokens)
+        sampling = sampling or Sampling.resolve(thinking)
+        prompt, media = self.prepare(messages, images, videos, thinking, max_prompt_tokens)
+        dtype = self.head.norm.weight.dtype
+        if check_memory:
+            budget.check(self.memory_estimate(len(prompt.ids), max_new_tokens, media, dtype), self.device, ADVICE)
+
+        started = time.perf_counter()
+        ids = torch.tensor(prompt.ids, dtype=torch.long)
+        x = self.language.embed(ids, self.device)
+        deepstack = self._insert_media(x, prompt, media)
+        cache = KVCache(self.language.config, len(prompt.ids) + max_new_tokens, x.dtype, self.device)
+        logits = self.language.forward(x, prompt.positions, cache, deepstack)
+        prefill = time.perf_counter() - started
+
+        generator = torch.Generator("cpu").manual_seed(int(seed))
+        seen = torch.zeros(logits.numel(), dtype=torch.bool)
+        generated, kept = [], []
+        decode_started = time.perf_counter()
+        while True:
+            if keep_logits:
+                kept.append(logits.cpu())
+            token = next_token(logits, sampling, generator, seen)
+            generated.append(token)
+            seen[token] = True
+            finish = "stop" if token in self.end_ids else "length" if len(generated) == max_new_tokens else None
+            if callback is not None:  # mid-answer, a character still missing bytes is shown with the next token
+                text = self.decode(generated)
+                callback(len(generated), max_new_tokens, text if finish else text.rstrip("\ufffd"))
+            if finish:
+                break
+            position = torch.full((3, 1), cache.length + prompt.delta, dtype=torch.long)
+            x = self.language.embed(torch.tensor([token]), self.device)
+            logits = self.language.forward(x, position, cache)
+        decode = time.perf_counter() - decode_started
+
+        text = self.decode(generated)
+        reasoning = None
+        if thinking:
+            reasoning, text = split_thinking(text)
+        return Answer(text, reasoning, generated, prompt.ids, finish, prefill, decode, kept if keep_logits else None)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.tokenizer.decode([i for i in ids if i not in self.end_ids], skip_special_tokens=True)
+
+    def _insert_media(self, x: torch.Tensor, prompt: Prompt, media: list[VisionInput]):
+        """Write the vision tokens into their pad rows of x [L, H]; the deepstack (mask, features) or None."""
+        if not media:
+            return None
+        mask = torch.zeros(len(prompt.ids), dtype=torch.bool)
+        levels = None
+        for kind, name in ((IMAGE, "image"), (VIDEO, "video")):
+            items = [m for m in media if m.kind == name]
+            if not items:
+                continue
+            pixels = torch.cat([m.pixels for m in items]).to(self.device, self.vision.dtype)
+            tokens, deepstack = self.vision(pixels, [m.grid for m in items])
+            rows = prompt.types == kind
+            x[rows.to(x.device)] = tokens.to(x.dtype)
+            mask |= rows
+            if deepstack:
+                joint = levels or [torch.zeros(len(prompt.ids), f.shape[-1], dtype=f.dtype, device=f.device) for f in deepstack]
+                for level, features in zip(joint, deepstack):
+                    level[rows.to(level.device)] = features
+                levels = joint
+        if levels is None:
+            return None
+        mask = mask.to(x.device)
+        return mask, [level[mask] for level in levels]

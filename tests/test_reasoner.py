@@ -1,0 +1,269 @@
+"""The Reasoner against transformers 5.24.0 on the same tiny checkpoints, both families, and its refusals.
+
+The reference (tests/transformers_reference.py) runs once per family in a subprocess: it loads the
+folder with `AutoModelForImageTextToText.from_pretrained(root)` and `AutoProcessor.from_pretrained(root)`
+and records the processor's ids and pixel values, greedy `generate` ids and per-step logits.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import IN_CI, ROOT, require
+from safetensors.torch import load_file
+
+import cosmos3_runtime
+from cosmos3_runtime import InputError
+from cosmos3_runtime.reasoner import Clip, split_thinking
+from cosmos3_runtime.reasoner.chat import THINKING_INSTRUCTION, question_messages
+from cosmos3_runtime.reasoner.processing import resize_normalize
+from transformers_reference import torchvision_dir
+
+FAMILIES = {"omni": "gated", "edge": "edge"}
+LOGIT_TOLERANCE = 1e-4
+rng = np.random.RandomState(0)
+IMAGE = (rng.rand(50, 80, 3) * 255).astype(np.uint8)  # resized: 80x50 is no multiple of 32
+TALL = (rng.rand(150, 70, 3) * 255).astype(np.uint8)
+VIDEO = (rng.rand(13, 40, 64, 3) * 255).astype(np.uint8)  # 13 frames at 6 fps, sampled at 4: 8 frames
+CASES = {
+    "image": dict(question="What is this?", images=[IMAGE]),
+    "two_images": dict(question="Compare them.", images=[IMAGE, TALL], system="You are a helpful assistant."),
+    "video": dict(question="What happens?", video=VIDEO, video_fps=6.0, sample_fps=4.0),
+    "image_and_video": dict(question="Is the picture in the clip?", images=[TALL], video=VIDEO, video_fps=6.0,
+                            sample_fps=2.0),
+    "text": dict(question="Hi there, who are you?"),
+    "thinking": dict(question="Why does the cube fall?", images=[IMAGE], thinking=True),
+}
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_factory, tmp_path_factory):
+    """{family: (root, {case: tensors})}: transformers' outputs for every case, one subprocess per family."""
+    require("transformers", minversion="5.24.0")
+    if not (torchvision_dir() / "torchvision").is_dir():
+        message = (f"the reference's torchvision is not installed in {torchvision_dir()}: pip install --no-deps "
+                   f"--target {torchvision_dir()} torchvision==0.28.0")  # fmt: skip
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    work = tmp_path_factory.mktemp("transformers-reference")
+    media = {}
+    for name, array in (("image", IMAGE), ("tall", TALL), ("video", VIDEO)):
+        media[id(array)] = str(work / f"{name}.npy")
+        np.save(media[id(array)], array)
+    results = {}
+    for family, kind in FAMILIES.items():
+        root = tiny_factory(kind=kind, dtype="float32")
+        out = work / family
+        out.mkdir()
+        cases = []
+        for name, case in CASES.items():
+            cases.append({"name": name, "question": case["question"], "system": case.get("system"),
+                          "images": [media[id(a)] for a in case.get("images", [])],
+                          "video": media[id(case["video"])] if "video" in case else None,
+                          "video_fps": case.get("video_fps"), "sample_fps": case.get("sample_fps"),
+                          "thinking": case.get("thinking", False), "thinking_instruction": THINKING_INSTRUCTION,
+                          "max_new_tokens": MAX_NEW})  # fmt: skip
+        job = work / f"{family}.json"
+        job.write_text(json.dumps({"root": str(root), "out": str(out), "cases": cases}))
+        done = subprocess.run([sys.executable, str(ROOT / "tests" / "transformers_reference.py"), str(job)],
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[family] = (root, {name: load_file(str(out / f"{name}.safetensors")) for name in CASES})
+    return results
+
+
+def ask(pipe, case: dict, **options):
+    return pipe.reason(case["question"], images=case.get("images"), video=case.get("video"),
+                       video_fps=case.get("video_fps"), sample_fps=case.get("sample_fps"),
+                       system_prompt=case.get("system"), thinking=case.get("thinking", False),
+                       max_new_tokens=MAX_NEW, temperature=0.0, **options)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_answers_equal_transformers(reference, family):
+    root, expected = reference[family]
+    pipe = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32)
+    for name, case in CASES.items():
+        ref = expected[name]
+        answer = ask(pipe, case, keep_logits=True)
+        assert answer.prompt_ids == ref["input_ids"].tolist(), name
+        assert answer.token_ids == ref["generated"].tolist(), name
+        logits = torch.stack(answer.logits)
+        assert logits.shape == ref["logits"].shape, name
+        assert (logits - ref["logits"]).abs().max() < LOGIT_TOLERANCE, name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pixel_values_equal_transformers_processors(reference, family):
+    root, expected = reference[family]
+    pipe = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32, parts="reasoner")
+    for name in ("two_images", "video", "image_and_video"):
+        case, ref = CASES[name], expected[name]
+        images = case.get("images", [])
+        videos = [Clip(case["video"], case["video_fps"], case["sample_fps"])] if "video" in case else []
+        messages = question_messages(case["question"], case.get("system"), len(images), bool(videos))
+        prompt, media = pipe.reasoner.prepare(messages, images, videos)
+        assert prompt.types.tolist() == ref["mm_token_type_ids"][0].tolist(), name
+        pictures = [m for m in media if m.kind == "image"]
+        clips = [m for m in media if m.kind == "video"]
+        if pictures:
+            assert torch.equal(torch.cat([m.pixels for m in pictures]), ref["pixel_values"]), name
+            assert [list(m.grid) for m in pictures] == ref["image_grid_thw"].tolist()
+        if clips:
+            assert torch.equal(clips[0].pixels, ref["pixel_values_videos"]), name
+            assert [list(clips[0].grid)] == ref["video_grid_thw"].tolist()
+
+
+def test_uint8_resize_is_what_the_processors_do():
+    """The processors resize the uint8 picture; a float copy resized the same way lands up to a few grey levels off,
+    which the pixel-value equality above would catch."""
+    from cosmos3_runtime.reasoner.config import ProcessorConfig
+
+    frames = torch.from_numpy(IMAGE).permute(2, 0, 1).unsqueeze(0)
+    p = ProcessorConfig(min_pixels=0, max_pixels=1 << 30, mean=(0.0,) * 3, std=(1 / 255,) * 3)
+    ours = resize_normalize(frames, 64, 96, p)  # normalised back to the 0..255 grey levels
+    float_copy = torch.nn.functional.interpolate(frames.float(), size=(64, 96), mode="bicubic", antialias=True)
+    assert torch.equal(ours, ours.round())  # resized as uint8
+    assert (float_copy - ours).abs().max() > 0.5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reasoner_only_load_gives_the_same_answers(reference, family):
+    root, expected = reference[family]
+    pipe = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32, parts="reasoner")
+    assert pipe.vae is None and not pipe.transformer.has_media
+    assert not any("moe_gen" in n or "add_" in n for n, _ in pipe.transformer.named_parameters())
+    for name in ("image", "video", "text"):
+        assert ask(pipe, CASES[name]).token_ids == expected[name]["generated"].tolist(), name
+    with pytest.raises(InputError, match="parts='reasoner'"):
+        pipe.generate("a cube", num_frames=1, width=64, height=64, steps=1)
+
+
+@pytest.mark.parametrize("kind", FAMILIES.values())
+def test_reasoning_shares_the_text_tower_and_leaves_generation_unchanged(tiny_factory, kind):
+    pipe = cosmos3_runtime.load(tiny_factory(kind=kind, dtype="float32"), device="cpu", dtype=torch.float32)
+    options = dict(num_frames=1, width=64, height=64, steps=2, seed=3)
+    before = pipe.generate("a red cube", **options).latents
+    text_tower = {p.data_ptr() for n, p in pipe.transformer.named_parameters() if "moe_gen" not in n}
+    ask(pipe, CASES["image"])
+    reasoner = pipe.reasoner
+    shared = [p for m in (reasoner.language.tower,) for p in m.parameters()]
+    assert reasoner.language.tower is pipe.transformer
+    own = {p.data_ptr() for part in (reasoner.head, reasoner.vision) for p in part.parameters()}
+    assert not own & text_tower  # the Reasoner added only its head and vision tower
+    assert {p.data_ptr() for p in shared} >= text_tower
+    assert torch.equal(pipe.generate("a red cube", **options).latents, before)
+
+
+def test_text_only_checkpoint_answers_and_names_why_it_refuses_an_image(tiny_factory):
+    pipe = cosmos3_runtime.load(tiny_factory(kind="gated", reasoner=False), device="cpu")
+    assert pipe.reason("Hello?", max_new_tokens=3).token_ids
+    with pytest.raises(InputError, match="cannot look at images.*root config.json"):
+        pipe.reason("What is this?", images=[IMAGE], max_new_tokens=3)
+
+
+@pytest.fixture(scope="module")
+def nano(tiny_factory):
+    return cosmos3_runtime.load(tiny_factory(kind="gated"), device="cpu")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda p: p.reason("", max_new_tokens=2), "no question"),
+    (lambda p: p.reason(None), "no question"),
+    (lambda p: p.reason("q", images=["not a picture"]), "image must be"),
+    (lambda p: p.reason("q", images=[np.zeros((0, 4, 3), np.uint8)]), "empty"),
+    (lambda p: p.reason("q", images=[np.zeros((4, 4000, 3), np.uint8)]), "too narrow"),
+    (lambda p: p.reason("q", video=VIDEO, video_fps=30, sample_fps=30, max_prompt_tokens=40), "over max_prompt_tokens"),
+    (lambda p: p.reason("q", max_new_tokens=0), "max_new_tokens"),
+    (lambda p: p.reason("q", max_new_tokens=10**6), "max_new_tokens"),
+    (lambda p: p.reason("q", temperature=-1), "temperature"),
+    (lambda p: p.reason("q", top_p=0), "top_p"),
+    (lambda p: p.reason("q <|image_pad|>"), "special token"),
+    (lambda p: p.chat([{"role": "system", "content": "hi"}]), "no user turn"),
+    (lambda p: p.chat([{"role": "user", "content": [{"type": "image"}]}]), "1 image and 0 video parts but 0"),
+])  # fmt: skip
+def test_bad_input_is_refused_by_name(nano, call, message):
+    with pytest.raises(InputError, match=message):
+        call(nano)
+    assert nano.reason("Still there?", max_new_tokens=2).token_ids  # nothing broken for the next question
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy(nano):
+    first = nano.reason("Tell me a story.", max_new_tokens=10, seed=5).token_ids
+    assert nano.reason("Tell me a story.", max_new_tokens=10, seed=5).token_ids == first
+    assert nano.reason("Tell me a story.", max_new_tokens=10, seed=6).token_ids != first
+    greedy = nano.reason("Tell me a story.", max_new_tokens=10, temperature=0.0).token_ids
+    assert nano.reason("Tell me a story.", max_new_tokens=10, top_k=1, presence_penalty=0.0).token_ids == greedy
+
+
+def test_callback_streams_and_cancels(nano):
+    seen = []
+    answer = nano.reason("Count.", max_new_tokens=6, temperature=0.0, callback=lambda n, total, text: seen.append((n, total, text)))
+    assert [s[0] for s in seen] == list(range(1, len(answer.token_ids) + 1)) and seen[-1][1] == 6
+    assert seen[-1][2] == answer.text
+
+    class Stop(Exception):
+        pass
+
+    def cancel(n, total, text):
+        if n == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        nano.reason("Count.", max_new_tokens=6, callback=cancel)
+    assert nano.reason("Count.", max_new_tokens=6, temperature=0.0).token_ids == answer.token_ids
+
+
+def test_thinking_is_split_from_the_answer():
+    assert split_thinking("<think>\nbecause gravity\n</think>\n\nIt falls.") == ("because gravity", "It falls.")
+    assert split_thinking("because gravity\n</think>It falls.") == ("because gravity", "It falls.")  # Edge: opened by the template
+    assert split_thinking("still thinking") == ("still thinking", "")
+
+
+def test_low_vram_seams_apply_to_the_reasoner(tiny_factory):
+    root = tiny_factory(kind="gated", dtype="float32")
+    plain = ask(cosmos3_runtime.load(root, device="cpu", dtype=torch.float32), CASES["image"]).token_ids
+    offloaded = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32, offload_text=True)
+    assert ask(offloaded, CASES["image"]).token_ids == plain
+    fp8 = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32, quantize="fp8")
+    assert len(ask(fp8, CASES["image"]).token_ids) == MAX_NEW
+    from cosmos3_runtime.quantize import Fp8Linear
+
+    assert isinstance(fp8.reasoner.head.lm_head, Fp8Linear)
+
+
+def test_gguf_pipeline_reads_the_head_from_the_shards(tiny_factory, tmp_path):
+    from cosmos3_runtime.gguf_convert import convert
+
+    root = tiny_factory(kind="gated", dtype="float32")
+    path = tmp_path / "nano.gguf"
+    convert(root, path, "q8_0")
+    pipe = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32, transformer_file=path)
+    assert len(ask(pipe, CASES["text"]).token_ids) == MAX_NEW
+
+
+def test_cli_answers_on_stdout_and_refuses_in_one_line(tmp_path, tiny_factory):
+    import av
+
+    clip = tmp_path / "clip.mp4"
+    with av.open(str(clip), "w") as container:
+        stream = container.add_stream("libx264", rate=12)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        for i in range(30):
+            frame = av.VideoFrame.from_ndarray(np.full((64, 96, 3), 8 * i, np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    command = [sys.executable, "-m", "cosmos3_runtime", "reason", "--checkpoint", str(tiny_factory(kind="gated")),
+               "--prompt", "What happens?", "--video", str(clip), "--max-new-tokens", "5", "--temperature", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "5 new (length)" in done.stderr and done.stdout.strip()
+    for bad, message in ((["--max-new-tokens", "0"], "max_new_tokens"), (["--image", str(tmp_path / "no.png")], "does not exist"),
+                         (["--video", str(tmp_path / "no.mp4")], "does not exist"), (["--top-p", "2"], "top_p")):
+        done = subprocess.run(command[:6] + ["--prompt", "q"] + bad, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -214,8 +214,9 @@ class ModelHandle:
                                                          make=lambda: model_patcher(pipe, compute, offload, reload=reload)))
 
     @contextmanager
-    def use(self, memory_required: int = 0):
-        """The pipeline with this handle's part on its compute device for the duration of a node.
+    def use(self, memory_required: int = 0, reasoner: bool = False):
+        """The pipeline with this handle's part on its compute device for the duration of a node (with `reasoner`,
+        the Reasoner's own parts too: its head and vision tower, a model of ComfyUI's memory manager of their own).
 
         In ComfyUI the transformer and the VAE (with the sound tokenizer) are models of its memory
         manager: loaded through it (evicting other models as needed), evicted by it and by /free. The
@@ -244,8 +245,12 @@ class ModelHandle:
                         for m in (pipe.vae, pipe.sound_tokenizer) if m is not None]  # fmt: skip
             if self.part == "model" and not self.spec.runtime_placement:
                 patchers.append(self.model_patcher())
+            if reasoner:
+                patchers.append(self.holder.keep(services.managed_patcher(pipe, pipe.reasoner.parts, compute, offload)))
             services.load_managed(patchers, memory_required)
             pipe.device = pipe.transformer.device  # where ComfyUI put the transformer
+            if reasoner:
+                pipe.reasoner.device = pipe.device
         yield pipe
 
 

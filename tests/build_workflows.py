@@ -44,15 +44,17 @@ CONTROL_NODES = ("Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthContro
 MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
                "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames", *CONTROL_NODES)  # fmt: skip
 SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise",
-                "Cosmos3Scheduler", "Cosmos3TransferSampler")
+                "Cosmos3Scheduler", "Cosmos3TransferSampler", "Cosmos3Reason")
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
-                "Cosmos3ActionPlot", "VAEDecode")  # fmt: skip
+                "Cosmos3ActionPlot", "VAEDecode", "PreviewAny")  # fmt: skip
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
 MEDIA_NODES_ON_TOP = 4  # more input-media nodes than this: the prompt moves to the bottom row
+MIN_TEXT_ZOOM = 0.6  # the front end stops drawing node text below this zoom
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
 REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
-REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler", *CONTROL_NODES)
+REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler", "Cosmos3Reason",
+             "Cosmos3UpsamplePrompt", *CONTROL_NODES)  # fmt: skip
 GROUP_COLORS = {"Model": "#3f789e", "Input media": "#8A8", "Prompt": "#b58b2a", "Sample": "#a1309b", "Output": "#444"}
 CHECKPOINT_REPOS = "https://huggingface.co/nvidia/"  # where the released checkpoints are published
 
@@ -74,8 +76,11 @@ def stages(prompt: dict) -> dict[str, str]:
     result = {}
     for node_id, node in prompt.items():
         kind = node["class_type"]
+        generated = any(prompt[a]["class_type"] in SAMPLE_NODES for a in ancestors(prompt, node_id))
         if kind in MODEL_NODES:
             result[node_id] = "Model"
+        elif kind == "Cosmos3Reason" and generated:  # a question about the generated clip comes after it
+            result[node_id] = "Output"
         elif kind in SAMPLE_NODES:  # (a sampler that makes a source clip too: the bottom row has room)
             result[node_id] = "Sample"
         elif node_id in media_side or kind in ("LoadImage", "LoadVideo", "GetVideoComponents", "Cosmos3RobotState"):
@@ -98,13 +103,21 @@ def node_height(cls, inputs: int) -> int:
 
 
 def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
-    """Node positions and sizes, and the groups around each stage."""
+    """Node positions and sizes, and the groups around each stage: in two rows, or in one when two would need a
+    zoom below the front end's text threshold."""
     stage_of = stages(prompt)
-    placed, groups = {}, []
-    y = MARGIN + GROUP_TITLE
     rows = (TOP_ROW, BOTTOM_ROW)
     if sum(stage == "Input media" for stage in stage_of.values()) > MEDIA_NODES_ON_TOP:  # keep the rows balanced
         rows = (TOP_ROW[:-1], ("Prompt", *BOTTOM_ROW))
+    placed, groups = place(prompt, registry, input_counts, stage_of, rows)
+    if saved_view(groups)["scale"] < MIN_TEXT_ZOOM:
+        placed, groups = place(prompt, registry, input_counts, stage_of, (TOP_ROW + BOTTOM_ROW,))
+    return placed, groups
+
+
+def place(prompt, registry, input_counts, stage_of, rows) -> tuple[dict, list]:
+    placed, groups = {}, []
+    y = MARGIN + GROUP_TITLE
     for row in rows:
         x, row_bottom = MARGIN, y
         for stage in row:

@@ -129,6 +129,24 @@ class GetVideoComponents:
         return (video.images, None, video.fps)
 
 
+class PreviewAny:
+    """Stand-in for ComfyUI's Preview Any (comfy_extras/nodes_preview_any.py): shows a value as text."""
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "main"
+    OUTPUT_NODE = True
+    shown: list = []
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"source": ("*", {})}}
+
+    def main(self, source=None):
+        text = source if isinstance(source, str) else json.dumps(source)
+        PreviewAny.shown.append(text)
+        return {"ui": {"text": (text,)}, "result": (text,)}
+
+
 class CoreSampling:
     """Stand-ins for the core nodes of the core-MODEL workflows: they declare ComfyUI's inputs (checked against
     the real nodes by test_comfyui_tier2.py) but cannot run without ComfyUI (test_comfyui_server.py runs them)."""
@@ -236,7 +254,7 @@ class TorchCompileModel(CoreSampling):
 CORE_SAMPLING = (EasyCache, TorchCompileModel, KSampler, SamplerCustomAdvanced, CFGGuider, KSamplerSelect, RandomNoise, Wan22ImageToVideoLatent,
                  VAEDecode)  # fmt: skip
 CORE_NODES = {cls.__name__: cls for cls in (SaveImage, LoadImage, CreateVideo, SaveVideo, LoadVideo, GetVideoComponents,
-                                            *CORE_SAMPLING)}  # fmt: skip
+                                            PreviewAny, *CORE_SAMPLING)}  # fmt: skip
 
 
 # --- node definitions --------------------------------------------------------------------------

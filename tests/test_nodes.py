@@ -387,3 +387,65 @@ def test_the_loader_takes_a_gguf_transformer_from_the_diffusion_models_folder(no
     assert {getattr(m, "qtype", None) for m in handle.pipeline.transformer.modules()} == {None, "Q4_0"}  # kept quantized
     with pytest.raises(nodes.loader.InputError, match="not a .gguf file in models/diffusion_models"):
         loader.load("Cosmos3-Nano", "fp32", "cpu", transformer_file="../diffusion_models/Cosmos3-Nano-Q4_0.gguf")
+
+
+def reason(nodes, model, question="What is this?", sampling="greedy", **extra):
+    options = dict(system_prompt="", max_new_tokens=6, thinking=False, sampling=sampling, temperature=0.7, top_p=0.8,
+                   top_k=20, presence_penalty=1.5, seed=0)  # fmt: skip
+    options.update(extra)
+    return nodes.Cosmos3Reason().reason(model, question, **options)
+
+
+def test_reason_node_streams_into_the_node_and_matches_the_runtime(nodes, monkeypatch):
+    model, _, _ = load(nodes, "Cosmos3-Nano")
+    shown = []
+    monkeypatch.setattr(nodes.services, "progress_text", lambda text, node_id: shown.append((node_id, text)))
+    pictures = torch.rand(2, 40, 56, 3)  # a batch: two pictures
+    out = reason(nodes, model, image=pictures, node_id="9")
+    answer, thinking = out["result"]
+    pipe = model.pipeline
+    expected = pipe.reason("What is this?", images=list(pictures), max_new_tokens=6, temperature=0.0)
+    assert answer == expected.text and thinking == "" and out["ui"]["text"][0] == answer
+    assert shown and shown[-1] == ("9", answer)  # the finished answer is the last text shown
+    clip = torch.rand(9, 40, 56, 3)
+    out = reason(nodes, model, video=clip, video_fps=8.0, sample_fps=4.0, node_id="9")
+    assert out["result"][0] == pipe.reason("What is this?", video=clip, video_fps=8.0, sample_fps=4.0,
+                                           max_new_tokens=6, temperature=0.0).text  # fmt: skip
+    custom = reason(nodes, model, sampling="custom", temperature=0.9, top_k=5, seed=3)["result"][0]
+    assert custom == pipe.reason("What is this?", max_new_tokens=6, temperature=0.9, top_k=5, top_p=0.8,
+                                 presence_penalty=1.5, seed=3).text  # fmt: skip
+
+
+def test_cancel_while_reasoning_then_the_next_question_works(nodes, monkeypatch):
+    model, _, _ = load(nodes, "Cosmos3-Nano")
+
+    class Interrupted(BaseException):
+        pass
+
+    calls = []
+
+    def interrupt_on_third_token():
+        calls.append(1)
+        if len(calls) == 3:
+            raise Interrupted
+
+    monkeypatch.setattr(nodes.services, "check_interrupt", interrupt_on_third_token)
+    with pytest.raises(Interrupted):
+        reason(nodes, model)
+    monkeypatch.undo()
+    assert len(reason(nodes, model)["ui"]["text"]) == 2
+
+
+def test_upsample_prompt_node_passes_a_caption_to_text_encode(nodes, monkeypatch):
+    model, _, _ = load(nodes, "Cosmos3-Nano")
+    reply = '```json\n{"scene_imagination": "focus: a cat", "temporal_caption": "0:00 a cat", "duration": "0:02"}\n```'
+    answer = type("Answer", (), {"text": reply})
+    monkeypatch.setattr(type(model.pipeline), "chat", lambda self, messages, images, **options: answer)
+    out = nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 64, 48, 49, 24.0, 64, "greedy", 0.7, 0.8, 20, 1.5, 0)
+    (caption,) = out["result"]
+    assert json.loads(caption)["duration"] == "2s" and out["ui"]["text"][0] == "JSON caption"
+    bundle = nodes.Cosmos3TextEncode().encode(caption, "", "auto", True, True, True)["result"][0]
+    assert json.loads(bundle["prompt"])["temporal_caption"] == "0:00 a cat"
+    with pytest.raises(Exception, match="one starting image"):
+        nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 0, 0, 0, 0.0, 64, "greedy", 0.7, 0.8, 20, 1.5, 0,
+                                               image=torch.rand(2, 32, 32, 3))  # fmt: skip

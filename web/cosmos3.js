@@ -7,7 +7,7 @@ import { app } from "../../scripts/app.js";
 
 const REPORTING_NODES = new Set(["Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler",
   "Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthControl", "Cosmos3SegmentationControl",
-  "Cosmos3WorldScenarioMapControl"]);
+  "Cosmos3WorldScenarioMapControl", "Cosmos3Reason", "Cosmos3UpsamplePrompt"]);
 const REPORT = "cosmos3_report";
 const LINE_PX = 17;
 const MAX_LINES = 5; // longer reports scroll inside the box instead of growing the node over its neighbours

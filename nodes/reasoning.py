@@ -1,0 +1,155 @@
+"""The Reasoner nodes: ask the loaded checkpoint about images or a clip, and upsample a prompt into a JSON caption.
+
+Both run on the loaded COSMOS3_MODEL (the Reasoner shares its text tower); the answer streams into the
+node as progress text while it is written, the progress bar counts tokens, and Cancel stops it.
+"""
+
+import time
+
+from ..cosmos3_runtime.errors import InputError
+from ..cosmos3_runtime.reasoner import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLE_FPS, DEFAULT_VIDEO_FPS, MAX_NEW_TOKENS,
+                                        Clip, upsample)  # fmt: skip
+from ..cosmos3_runtime.reasoner.decoding import RECOMMENDED
+from ..cosmos3_runtime.workers import WorkerPool
+from . import services
+from .sampling import seed_widget, size_widgets
+
+SAMPLING = ("recommended", "greedy", "custom")
+STREAM_INTERVAL_S = 0.1  # progress-text updates per second, at most
+
+
+def sampling_widgets(default: str) -> dict:
+    off, on = RECOMMENDED[False], RECOMMENDED[True]
+    return {
+        "sampling": (list(SAMPLING), {"default": default, "tooltip": f"recommended: NVIDIA's settings (temperature, "
+                     f"top_p, top_k, presence_penalty {', '.join(map(str, off))}; with thinking "
+                     f"{', '.join(map(str, on))}); greedy: always the likeliest token; custom: the values below"}),
+        "temperature": ("FLOAT", {"default": off[0], "min": 0.0, "max": 2.0, "step": 0.05, "tooltip": "custom only"}),
+        "top_p": ("FLOAT", {"default": off[1], "min": 0.01, "max": 1.0, "step": 0.01, "tooltip": "custom only"}),
+        "top_k": ("INT", {"default": off[2], "min": 0, "max": 1000, "tooltip": "custom only; 0: no limit"}),
+        "presence_penalty": ("FLOAT", {"default": off[3], "min": -2.0, "max": 2.0, "step": 0.1, "tooltip": "custom only"}),
+        "seed": seed_widget(),
+    }  # fmt: skip
+
+
+def sampling_options(sampling, temperature, top_p, top_k, presence_penalty, seed) -> dict:
+    if sampling == "greedy":
+        return {"temperature": 0.0, "seed": seed}
+    if sampling == "custom":
+        return {"temperature": temperature, "top_p": top_p, "top_k": top_k, "presence_penalty": presence_penalty,
+                "seed": seed}  # fmt: skip
+    return {"seed": seed}  # the runtime fills in NVIDIA's values for the mode
+
+
+class Streamer:
+    """The answer as progress text on the node and the token count on the progress bar; Cancel raises here."""
+
+    def __init__(self, node_id, total: int):
+        self.node_id, self.progress, self.shown_at = node_id, services.Progress(total, previews=False), 0.0
+
+    def __call__(self, count: int, total: int, text: str) -> None:
+        self.progress.update(count)
+        now = time.monotonic()
+        if now - self.shown_at >= STREAM_INTERVAL_S or count == total:
+            self.shown_at = now
+            services.progress_text(text, self.node_id)
+
+
+def single_pipeline(model):
+    pipe = model.pipeline
+    if isinstance(pipe, WorkerPool):
+        raise InputError("the Reasoner runs on one GPU; load the checkpoint with gpus = 1 for Cosmos3 Reason and "
+                         "Cosmos3 Upsample Prompt")  # fmt: skip
+    return pipe
+
+
+class Cosmos3Reason:
+    DESCRIPTION = ("Asks the checkpoint's Reasoner a question about images or a clip (or text alone): describe, "
+                   "locate, explain, judge physical plausibility. The same weights as generation.")  # fmt: skip
+    CATEGORY = "cosmos3"
+    RETURN_TYPES = ("STRING", "STRING")
+    RETURN_NAMES = ("answer", "thinking")
+    OUTPUT_TOOLTIPS = ("the answer", "the reasoning before it (thinking on), else empty")
+    FUNCTION = "reason"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": ("COSMOS3_MODEL",),
+                "question": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "Describe this image.",
+                             "tooltip": "the question (media come first in the prompt, as NVIDIA recommends)"}),  # fmt: skip
+                "system_prompt": ("STRING", {"dynamicPrompts": False, "default": "",
+                                  "tooltip": "empty: none (NVIDIA suggests 'You are a helpful assistant.')"}),  # fmt: skip
+                "max_new_tokens": ("INT", {"default": DEFAULT_MAX_NEW_TOKENS, "min": 1, "max": MAX_NEW_TOKENS,
+                                   "tooltip": "the answer's length limit, in tokens"}),  # fmt: skip
+                "thinking": ("BOOLEAN", {"default": False, "tooltip": "reason step by step first; the reasoning "
+                             "comes out as the second output"}),  # fmt: skip
+                **sampling_widgets("recommended"),
+            },
+            "optional": {
+                "image": ("IMAGE", {"tooltip": "one picture, or a batch of pictures each asked about"}),
+                "video": ("IMAGE", {"tooltip": "a clip (an IMAGE batch, e.g. from Load Video or a VAE decode)"}),
+                "video_fps": ("FLOAT", {"default": DEFAULT_VIDEO_FPS, "min": 0.1, "max": 240.0, "step": 0.1,
+                              "tooltip": "the clip's frame rate (its timestamps in the prompt come from it)"}),  # fmt: skip
+                "sample_fps": ("FLOAT", {"default": DEFAULT_SAMPLE_FPS, "min": 0.1, "max": 60.0, "step": 0.1,
+                               "tooltip": "frames per second of the clip the Reasoner looks at (NVIDIA recommends 4)"}),  # fmt: skip
+            },
+            "hidden": {"node_id": "UNIQUE_ID"},
+        }
+
+    def reason(self, model, question, system_prompt, max_new_tokens, thinking, sampling, temperature, top_p, top_k,
+               presence_penalty, seed, image=None, video=None, video_fps=DEFAULT_VIDEO_FPS,
+               sample_fps=DEFAULT_SAMPLE_FPS, node_id=None):  # fmt: skip
+        single_pipeline(model)
+        images = [] if image is None else list(image)
+        clip = None if video is None else Clip(video, video_fps, sample_fps)
+        with model.use(reasoner=True) as pipe:
+            answer = pipe.reason(question, images=images, video=clip, system_prompt=system_prompt.strip() or None,
+                                 max_new_tokens=max_new_tokens, thinking=thinking,
+                                 callback=Streamer(node_id, max_new_tokens),
+                                 **sampling_options(sampling, temperature, top_p, top_k, presence_penalty, seed))  # fmt: skip
+        tokens = len(answer.token_ids)
+        report = [answer.text, f"({tokens} tokens, {answer.finish_reason}; "
+                  f"{tokens / max(answer.decode_seconds, 1e-9):.1f} tokens/s)"]  # fmt: skip
+        return {"ui": {"text": report}, "result": (answer.text, answer.thinking or "")}
+
+
+class Cosmos3UpsamplePrompt:
+    DESCRIPTION = ("Turns a short prompt (and optionally the starting image) into the detailed JSON caption Cosmos3 "
+                   "was trained on, with the model authors' own upsampling templates. Feed it to Text Encode.")  # fmt: skip
+    CATEGORY = "cosmos3"
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("caption",)
+    OUTPUT_TOOLTIPS = ("the JSON caption (the prompt unchanged when the reply held none)",)
+    FUNCTION = "upsample"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": ("COSMOS3_MODEL",),
+                "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "tooltip": "a short description"}),
+                **size_widgets(),
+                "frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": "the generation's frame count "
+                           "(1: an image caption); 0 = automatic"}),  # fmt: skip
+                "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5, "tooltip": "0 = automatic"}),
+                "max_new_tokens": ("INT", {"default": upsample.DEFAULT_MAX_NEW_TOKENS, "min": 1, "max": MAX_NEW_TOKENS}),
+                **sampling_widgets("greedy"),
+            },
+            "optional": {"image": ("IMAGE", {"tooltip": "the starting frame of an image-to-video generation"})},
+            "hidden": {"node_id": "UNIQUE_ID"},
+        }
+
+    def upsample(self, model, prompt, width, height, frames, fps, max_new_tokens, sampling, temperature, top_p, top_k,
+                 presence_penalty, seed, image=None, node_id=None):  # fmt: skip
+        single_pipeline(model)
+        if image is not None and image.shape[0] != 1:
+            raise InputError(f"Upsample Prompt takes one starting image, got a batch of {image.shape[0]}")
+        with model.use(reasoner=True) as pipe:
+            result = pipe.upsample_prompt(prompt, image=None if image is None else image[0], width=width or None,
+                                          height=height or None, num_frames=frames or None, fps=fps or None,
+                                          max_new_tokens=max_new_tokens, callback=Streamer(node_id, max_new_tokens),
+                                          **sampling_options(sampling, temperature, top_p, top_k, presence_penalty, seed))  # fmt: skip
+        note = "JSON caption" if result.parsed else "the reply held no JSON caption: the prompt is passed on unchanged"
+        return {"ui": {"text": [note, result.caption]}, "result": (result.caption,)}

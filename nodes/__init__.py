@@ -10,7 +10,7 @@ from .core.nodes import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTex
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
-from .reasoning import Cosmos3Reason, Cosmos3UpsamplePrompt
+from .reasoning import Cosmos3Reason, Cosmos3ReasonSampling, Cosmos3UpsamplePrompt
 from .sampling import (Cosmos3ImageToVideo, Cosmos3LatentToVideo, Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode,
                        Cosmos3VideoToVideo)  # fmt: skip
 from .transfer import (Cosmos3BlurControl, Cosmos3DepthControl, Cosmos3EdgeControl, Cosmos3SegmentationControl,
@@ -54,6 +54,7 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3WorldScenarioMapControl": Cosmos3WorldScenarioMapControl,
     "Cosmos3TransferSampler": Cosmos3TransferSampler,
     "Cosmos3Reason": Cosmos3Reason,
+    "Cosmos3ReasonSampling": Cosmos3ReasonSampling,
     "Cosmos3UpsamplePrompt": Cosmos3UpsamplePrompt,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -87,5 +88,6 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3WorldScenarioMapControl": "Cosmos3 World Scenario Map Control",
     "Cosmos3TransferSampler": "Cosmos3 Transfer Sampler",
     "Cosmos3Reason": "Cosmos3 Reason",
+    "Cosmos3ReasonSampling": "Cosmos3 Reason Sampling",
     "Cosmos3UpsamplePrompt": "Cosmos3 Upsample Prompt",
 }

@@ -8,37 +8,41 @@ import time
 
 from ..cosmos3_runtime.errors import InputError
 from ..cosmos3_runtime.reasoner import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLE_FPS, DEFAULT_VIDEO_FPS, MAX_NEW_TOKENS,
-                                        Clip, upsample)  # fmt: skip
+                                        Clip, Sampling, upsample)  # fmt: skip
 from ..cosmos3_runtime.reasoner.decoding import RECOMMENDED
 from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 from .sampling import seed_widget, size_widgets
 
-SAMPLING = ("recommended", "greedy", "custom")
+SAMPLING = "COSMOS3_SAMPLING"
+
 STREAM_INTERVAL_S = 0.1  # progress-text updates per second, at most
 
 
-def sampling_widgets(default: str) -> dict:
-    off, on = RECOMMENDED[False], RECOMMENDED[True]
-    return {
-        "sampling": (list(SAMPLING), {"default": default, "tooltip": f"recommended: NVIDIA's settings (temperature, "
-                     f"top_p, top_k, presence_penalty {', '.join(map(str, off))}; with thinking "
-                     f"{', '.join(map(str, on))}); greedy: always the likeliest token; custom: the values below"}),
-        "temperature": ("FLOAT", {"default": off[0], "min": 0.0, "max": 2.0, "step": 0.05, "tooltip": "custom only"}),
-        "top_p": ("FLOAT", {"default": off[1], "min": 0.01, "max": 1.0, "step": 0.01, "tooltip": "custom only"}),
-        "top_k": ("INT", {"default": off[2], "min": 0, "max": 1000, "tooltip": "custom only; 0: no limit"}),
-        "presence_penalty": ("FLOAT", {"default": off[3], "min": -2.0, "max": 2.0, "step": 0.1, "tooltip": "custom only"}),
-        "seed": seed_widget(),
-    }  # fmt: skip
+class Cosmos3ReasonSampling:
+    DESCRIPTION = ("How the Reasoner picks each token, for Cosmos3 Reason and Upsample Prompt. Without it, Reason uses "
+                   "NVIDIA's recommended settings and Upsample Prompt is greedy. temperature 0: greedy.")  # fmt: skip
+    CATEGORY = "cosmos3"
+    RETURN_TYPES = (SAMPLING,)
+    RETURN_NAMES = ("sampling",)
+    FUNCTION = "build"
 
+    @classmethod
+    def INPUT_TYPES(cls):
+        temperature, top_p, top_k, presence = RECOMMENDED[False]
+        return {"required": {
+            "temperature": ("FLOAT", {"default": temperature, "min": 0.0, "max": 2.0, "step": 0.05,
+                            "tooltip": "0: greedy (always the likeliest token)"}),
+            "top_p": ("FLOAT", {"default": top_p, "min": 0.01, "max": 1.0, "step": 0.01}),
+            "top_k": ("INT", {"default": top_k, "min": 0, "max": 1000, "tooltip": "0: no limit"}),
+            "presence_penalty": ("FLOAT", {"default": presence, "min": -2.0, "max": 2.0, "step": 0.1,
+                                 "tooltip": "subtracted from tokens already written (NVIDIA: 1.5, 0 with thinking)"}),
+        }}  # fmt: skip
 
-def sampling_options(sampling, temperature, top_p, top_k, presence_penalty, seed) -> dict:
-    if sampling == "greedy":
-        return {"temperature": 0.0, "seed": seed}
-    if sampling == "custom":
-        return {"temperature": temperature, "top_p": top_p, "top_k": top_k, "presence_penalty": presence_penalty,
-                "seed": seed}  # fmt: skip
-    return {"seed": seed}  # the runtime fills in NVIDIA's values for the mode
+    def build(self, temperature, top_p, top_k, presence_penalty):
+        options = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "presence_penalty": presence_penalty}
+        Sampling.resolve(False, **options)  # refused here, before the model runs
+        return (options,)
 
 
 class Streamer:
@@ -85,9 +89,11 @@ class Cosmos3Reason:
                                    "tooltip": "the answer's length limit, in tokens"}),  # fmt: skip
                 "thinking": ("BOOLEAN", {"default": False, "tooltip": "reason step by step first; the reasoning "
                              "comes out as the second output"}),  # fmt: skip
-                **sampling_widgets("recommended"),
+                "seed": seed_widget(),
             },
             "optional": {
+                "sampling": (SAMPLING, {"tooltip": "from Cosmos3 Reason Sampling; default: NVIDIA's recommended "
+                             "settings for the mode"}),  # fmt: skip
                 "image": ("IMAGE", {"tooltip": "one picture, or a batch of pictures each asked about"}),
                 "video": ("IMAGE", {"tooltip": "a clip (an IMAGE batch, e.g. from Load Video or a VAE decode)"}),
                 "video_fps": ("FLOAT", {"default": DEFAULT_VIDEO_FPS, "min": 0.1, "max": 240.0, "step": 0.1,
@@ -98,17 +104,15 @@ class Cosmos3Reason:
             "hidden": {"node_id": "UNIQUE_ID"},
         }
 
-    def reason(self, model, question, system_prompt, max_new_tokens, thinking, sampling, temperature, top_p, top_k,
-               presence_penalty, seed, image=None, video=None, video_fps=DEFAULT_VIDEO_FPS,
-               sample_fps=DEFAULT_SAMPLE_FPS, node_id=None):  # fmt: skip
+    def reason(self, model, question, system_prompt, max_new_tokens, thinking, seed, sampling=None, image=None,
+               video=None, video_fps=DEFAULT_VIDEO_FPS, sample_fps=DEFAULT_SAMPLE_FPS, node_id=None):  # fmt: skip
         single_pipeline(model)
         images = [] if image is None else list(image)
         clip = None if video is None else Clip(video, video_fps, sample_fps)
         with model.use(reasoner=True) as pipe:
             answer = pipe.reason(question, images=images, video=clip, system_prompt=system_prompt.strip() or None,
                                  max_new_tokens=max_new_tokens, thinking=thinking,
-                                 callback=Streamer(node_id, max_new_tokens),
-                                 **sampling_options(sampling, temperature, top_p, top_k, presence_penalty, seed))  # fmt: skip
+                                 callback=Streamer(node_id, max_new_tokens), seed=seed, **(sampling or {}))  # fmt: skip
         tokens = len(answer.token_ids)
         report = [answer.text, f"({tokens} tokens, {answer.finish_reason}; "
                   f"{tokens / max(answer.decode_seconds, 1e-9):.1f} tokens/s)"]  # fmt: skip
@@ -135,14 +139,18 @@ class Cosmos3UpsamplePrompt:
                            "(1: an image caption); 0 = automatic"}),  # fmt: skip
                 "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5, "tooltip": "0 = automatic"}),
                 "max_new_tokens": ("INT", {"default": upsample.DEFAULT_MAX_NEW_TOKENS, "min": 1, "max": MAX_NEW_TOKENS}),
-                **sampling_widgets("greedy"),
+                "seed": seed_widget(),
             },
-            "optional": {"image": ("IMAGE", {"tooltip": "the starting frame of an image-to-video generation"})},
+            "optional": {
+                "sampling": (SAMPLING, {"tooltip": "from Cosmos3 Reason Sampling; default: greedy, as the model "
+                             "authors upsample"}),  # fmt: skip
+                "image": ("IMAGE", {"tooltip": "the starting frame of an image-to-video generation"}),
+            },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
 
-    def upsample(self, model, prompt, width, height, frames, fps, max_new_tokens, sampling, temperature, top_p, top_k,
-                 presence_penalty, seed, image=None, node_id=None):  # fmt: skip
+    def upsample(self, model, prompt, width, height, frames, fps, max_new_tokens, seed, sampling=None, image=None,
+                 node_id=None):  # fmt: skip
         single_pipeline(model)
         if image is not None and image.shape[0] != 1:
             raise InputError(f"Upsample Prompt takes one starting image, got a batch of {image.shape[0]}")
@@ -150,6 +158,6 @@ class Cosmos3UpsamplePrompt:
             result = pipe.upsample_prompt(prompt, image=None if image is None else image[0], width=width or None,
                                           height=height or None, num_frames=frames or None, fps=fps or None,
                                           max_new_tokens=max_new_tokens, callback=Streamer(node_id, max_new_tokens),
-                                          **sampling_options(sampling, temperature, top_p, top_k, presence_penalty, seed))  # fmt: skip
+                                          seed=seed, **(sampling or {}))  # fmt: skip
         note = "JSON caption" if result.parsed else "the reply held no JSON caption: the prompt is passed on unchanged"
         return {"ui": {"text": [note, result.caption]}, "result": (result.caption,)}

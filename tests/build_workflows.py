@@ -49,7 +49,6 @@ OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVi
                 "Cosmos3ActionPlot", "VAEDecode", "PreviewAny")  # fmt: skip
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
 MEDIA_NODES_ON_TOP = 4  # more input-media nodes than this: the prompt moves to the bottom row
-MIN_TEXT_ZOOM = 0.6  # the front end stops drawing node text below this zoom
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
 REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
@@ -103,21 +102,13 @@ def node_height(cls, inputs: int) -> int:
 
 
 def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
-    """Node positions and sizes, and the groups around each stage: in two rows, or in one when two would need a
-    zoom below the front end's text threshold."""
+    """Node positions and sizes, and the groups around each stage."""
     stage_of = stages(prompt)
+    placed, groups = {}, []
+    y = MARGIN + GROUP_TITLE
     rows = (TOP_ROW, BOTTOM_ROW)
     if sum(stage == "Input media" for stage in stage_of.values()) > MEDIA_NODES_ON_TOP:  # keep the rows balanced
         rows = (TOP_ROW[:-1], ("Prompt", *BOTTOM_ROW))
-    placed, groups = place(prompt, registry, input_counts, stage_of, rows)
-    if saved_view(groups)["scale"] < MIN_TEXT_ZOOM:
-        placed, groups = place(prompt, registry, input_counts, stage_of, (TOP_ROW + BOTTOM_ROW,))
-    return placed, groups
-
-
-def place(prompt, registry, input_counts, stage_of, rows) -> tuple[dict, list]:
-    placed, groups = {}, []
-    y = MARGIN + GROUP_TITLE
     for row in rows:
         x, row_bottom = MARGIN, y
         for stage in row:

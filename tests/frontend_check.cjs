@@ -1,7 +1,8 @@
 // Opens every UI workflow in a running ComfyUI's real front end (headless Chromium) and prints, as one
 // JSON line: the front end's own API conversion of each (app.graphToPrompt), the page errors seen
 // while it loaded, the zoom the template browser's fit-to-view gives it, the report text a workflow with a missing
-// checkpoint gets on its loader, and what the node search lists for a few queries.
+// checkpoint gets on its loader, the answer the Reasoner workflow shows when it is queued from the page, and what
+// the node search lists for a few queries.
 // Usage: node frontend_check.cjs URL WORKFLOW_DIR SCREENSHOT_DIR  (NODE_PATH must reach playwright-core;
 // CHROMIUM names the browser). Run by tests/test_comfyui_server.py.
 const fs = require("fs");
@@ -53,6 +54,23 @@ async function main() {
     const node = window.app.graph.getNodeById(id);
     return node.widgets.find((w) => w.name === "cosmos3_report")?.value ?? "";
   }, loader.id);
+  // The Reasoner workflow queued from the front end (8 new tokens): the answer shows in the Reason node's report
+  // and in Preview Any.
+  const reasoning = JSON.parse(fs.readFileSync(path.join(workflowDir, "cosmos3_nano_reason_image.json"), "utf8"));
+  const reason = reasoning.nodes.find((n) => n.type === "Cosmos3Reason");
+  const preview = reasoning.nodes.find((n) => n.type === "PreviewAny");
+  reason.widgets_values[2] = 8; // max_new_tokens
+  await page.evaluate(async (w) => { await window.app.loadGraphData(w, true, true, "reason"); }, reasoning);
+  await page.waitForTimeout(1000);
+  await page.evaluate(async () => { await window.app.queuePrompt(0, 1); });
+  await page.waitForFunction((id) => window.app.graph.getNodeById(id).widgets.find((w) => w.name === "cosmos3_report")?.value,
+    reason.id, { timeout: 180000 });
+  await page.waitForTimeout(1000);
+  [report.reason_report, report.reason_preview] = await page.evaluate(([r, p]) => [
+    window.app.graph.getNodeById(r).widgets.find((w) => w.name === "cosmos3_report").value,
+    window.app.graph.getNodeById(p).widgets?.find((w) => w.type !== "button")?.value ?? "",
+  ], [reason.id, preview.id]);
+  await page.screenshot({ path: path.join(shotDir, "reason_answer.png") });
   // The node search, as a user opens it (double click on an empty canvas): what a query lists.
   report.search = {};
   for (const term of ["Cosmos3 Core Model", "Cosmos3 API"]) {

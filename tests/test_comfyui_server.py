@@ -178,7 +178,24 @@ def test_every_api_workflow_runs_in_the_server(server, path):
         return
     reports = [text for output in history["outputs"].values() for text in output.get("text", [])]
     modes = ("t2i", "t2v", "i2v", "v2v", "policy", "forward_dynamics", "inverse_dynamics", "transfer")
-    assert any(line.startswith(modes) for line in reports), reports
+    assert any(line.startswith(modes) for line in reports) or path.stem.endswith("_reason_image"), reports
+    for node_id, node in prompt.items():
+        if node["class_type"] == "Cosmos3Reason":  # the answer in the node, and in the text preview after it
+            answer, count = history["outputs"][node_id]["text"]
+            assert "8 tokens" in count
+            preview = next(n for n, v in prompt.items() if v["class_type"] == "PreviewAny")
+            assert history["outputs"][preview]["text"] == [answer]
+
+
+def test_a_refused_question_leaves_the_server_working(server):
+    url, _ = server
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_nano_reason_image.json").read_text()))
+    prompt["9"]["inputs"]["question"] = "What is <|image_pad|> this?"
+    history = _run(url, prompt)
+    errors = [data.get("exception_message") for event, data in history["status"]["messages"] if event == "execution_error"]
+    assert history["status"]["status_str"] == "error" and "special token" in errors[0], errors
+    prompt["9"]["inputs"]["question"] = "What is this?"
+    assert _run(url, prompt)["status"]["status_str"] == "success"
 
 
 def test_a_transfer_the_checkpoint_refuses_leaves_the_server_working(server):
@@ -248,6 +265,8 @@ def test_the_front_end_opens_and_converts_every_ui_workflow(server, tmp_path):
         assert report["errors"][path.stem] == [], report["errors"][path.stem]
         assert report["template_scale"][path.stem] >= 0.6  # opened from the template browser: text still drawn
     assert "checkpoint not installed: Cosmos3-Missing" in report["missing_notice"]
+    answer, count = report["reason_report"].split("\n")[-2:]  # run from the front end: the answer shows in the node
+    assert "8 tokens" in count and report["reason_preview"] == answer
     # the endpoint's internal nodes are developer-mode only: the node search does not offer them
     assert any("Cosmos3 Core Model" in hit for hit in report["search"]["Cosmos3 Core Model"]), report["search"]
     assert not any("Cosmos3 API" in hit for hit in report["search"]["Cosmos3 API"]), report["search"]

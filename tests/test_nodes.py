@@ -389,9 +389,11 @@ def test_the_loader_takes_a_gguf_transformer_from_the_diffusion_models_folder(no
         loader.load("Cosmos3-Nano", "fp32", "cpu", transformer_file="../diffusion_models/Cosmos3-Nano-Q4_0.gguf")
 
 
-def reason(nodes, model, question="What is this?", sampling="greedy", **extra):
-    options = dict(system_prompt="", max_new_tokens=6, thinking=False, sampling=sampling, temperature=0.7, top_p=0.8,
-                   top_k=20, presence_penalty=1.5, seed=0)  # fmt: skip
+GREEDY = {"temperature": 0.0, "top_p": 0.8, "top_k": 20, "presence_penalty": 1.5}
+
+
+def reason(nodes, model, question="What is this?", sampling=GREEDY, **extra):
+    options = dict(system_prompt="", max_new_tokens=6, thinking=False, seed=0, sampling=sampling)
     options.update(extra)
     return nodes.Cosmos3Reason().reason(model, question, **options)
 
@@ -411,9 +413,13 @@ def test_reason_node_streams_into_the_node_and_matches_the_runtime(nodes, monkey
     out = reason(nodes, model, video=clip, video_fps=8.0, sample_fps=4.0, node_id="9")
     assert out["result"][0] == pipe.reason("What is this?", video=clip, video_fps=8.0, sample_fps=4.0,
                                            max_new_tokens=6, temperature=0.0).text  # fmt: skip
-    custom = reason(nodes, model, sampling="custom", temperature=0.9, top_k=5, seed=3)["result"][0]
-    assert custom == pipe.reason("What is this?", max_new_tokens=6, temperature=0.9, top_k=5, top_p=0.8,
-                                 presence_penalty=1.5, seed=3).text  # fmt: skip
+    (custom,) = nodes.Cosmos3ReasonSampling().build(0.9, 0.8, 5, 1.5)
+    assert reason(nodes, model, sampling=custom, seed=3)["result"][0] == pipe.reason(
+        "What is this?", max_new_tokens=6, temperature=0.9, top_k=5, top_p=0.8, presence_penalty=1.5, seed=3).text
+    recommended = reason(nodes, model, sampling=None, seed=3)["result"][0]  # no sampling node: NVIDIA's values
+    assert recommended == pipe.reason("What is this?", max_new_tokens=6, seed=3).text
+    with pytest.raises(Exception, match="top_p"):
+        nodes.Cosmos3ReasonSampling().build(0.9, 0.0, 5, 1.5)
 
 
 def test_cancel_while_reasoning_then_the_next_question_works(nodes, monkeypatch):
@@ -441,11 +447,10 @@ def test_upsample_prompt_node_passes_a_caption_to_text_encode(nodes, monkeypatch
     reply = '```json\n{"scene_imagination": "focus: a cat", "temporal_caption": "0:00 a cat", "duration": "0:02"}\n```'
     answer = type("Answer", (), {"text": reply})
     monkeypatch.setattr(type(model.pipeline), "chat", lambda self, messages, images, **options: answer)
-    out = nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 64, 48, 49, 24.0, 64, "greedy", 0.7, 0.8, 20, 1.5, 0)
+    out = nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 64, 48, 49, 24.0, 64, 0)
     (caption,) = out["result"]
     assert json.loads(caption)["duration"] == "2s" and out["ui"]["text"][0] == "JSON caption"
     bundle = nodes.Cosmos3TextEncode().encode(caption, "", "auto", True, True, True)["result"][0]
     assert json.loads(bundle["prompt"])["temporal_caption"] == "0:00 a cat"
     with pytest.raises(Exception, match="one starting image"):
-        nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 0, 0, 0, 0.0, 64, "greedy", 0.7, 0.8, 20, 1.5, 0,
-                                               image=torch.rand(2, 32, 32, 3))  # fmt: skip
+        nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 0, 0, 0, 0.0, 64, 0, image=torch.rand(2, 32, 32, 3))

@@ -13,6 +13,7 @@ from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 
 NO_CHECKPOINTS = "(no checkpoint folders in models/cosmos3)"
+PARTS = ("all", "reasoner")
 OWN_WEIGHTS = "(the checkpoint's own)"  # transformer_file: the folder's safetensors, or the one .gguf in transformer/
 DEVICE_MODES = ["default", "cpu", "offload"]
 
@@ -75,6 +76,7 @@ class ModelSpec:
     blocks_to_swap: int = 0
     quantize: str | None = None
     transformer_file: str | None = None  # a .gguf replacing the folder's transformer weights
+    parts: str = "all"  # or "reasoner": the text tower and the Reasoner's parts alone
 
     @property
     def runtime_placement(self) -> bool:
@@ -133,7 +135,7 @@ def load_pipeline(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
     pipe = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
                 offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize,
                 linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class(),
-                transformer_file=spec.transformer_file)  # fmt: skip
+                transformer_file=spec.transformer_file, parts=spec.parts)  # fmt: skip
     pipe.transformer.use_media_attention(services.media_attention())  # ComfyUI's backend, inside ComfyUI
     return pipe
 
@@ -205,6 +207,9 @@ class ModelHandle:
         from .core.model import model_patcher
 
         pipe, spec = self.pipeline, self.spec
+        if not pipe.transformer.has_media:
+            raise InputError("this checkpoint was loaded with parts 'reasoner' (no generator weights); set the "
+                             "loader's parts to 'all' to generate")  # fmt: skip
         compute, offload = spec.compute_device(), services.offload_device()
 
         def reload(disable_dynamic=True):  # an independent copy, when ComfyUI asks for one (dynamic VRAM)
@@ -243,8 +248,9 @@ class ModelHandle:
             compute, offload = self.spec.compute_device(), services.offload_device()
             patchers = [self.holder.keep(services.managed_patcher(pipe, m, compute, offload))
                         for m in (pipe.vae, pipe.sound_tokenizer) if m is not None]  # fmt: skip
-            if self.part == "model" and not self.spec.runtime_placement:
-                patchers.append(self.model_patcher())
+            if self.part == "model" and not self.spec.runtime_placement:  # (a Reasoner-only load: its text tower)
+                patchers.append(self.model_patcher() if pipe.transformer.has_media else
+                                self.holder.keep(services.managed_patcher(pipe, pipe.transformer, compute, offload)))
             if reasoner:
                 patchers.append(self.holder.keep(services.managed_patcher(pipe, pipe.reasoner.parts, compute, offload)))
             services.load_managed(patchers, memory_required)
@@ -294,6 +300,8 @@ class Cosmos3ModelLoader:
                                      "GGUF transformer (Q8_0 ... Q4) from models/diffusion_models or models/unet, kept "
                                      "quantized in memory; a single .gguf in the checkpoint's transformer/ folder is "
                                      "used without this"}),  # fmt: skip
+                "parts": (list(PARTS), {"default": "all", "tooltip": "reasoner: only what Cosmos3 Reason and Upsample "
+                          "Prompt need (no generator weights, no VAE): about 58% of the full load for Nano"}),  # fmt: skip
             },
         }
 
@@ -306,7 +314,7 @@ class Cosmos3ModelLoader:
         return True
 
     def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False, gpus=1, multi_gpu="sequence",
-             offload_text=False, blocks_to_swap=0, quantize="none", transformer_file=OWN_WEIGHTS):  # fmt: skip
+             offload_text=False, blocks_to_swap=0, quantize="none", transformer_file=OWN_WEIGHTS, parts="all"):  # fmt: skip
         repo = hf_repo_id.strip()
         if repo:  # a repo id only: never a path, so a workflow cannot point outside the model folders
             source, name, local_only = str(resolve_repo(repo, local_files_only=not allow_download)), repo, True
@@ -315,14 +323,17 @@ class Cosmos3ModelLoader:
         else:
             source, name, local_only = checkpoint_path(model_name), model_name, True
         gguf = None if transformer_file == OWN_WEIGHTS else services.gguf_path(transformer_file)
+        if parts == "reasoner" and gpus > 1:
+            raise InputError("parts 'reasoner' runs on one GPU; set gpus to 1")
         spec = ModelSpec(source, dtype, device, local_only, gpus, multi_gpu, offload_text, blocks_to_swap,
-                         None if quantize == "none" else quantize, gguf)  # fmt: skip
+                         None if quantize == "none" else quantize, gguf, parts)  # fmt: skip
         handle = ModelHandle(spec, name)
         pipe = handle.pipeline
         where = f"{gpus} GPUs ({multi_gpu})" if gpus > 1 else spec.device
         weights = getattr(pipe, "transformer_file", None) or gguf  # the runtime also finds a .gguf in transformer/
         low_vram = [f for f, on in (("text offloaded", offload_text), (f"{blocks_to_swap} blocks swapped", blocks_to_swap),
-                                    (quantize, quantize != "none"), (f"GGUF {os.path.basename(str(weights))}", weights))
+                                    (quantize, quantize != "none"), (f"GGUF {os.path.basename(str(weights))}", weights),
+                                    ("the Reasoner alone", parts == "reasoner"))
                     if on]  # fmt: skip
         where += "".join(f", {item}" for item in low_vram)
         info = f"{name}: {pipe.variant.describe()} ({pipe.dtype}, {where})"

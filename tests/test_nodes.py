@@ -454,3 +454,15 @@ def test_upsample_prompt_node_passes_a_caption_to_text_encode(nodes, monkeypatch
     assert json.loads(bundle["prompt"])["temporal_caption"] == "0:00 a cat"
     with pytest.raises(Exception, match="one starting image"):
         nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 0, 0, 0, 0.0, 64, 0, image=torch.rand(2, 32, 32, 3))
+
+
+def test_reasoner_only_loader_answers_and_refuses_to_generate(nodes):
+    full, _, _ = load(nodes, "Cosmos3-Nano")
+    expected = reason(nodes, full)["result"]
+    model, vae, info = load(nodes, "Cosmos3-Nano", parts="reasoner")
+    assert "the Reasoner alone" in info and model.pipeline.vae is None
+    assert reason(nodes, model)["result"] == expected
+    with pytest.raises(Exception, match="parts"):
+        sample(nodes, model, text(nodes))
+    with pytest.raises(Exception, match="parts 'reasoner' runs on one GPU"):
+        load(nodes, "Cosmos3-Nano", parts="reasoner", gpus=2)

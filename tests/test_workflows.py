@@ -204,7 +204,7 @@ def test_widget_order_of_our_nodes(pack):
     """widgets_values follow these orders; changing one breaks saved workflows (append new widgets only)."""
     expected = {
         "Cosmos3ModelLoader": ["model_name", "dtype", "device", "hf_repo_id", "allow_download", "gpus", "multi_gpu",
-                               "offload_text", "blocks_to_swap", "quantize", "transformer_file"],
+                               "offload_text", "blocks_to_swap", "quantize", "transformer_file", "parts"],
         "Cosmos3TextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template", "duration_template",
                               "json_captions"],
         "Cosmos3Scheduler": ["schedule", "steps", "flow_shift"],

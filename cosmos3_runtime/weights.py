@@ -22,15 +22,19 @@ STORED_AS_IS = (torch.float8_e4m3fn,)
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 
 
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The tensor -> file map of a safetensors index file."""
+    try:
+        return json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{index} is damaged ({exc}); download it again") from exc
+
+
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a component folder: the shards its index names, or the single file."""
     index = folder / INDEX_NAME
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index} is damaged ({exc}); download it again") from exc
-        files = [folder / name for name in dict.fromkeys(weight_map.values())]
+        files = [folder / name for name in dict.fromkeys(read_weight_map(index).values())]
         for f in files:
             if not f.is_file():
                 raise CheckpointError(f"missing weight shard {f} (listed in {index.name}); download it again")

@@ -155,6 +155,13 @@ def _run(url: str, prompt: dict, timeout: float = 300) -> dict:
     pytest.fail(f"prompt {prompt_id} did not finish in {timeout} s")
 
 
+def _outcome(history: dict) -> tuple[str, list[str]]:
+    """A finished prompt's status and the messages of its execution errors."""
+    messages = history["status"]["messages"]
+    return history["status"]["status_str"], [data.get("exception_message") for event, data in messages
+                                             if event == "execution_error"]  # fmt: skip
+
+
 def test_the_pack_loads_without_import_errors(server):
     url, base = server
     log = (base / "server.log").read_text()
@@ -171,8 +178,8 @@ def test_every_api_workflow_runs_in_the_server(server, path):
         if node["class_type"] == "SaveVideo":
             node["inputs"]["filename_prefix"] = f"test/{path.stem}"
     history = _run(url, prompt)
-    errors = [data.get("exception_message") for event, data in history["status"]["messages"] if event == "execution_error"]
-    assert history["status"]["status_str"] == "success", errors
+    status, errors = _outcome(history)
+    assert status == "success", errors
     if path in CORE:  # ComfyUI sampled: the saved image or video is the result
         assert any(output.get("images") for output in history["outputs"].values()), history["outputs"]
         return
@@ -191,9 +198,8 @@ def test_a_refused_question_leaves_the_server_working(server):
     url, _ = server
     prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_nano_reason_image.json").read_text()))
     prompt["9"]["inputs"]["question"] = "What is <|image_pad|> this?"
-    history = _run(url, prompt)
-    errors = [data.get("exception_message") for event, data in history["status"]["messages"] if event == "execution_error"]
-    assert history["status"]["status_str"] == "error" and "special token" in errors[0], errors
+    status, errors = _outcome(_run(url, prompt))
+    assert status == "error" and "special token" in errors[0], errors
     prompt["9"]["inputs"]["question"] = "What is this?"
     assert _run(url, prompt)["status"]["status_str"] == "success"
 
@@ -205,9 +211,8 @@ def test_a_transfer_the_checkpoint_refuses_leaves_the_server_working(server):
                                                               "cosmos3_transfer_scene_depth.mp4"))  # fmt: skip
     prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_nano_transfer_edge.json").read_text()))
     prompt["1"]["inputs"]["model_name"] = "Cosmos3-Edge"
-    history = _run(url, prompt)
-    errors = [data.get("exception_message") for event, data in history["status"]["messages"] if event == "execution_error"]
-    assert history["status"]["status_str"] == "error" and "Edge is refused" in errors[0], errors
+    status, errors = _outcome(_run(url, prompt))
+    assert status == "error" and "Edge is refused" in errors[0], errors
     prompt["1"]["inputs"]["model_name"] = "Cosmos3-Nano"
     assert _run(url, prompt)["status"]["status_str"] == "success"
 
@@ -278,8 +283,8 @@ def test_two_worker_processes_start_inside_comfyui(server):
     prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2i.json").read_text()))
     prompt["1"]["inputs"]["gpus"] = 2
     history = _run(url, prompt)
-    errors = [data.get("exception_message") for event, data in history["status"]["messages"] if event == "execution_error"]
-    assert history["status"]["status_str"] == "success", errors
+    status, errors = _outcome(history)
+    assert status == "success", errors
     prompt["1"]["inputs"]["gpus"] = 1  # and back: the pool is closed, one process again
     assert _run(url, prompt)["status"]["status_str"] == "success"
 

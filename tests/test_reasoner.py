@@ -267,3 +267,22 @@ def test_cli_answers_on_stdout_and_refuses_in_one_line(tmp_path, tiny_factory):
                          (["--video", str(tmp_path / "no.mp4")], "does not exist"), (["--top-p", "2"], "top_p")):
         done = subprocess.run(command[:6] + ["--prompt", "q"] + bad, capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_edge_reasoner_norms_use_the_reference_form_in_bf16():
+    """The Edge generator's Nemotron RMSNorm and the Reasoner's Llama form differ by an ulp in bf16; the Reasoner must
+    round as transformers' Cosmos3EdgeTextRMSNorm does, on the same gains."""
+    require("transformers", minversion="5.24.0")
+    from transformers.models.cosmos3_edge.modeling_cosmos3_edge import Cosmos3EdgeTextRMSNorm
+
+    from cosmos3_runtime.reasoner.language import rms_norm
+    from cosmos3_runtime.transformer import NemotronRMSNorm
+
+    generator = torch.Generator().manual_seed(0)
+    shared = NemotronRMSNorm(256, 1e-5).to(torch.bfloat16)
+    shared.weight.data = (1 + 0.3 * torch.randn(256, generator=generator)).bfloat16()
+    reference = Cosmos3EdgeTextRMSNorm(256, 1e-5).to(torch.bfloat16)
+    reference.weight.data = shared.weight.data.clone()
+    x = (3 * torch.randn(64, 256, generator=generator)).bfloat16()
+    assert torch.equal(rms_norm(shared, x), reference(x))
+    assert not torch.equal(shared(x), reference(x))  # the generator's own form would not match

@@ -7,12 +7,12 @@ processor settings. A folder without those root files still answers text-only qu
 generator's tokenizer.
 """
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checkpoint import read_json
 from ..errors import CheckpointError
+from ..weights import read_weight_map
 
 OMNI, EDGE = "omni", "edge"  # Nano/Super (Qwen3-VL vision, deepstack) and Edge (SigLIP2 vision, projector)
 ROOT_INDEX = "model.safetensors.index.json"
@@ -113,11 +113,8 @@ def vision_files(root: Path) -> list[Path]:
     vision_encoder/ folder's files."""
     index = root / ROOT_INDEX
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index} is damaged ({exc}); download it again") from exc
-        files = [root / name for name in dict.fromkeys(weight_map.values()) if not name.startswith("transformer/")]
+        files = [root / name for name in dict.fromkeys(read_weight_map(index).values())
+                 if not name.startswith("transformer/")]  # fmt: skip
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise CheckpointError(f"missing vision weights {', '.join(missing)} (listed in {index.name}); download "

@@ -4,9 +4,11 @@
 
 The server needs a Policy-DROID checkpoint in models/cosmos3 (a tiny one works: the overhead does not depend on
 the model). For each transport (HTTP JSON, HTTP msgpack, the realtime websocket, the openpi websocket, each
-with the same observation), the median over the requests of: the client's round trip, ComfyUI's execution of
-the queued prompt (from its history: execution start to success), and their difference, which is what the
-transport adds (encoding, the wire, parsing, queueing, the answer). Needs `websockets` and `msgpack`.
+with the same observation; and the chat completions route, the same image as a data URL with a question, 8
+greedy tokens from the same checkpoint's Reasoner), the median over the requests of: the client's round trip,
+ComfyUI's execution of the queued prompt (from its history: execution start to success), and their
+difference, which is what the transport adds (encoding, the wire, parsing, queueing, the answer). Needs
+`websockets` and `msgpack`.
 Not a test: numbers depend on the machine.
 """
 
@@ -67,6 +69,24 @@ def http(url: str, encoding: str):
     return total, answer["cosmos3"]["prompt_id"]
 
 
+def chat(url: str, model: str):
+    from PIL import Image
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    Image.fromarray(IMAGE).save(buffer, format="PNG")
+    image = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    body = {"model": model, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What is on the table?"}]}]}
+    request = urllib.request.Request(f"{url}/cosmos3/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as response:
+        raw = response.read()
+    return (time.perf_counter() - start) * 1000, json.loads(raw)["cosmos3"]["prompt_id"]
+
+
 def websocket(url: str, route: str, document: dict, count: int, prompt_id_of):
     rows = []
     with connect(url.replace("http", "ws", 1) + route, max_size=None, compression=None) as ws:
@@ -85,6 +105,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5)
     args = parser.parse_args()
     http(args.url, "json")  # warm-up: the checkpoint loads
+    with urllib.request.urlopen(f"{args.url}/cosmos3/v1/models") as response:
+        model = json.loads(response.read())["data"][0]["id"]
+    chat(args.url, model)  # warm-up: the Reasoner's parts load
     runs = {
         "HTTP JSON (pixel lists)": [http(args.url, "json") for _ in range(args.requests)],
         "HTTP msgpack": [http(args.url, "msgpack") for _ in range(args.requests)],
@@ -92,6 +115,7 @@ def main() -> None:
                                         lambda a: a["cosmos3"]["prompt_id"]),
         "openpi websocket": websocket(args.url, "/cosmos3/openpi/policy", droid_observation(), args.requests,
                                       lambda a: a["prompt_id"]),
+        "chat completions (image data URL, 8 tokens)": [chat(args.url, model) for _ in range(args.requests)],
     }  # fmt: skip
     print(f"{args.requests} requests each, 224x224 observation, medians in ms")
     print("| transport | round trip | ComfyUI execution | transport overhead |")

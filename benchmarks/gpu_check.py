@@ -7,7 +7,8 @@ offload_text and blocks_to_swap bit-identical to the default on the GPU (side-st
 pinned memory); fp8 and GGUF (Q8_0, Q4_0 files from the converter) weights run and stay close, GGUF with
 block swap bit-identical to GGUF alone, and GGUF layers left in CPU memory (as ComfyUI's memory manager
 leaves what does not fit) running from there; the text tower and swapped layers are off the GPU after a run;
-a two-control transfer over two chunks in bf16 close to fp32 on the CPU.
+a two-control transfer over two chunks in bf16 close to fp32 on the CPU; the Reasoner (an image and a question,
+both families) in bf16 on the GPU against fp32 on the CPU: the same first tokens, last-step logits close.
 Then one speed table from `bench_memory.py --measure` (random weights in the released shapes): Edge
 832x480x81 with CFG, seconds per step (and for 35 steps) and peak VRAM for bf16, fp8, Q8_0, Q4_0,
 offload_text and blocks_to_swap; Nano at its default size with fp8 and Q4_0 when the GPU has room. What
@@ -49,6 +50,27 @@ def check_transfer(folder: Path) -> bool:
     error = (gpu - cpu).abs().mean().item()
     return check("transfer, two controls over two chunks, bf16 on the GPU vs fp32 on the CPU", error < 0.05,
                  f"mean abs difference of the frames {error:.4f}, peak VRAM {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")  # fmt: skip
+
+
+def check_reasoner(folder: Path) -> list[bool]:
+    """Greedy answers about one image, bf16 on the GPU against fp32 on the CPU, for both families."""
+    import numpy as np
+
+    image = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    results = []
+    for kind in ("gated", "edge"):
+        root = make_tiny_checkpoint(folder / f"reasoner-{kind}", kind=kind, size="small")
+        ask = dict(images=[image], max_new_tokens=8, temperature=0.0, keep_logits=True)
+        cpu = cosmos3_runtime.load(root, device="cpu", dtype="fp32", parts="reasoner").reason("What is this?", **ask)
+        torch.cuda.reset_peak_memory_stats()
+        gpu = cosmos3_runtime.load(root, device="cuda", dtype="bf16", parts="reasoner").reason("What is this?", **ask)
+        same = next((i for i, (a, b) in enumerate(zip(cpu.token_ids, gpu.token_ids)) if a != b), len(gpu.token_ids))
+        error = (gpu.logits[0] - cpu.logits[0]).abs().max().item() / cpu.logits[0].abs().max().item()
+        results.append(check(f"Reasoner ({kind}) bf16 on the GPU vs fp32 on the CPU", same >= 1 and error < 0.05,
+                             f"first {same} of 8 tokens equal, first-step logits relative max difference {error:.4f}, "
+                             f"{gpu.prefill_seconds * 1000:.0f} ms prefill, {len(gpu.token_ids) / gpu.decode_seconds:.0f} "
+                             f"tokens/s, peak VRAM {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"))  # fmt: skip
+    return results
 
 
 def main() -> int:
@@ -95,6 +117,7 @@ def main() -> int:
             results.append(check(f"GGUF {qtype} layers left in CPU memory run from there", same,
                                  f"{len(left)} layers on the CPU, bit-identical={same}"))  # fmt: skip
         results.append(check_transfer(Path(tmp) / "gated"))
+        results += check_reasoner(Path(tmp))
     bench = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--measure", "--no-table", "--steps", "2"]
     runs = [("edge", ["--size", "832x480x81", "--options", "default", "fp8", "gguf Q8_0", "gguf Q4_0", "offload_text",
                       "blocks_to_swap=8"])]  # fmt: skip

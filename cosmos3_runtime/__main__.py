@@ -14,11 +14,8 @@ from .checkpoint import Checkpoint, read_json, resolve
 from .errors import Cosmos3Error, InputError
 from .gguf_convert import WRITABLE, convert, describe_types
 from .controls import derive
-from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions,
-                    save_wav, video_header)  # fmt: skip
-from .reasoner import DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLE_FPS, DEFAULT_VIDEO_FPS, Clip, Sampling, check_max_new_tokens
-from .reasoner.config import EDGE, OMNI, read_processor
-from .reasoner.processing import sample_indices
+from .media import IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions, save_wav
+from .reasoner import DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLE_FPS, Sampling, check_max_new_tokens, read_clip
 from .parallel import init_from_env
 from .pipeline import load, open_gguf, planner
 from .request import Request, add_arguments, options_from_args
@@ -125,22 +122,6 @@ def cmd_reason(args) -> None:
         tokens = len(answer.token_ids)
         print(f"{len(answer.prompt_ids)} prompt tokens, {tokens} new ({answer.finish_reason}); prefill "
               f"{answer.prefill_seconds:.2f} s, {tokens / max(answer.decode_seconds, 1e-9):.1f} tokens/s", file=sys.stderr)
-
-
-def read_clip(path: str, sample_fps: float, root: Path) -> Clip:
-    """A video file, decoding only the frames the Reasoner samples when the container says how many it has."""
-    if sample_fps <= 0:
-        raise InputError(f"--video-fps must be positive, got {sample_fps}")
-    total, rate = video_header(path)
-    rate = rate or DEFAULT_VIDEO_FPS
-    if not total:
-        return Clip(read_video(path), rate, sample_fps)
-    family = EDGE if Checkpoint(root).transformer_config().is_dense else OMNI
-    indices = sample_indices(total, rate, sample_fps, read_processor(root, family, "video"))
-    frames = read_video(path, keep=set(indices))
-    if len(frames) != len(indices):
-        raise InputError(f"video {path} has fewer frames than its header says ({total}); re-encode it")
-    return Clip(frames, rate, sample_fps, indices)
 
 
 def read_controls(specs: list[str]) -> dict:

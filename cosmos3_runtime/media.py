@@ -20,6 +20,7 @@ def to_uint8(frames: torch.Tensor) -> np.ndarray:
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".webp")
 VIDEO_CODECS = {".mp4": "libx264", ".mkv": "libx264", ".webm": "libvpx-vp9"}
 LATENT_TYPE = ".safetensors"
+MAX_FRAME_PIXELS = 4096 * 4096  # per image or video frame received by a server or read for the Reasoner
 
 
 def check_output(path: str | Path, kinds: tuple[str, ...] | None = None) -> Path:

@@ -440,3 +440,118 @@ def test_the_action_endpoint_reports_what_the_run_refused(server):
     assert status == 400 and "action head" in answer["detail"], answer
     assert _call(f"{url}{ACTIONS.replace('generations', 'metadata')}")[1]["object"] == "action.metadata"
     _alive(url)
+
+
+# --- the chat completions route, with the real `openai` client ---------------------------------------------------
+
+CHAT_MODEL = "Cosmos3-Nano"
+
+
+def _openai(url: str, prefix: str = ""):
+    openai = pytest.importorskip("openai")
+    return openai, openai.OpenAI(base_url=f"{url}{prefix}/cosmos3/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _clip_bytes(frames=24, fps=12) -> bytes:
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        for i in range(frames):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.full((64, 96, 3), 9 * i, np.uint8), format="rgb24")))
+        container.mux(stream.encode())
+    return buffer.getvalue()
+
+
+def test_the_chat_route_answers_the_openai_client_like_reason(server):
+    import cosmos3_runtime
+
+    url, base = server
+    openai, client = _openai(url)
+    assert CHAT_MODEL in [m.id for m in client.models.list().data]
+    png = _png()
+    image = "data:image/png;base64," + base64.b64encode(png).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}},
+                                             {"type": "text", "text": "What is this?"}]}]  # fmt: skip
+    reply = client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=8, temperature=0, seed=0)
+    pipe = cosmos3_runtime.load(base / "models" / "cosmos3" / CHAT_MODEL, device="cpu", dtype="fp32", parts="reasoner")
+    expected = pipe.reason("What is this?", images=[np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))],
+                           max_new_tokens=8, temperature=0.0, seed=0)  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.message.content == expected.text and choice.finish_reason == expected.finish_reason
+    assert reply.usage.prompt_tokens == len(expected.prompt_ids) and reply.usage.completion_tokens == 8
+    assert reply.object == "chat.completion" and reply.model == CHAT_MODEL and reply.id.startswith("chatcmpl-")
+
+    chunks = list(client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=8, temperature=0,
+                                                 seed=0, stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == expected.text and sum(bool(c.choices and c.choices[0].delta.content) for c in chunks) > 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage.completion_tokens == 8
+
+    video = "data:video/mp4;base64," + base64.b64encode(_clip_bytes()).decode()
+    clip = client.chat.completions.create(model=CHAT_MODEL, max_tokens=4, temperature=0, messages=[{"role": "user",
+        "content": [{"type": "video_url", "video_url": {"url": video}}, {"type": "text", "text": "What happens?"}]}],
+        extra_body={"media_io_kwargs": {"video": {"fps": 2}}})  # fmt: skip
+    assert clip.choices[0].message.content is not None and clip.usage.completion_tokens == 4
+
+    thought = client.chat.completions.create(model=CHAT_MODEL, max_tokens=6, messages=[{"role": "user", "content": "Why?"}],
+                                             extra_body={"chat_template_kwargs": {"enable_thinking": True}})  # fmt: skip
+    assert "reasoning_content" in thought.choices[0].message.model_extra
+
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="never fetches URLs"):
+        client.chat.completions.create(model=CHAT_MODEL, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])  # fmt: skip
+    with pytest.raises(openai.NotFoundError, match="Cosmos3-Missing"):
+        client.chat.completions.create(model="Cosmos3-Missing", messages=messages, max_tokens=2)
+    _, mirrored = _openai(url, "/api")  # ComfyUI mirrors the routes under /api; the next request works
+    again = mirrored.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=8, temperature=0, seed=0)
+    assert again.choices[0].message.content == expected.text
+    _alive(url)
+
+
+def test_the_chat_route_refuses_an_oversized_body(server):
+    url, _ = server
+    body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "x" * (UPLOAD_LIMIT_MB * 2**20 + 10)}]}
+    status, answer = _call(f"{url}/cosmos3/v1/chat/completions", body)
+    assert status == 413 and answer["error"]["param"] == "body", answer
+    _alive(url)
+
+
+def test_an_abandoned_stream_takes_its_prompt_off_the_queue(server):
+    """A chat request waiting behind a long run, whose client goes away, leaves the queue: without the unqueue it
+    would stay pending (and run for nobody)."""
+    import http.client
+
+    url, _ = server
+    busy = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2v.json").read_text()))
+    busy["1"]["inputs"]["model_name"] = "Cosmos3-Edge-Large"
+    busy["4"]["inputs"].update(frames=33, width=128, height=96)
+    status, queued = _call(f"{url}/prompt", {"prompt": busy})
+    assert status == 200, queued
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"model": CHAT_MODEL, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    connection.request("POST", "/cosmos3/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")  # queued: the role chunk came
+
+    def chat_prompts(entries):
+        return [e for e in entries if any(n["class_type"] == "Cosmos3APIChat" for n in e[2].values())]
+
+    queue = _call(f"{url}/queue")[1]
+    assert chat_prompts(queue["queue_pending"]) and queue["queue_running"]  # it waits behind the long run
+    connection.sock.close()
+    connection.close()
+    deadline = time.monotonic() + 10
+    while chat_prompts(_call(f"{url}/queue")[1]["queue_pending"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    queue = _call(f"{url}/queue")[1]
+    assert not chat_prompts(queue["queue_pending"]) and queue["queue_running"], queue  # gone while the run still runs
+    while _call(f"{url}/queue")[1]["queue_running"]:
+        time.sleep(0.5)
+    _alive(url)

@@ -286,3 +286,16 @@ def test_edge_reasoner_norms_use_the_reference_form_in_bf16():
     x = (3 * torch.randn(64, 256, generator=generator)).bfloat16()
     assert torch.equal(rms_norm(shared, x), reference(x))
     assert not torch.equal(shared(x), reference(x))  # the generator's own form would not match
+
+
+def test_stop_strings_cut_the_answer_and_are_never_streamed(nano):
+    full = nano.reason("Tell me a story.", max_new_tokens=12, temperature=0.0)
+    assert len(full.text) > 6
+    stop = full.text[4:6]  # a string the greedy answer writes
+    seen = []
+    cut = nano.reason("Tell me a story.", max_new_tokens=12, temperature=0.0, stop=[stop, "never written"],
+                      callback=lambda n, total, text: seen.append(text))  # fmt: skip
+    assert cut.text == full.text[: full.text.index(stop)] and cut.finish_reason == "stop"
+    assert all(stop not in text and cut.text.startswith(text) for text in seen)
+    with pytest.raises(InputError, match="stop"):
+        nano.reason("q", stop=[""])

@@ -12,6 +12,7 @@ the vision tower) is read from the checkpoint when it is first asked a question.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -26,7 +27,7 @@ from .chat import IMAGE, VIDEO, Prompt
 from .config import EDGE, OMNI, ReasonerConfig, read_config, read_processor, vision_files
 from .decoding import Sampling, next_token
 from .language import KVCache, LanguageModel, ReasonerHead, head_key_mapper
-from .processing import VisionInput, prepare_image, prepare_video
+from .processing import VisionInput, prepare_image, prepare_video, sample_indices
 from .upsample import Upsampled
 from .vision_edge import EdgeVisionTower
 from .vision_qwen import QwenVisionTower
@@ -65,6 +66,25 @@ class Clip:
     indices: list[int] | None = None  # frames already sampled: their indices in the source clip
 
 
+def read_clip(source, sample_fps: float, root) -> Clip:
+    """A video file (a path, or bytes received in memory) for checkpoint `root`'s Reasoner, decoding only the frames
+    it samples when the container says how many it has."""
+    from ..media import MAX_FRAME_PIXELS, read_video, video_header
+
+    if not sample_fps > 0:
+        raise InputError(f"the video's sample fps must be positive, got {sample_fps}")
+    total, rate = video_header(source)
+    rate = rate or DEFAULT_VIDEO_FPS
+    if not total:
+        return Clip(read_video(source, max_pixels=MAX_FRAME_PIXELS), rate, sample_fps)
+    family = EDGE if Checkpoint(root).transformer_config().is_dense else OMNI
+    indices = sample_indices(total, rate, sample_fps, read_processor(Path(root), family, "video"))
+    frames = read_video(source, max_pixels=MAX_FRAME_PIXELS, keep=set(indices))
+    if len(frames) != len(indices):
+        raise InputError(f"the video has fewer frames than its header says ({total}); re-encode it")
+    return Clip(frames, rate, sample_fps, indices)
+
+
 def check_max_new_tokens(value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NEW_TOKENS:
         raise InputError(f"max_new_tokens must be a whole number in 1..{MAX_NEW_TOKENS}, got {value!r}")
@@ -81,11 +101,34 @@ def image_list(images) -> list:
     return [images]
 
 
-def split_thinking(text: str) -> tuple[str | None, str]:
-    """(thinking, answer) of a reply that was asked to think; an unfinished block is all thinking."""
-    head, closed, tail = text.partition("</think>")
-    thinking = head.strip().removeprefix("<think>").strip()
-    return (thinking, tail.strip()) if closed else (thinking, "")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+MAX_STOP_STRINGS = 4
+
+
+def _without_partial(text: str, markers) -> str:
+    """`text` less a tail that could be the start of one of `markers` (still being written)."""
+    longest = max((k for m in markers for k in range(1, min(len(m) - 1, len(text)) + 1) if text.endswith(m[:k])),
+                  default=0)  # fmt: skip
+    return text[: len(text) - longest]
+
+
+def split_thinking(text: str, final: bool = True) -> tuple[str, str]:
+    """(thinking, answer) of a reply that was asked to think; an unfinished block is all thinking. With
+    `final=False` (a reply still being written) a tag not yet complete is held back, so each call's parts extend
+    the previous call's."""
+    head, closed, tail = text.partition(THINK_CLOSE)
+    if not closed and not final:
+        head = _without_partial(head, [THINK_CLOSE])
+        if THINK_OPEN.startswith(head.strip()):
+            return "", ""
+    return head.strip().removeprefix(THINK_OPEN).strip(), tail.strip()
+
+
+def check_stop(stop) -> tuple[str, ...]:
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stop):
+        raise InputError(f"stop must be up to {MAX_STOP_STRINGS} non-empty strings, got {stop!r}")
+    return stop
 
 
 class Reasoner:
@@ -184,9 +227,11 @@ class Reasoner:
     def answer(self, messages: list[dict], images=(), videos=(), *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                sampling: Sampling | None = None, seed: int = 0, thinking: bool = False,
                callback: AnswerCallback | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-               check_memory: bool = True, keep_logits: bool = False) -> Answer:  # fmt: skip
-        """Answer the last user turn of `messages` (see `Cosmos3Pipeline.reason` for the arguments)."""
+               check_memory: bool = True, keep_logits: bool = False, stop=()) -> Answer:  # fmt: skip
+        """Answer the last user turn of `messages` (see `Cosmos3Pipeline.reason` for the arguments). `stop`: up to
+        four strings that end the answer where one first appears (it is cut before it)."""
         check_max_new_tokens(max_new_tokens)
+        stop = check_stop(stop)
         sampling = sampling or Sampling.resolve(thinking)
         prompt, media = self.prepare(messages, images, videos, thinking, max_prompt_tokens)
         dtype = self.head.norm.weight.dtype
@@ -212,9 +257,14 @@ class Reasoner:
             generated.append(token)
             seen[token] = True
             finish = "stop" if token in self.end_ids else "length" if len(generated) == max_new_tokens else None
-            if callback is not None:  # mid-answer, a character still missing bytes is shown with the next token
+            if callback is not None or stop:
                 text = self.decode(generated)
-                callback(len(generated), max_new_tokens, text if finish else text.rstrip("\ufffd"))
+                cut = min((text.find(s) for s in stop if s in text), default=-1)
+                if cut >= 0:
+                    text, finish = text[:cut], "stop"
+                if callback is not None:  # mid-answer, a character still missing bytes or a stop string still
+                    shown = text if finish else _without_partial(text.rstrip("\ufffd"), stop)  # forming: held back
+                    callback(len(generated), max_new_tokens, shown)
             if finish:
                 break
             position = torch.full((3, 1), cache.length + prompt.delta, dtype=torch.long)
@@ -222,7 +272,7 @@ class Reasoner:
             logits = self.language.forward(x, position, cache)
         decode = time.perf_counter() - decode_started
 
-        text = self.decode(generated)
+        text = text if stop else self.decode(generated)
         reasoning = None
         if thinking:
             reasoning, text = split_thinking(text)

@@ -1,4 +1,4 @@
-"""Serving Cosmos3 actions to robot clients on ComfyUI's server.
+"""Serving Cosmos3 to programs on ComfyUI's server: actions to robot clients, the Reasoner to chat clients.
 
 - `requests`: the request and answer shapes every transport shares (SGLang's action envelope).
 - `http`: `POST /cosmos3/v1/actions/generations` (JSON, msgpack, multipart) and `GET .../metadata`.
@@ -6,16 +6,18 @@
 - `openpi`: `WS /cosmos3/openpi/policy`, the openpi protocol DROID clients speak.
 - `sessions`: the websocket session both websockets run; `graph`: the queued graph every request becomes.
 - `msgpack_numpy`: msgpack with numpy arrays.
+- `chat`: `POST /cosmos3/v1/chat/completions` and `GET /cosmos3/v1/models`, the Reasoner for OpenAI-style clients.
 Every route is also served under /api, as ComfyUI mirrors its routes.
 """
 
 from .. import services
+from .chat import Cosmos3APIChat
 from .graph import Cosmos3APIObservation, Cosmos3APIResult
 
 
 def register_routes() -> bool:
     """Add the routes to ComfyUI's server (False outside it)."""
-    from . import http, openpi, realtime
+    from . import chat, http, openpi, realtime
 
     server = services.prompt_server()
     if server is None:
@@ -24,7 +26,9 @@ def register_routes() -> bool:
     server.routes.get(http.METADATA_ROUTE)(http.metadata_route)
     server.routes.get(realtime.ROUTE)(realtime.realtime)
     server.routes.get(openpi.ROUTE)(openpi.policy)
+    server.routes.post(chat.ROUTE)(chat.completions)
+    server.routes.get(chat.MODELS_ROUTE)(chat.models_route)
     return True
 
 
-__all__ = ["Cosmos3APIObservation", "Cosmos3APIResult", "register_routes"]
+__all__ = ["Cosmos3APIChat", "Cosmos3APIObservation", "Cosmos3APIResult", "register_routes"]

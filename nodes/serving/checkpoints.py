@@ -28,6 +28,7 @@ class Checkpoints:
     url_choice: str | None = None  # the URL's ?model=
     env: str = ACTION_MODEL_ENV
     capability: str = "an action head (action_gen in transformer/config.json)"
+    unknown_status: int = 400  # of a request naming a checkpoint that is not installed
 
     @property
     def ways(self) -> str:
@@ -60,7 +61,7 @@ class Checkpoints:
     def _installed(self, name, where: str, source: str) -> str:
         if not isinstance(name, str) or name not in self.names:
             raise FieldError(where, f"{source}{name!r} is not an installed checkpoint; installed: "
-                                    f"{', '.join(self.names) or 'none'}")  # fmt: skip
+                                    f"{', '.join(self.names) or 'none'}", self.unknown_status)  # fmt: skip
         return name
 
 

@@ -25,13 +25,12 @@ import torch
 from ...cosmos3_runtime import InputError
 from ...cosmos3_runtime.action import DEFAULT_CHUNK, DOMAIN_IDS, JOINT_WIDTH, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from ...cosmos3_runtime.errors import LimitError
-from ...cosmos3_runtime.media import read_image, read_video
+from ...cosmos3_runtime.media import MAX_FRAME_PIXELS, read_image, read_video
 
 ENDPOINT_MODES = ("policy", "inverse_dynamics")  # the modes that return actions; forward dynamics returns a video
 DEFAULT_PRESET = "sglang"
 DEFAULT_SEED = 42  # SGLang's
 MAX_UPLOAD_MB = 64  # a whole request body; COSMOS3_API_MAX_UPLOAD_MB overrides it
-MAX_FRAME_PIXELS = 4096 * 4096  # per decoded image or video frame
 MAX_BATCH = 4  # observations in one request (each is its own sampler run, one queue item for all)
 MAX_CANDIDATES = 4  # chunks sampled for one observation
 REDUCERS = ("mean",)

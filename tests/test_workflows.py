@@ -236,6 +236,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3WorldScenarioMapControl": [],
         "Cosmos3TransferSampler": ["width", "height", "frames", "fps", "guidance", "control_guidance", "chunk_frames",
                                    "chunk_overlap_frames", "seed", "control_guidance_interval"],
+        "Cosmos3APIChat": ["key", "choice"],
         "Cosmos3Reason": ["question", "system_prompt", "max_new_tokens", "thinking", "seed", "video_fps", "sample_fps"],
         "Cosmos3ReasonSampling": ["temperature", "top_p", "top_k", "presence_penalty"],
         "Cosmos3UpsamplePrompt": ["prompt", "width", "height", "frames", "fps", "max_new_tokens", "seed"],

@@ -523,8 +523,8 @@ def test_the_chat_route_refuses_an_oversized_body(server):
 
 
 def test_an_abandoned_stream_takes_its_prompt_off_the_queue(server):
-    """A chat request waiting behind a long run, whose client goes away, leaves the queue: without the unqueue it
-    would stay pending (and run for nobody)."""
+    """Chat requests waiting behind a long run, up to the connection cap (the next one is a 503), whose clients go
+    away, leave the queue: without the unqueue they would stay pending (and run for nobody)."""
     import http.client
 
     url, _ = server
@@ -534,19 +534,25 @@ def test_an_abandoned_stream_takes_its_prompt_off_the_queue(server):
     status, queued = _call(f"{url}/prompt", {"prompt": busy})
     assert status == 200, queued
     host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=60)
     body = {"model": CHAT_MODEL, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
-    connection.request("POST", "/cosmos3/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    assert response.status == 200 and response.readline().startswith(b"data: ")  # queued: the role chunk came
+    connections = []
+    for _ in range(MAX_CONNECTIONS):
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        connection.request("POST", "/cosmos3/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200 and response.readline().startswith(b"data: ")  # queued: the role chunk came
+        connections.append(connection)
+    status, refused = _call(f"{url}/cosmos3/v1/chat/completions", body)
+    assert status == 503 and "COSMOS3_API_MAX_CONNECTIONS" in refused["error"]["message"], refused
 
     def chat_prompts(entries):
         return [e for e in entries if any(n["class_type"] == "Cosmos3APIChat" for n in e[2].values())]
 
     queue = _call(f"{url}/queue")[1]
-    assert chat_prompts(queue["queue_pending"]) and queue["queue_running"]  # it waits behind the long run
-    connection.sock.close()
-    connection.close()
+    assert len(chat_prompts(queue["queue_pending"])) == MAX_CONNECTIONS and queue["queue_running"]  # behind the run
+    for connection in connections:
+        connection.sock.close()
+        connection.close()
     deadline = time.monotonic() + 10
     while chat_prompts(_call(f"{url}/queue")[1]["queue_pending"]) and time.monotonic() < deadline:
         time.sleep(0.1)

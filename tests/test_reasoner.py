@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from conftest import IN_CI, ROOT, require
 from safetensors.torch import load_file
 
@@ -114,6 +115,8 @@ def test_pixel_values_equal_transformers_processors(reference, family):
         if pictures:
             assert torch.equal(torch.cat([m.pixels for m in pictures]), ref["pixel_values"]), name
             assert [list(m.grid) for m in pictures] == ref["image_grid_thw"].tolist()
+            as_pil = pipe.reasoner.prepare(messages, [Image.fromarray(i) for i in images], videos)[1]
+            assert torch.equal(torch.cat([m.pixels for m in as_pil if m.kind == "image"]), ref["pixel_values"])
         if clips:
             assert torch.equal(clips[0].pixels, ref["pixel_values_videos"]), name
             assert [list(clips[0].grid)] == ref["video_grid_thw"].tolist()

@@ -414,4 +414,4 @@ def failure(record: dict) -> tuple[int, str]:
             return status, f"{data.get('node_type')}: {data.get('exception_message', '').strip()}"
         if event == "execution_interrupted":
             return 503, "the run was cancelled on the server"
-    return 500, "the run ended without actions"
+    return 500, "the run ended without its result"

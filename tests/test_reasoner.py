@@ -85,6 +85,7 @@ def ask(pipe, case: dict, **options):
                        max_new_tokens=MAX_NEW, temperature=0.0, **options)  # fmt: skip
 
 
+@pytest.mark.slow  # the reference runs in a subprocess (transformers)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_answers_equal_transformers(reference, family):
     root, expected = reference[family]
@@ -99,6 +100,7 @@ def test_greedy_answers_equal_transformers(reference, family):
         assert (logits - ref["logits"]).abs().max() < LOGIT_TOLERANCE, name
 
 
+@pytest.mark.slow  # the reference runs in a subprocess (transformers)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pixel_values_equal_transformers_processors(reference, family):
     root, expected = reference[family]
@@ -135,6 +137,7 @@ def test_uint8_resize_is_what_the_processors_do():
     assert (float_copy - ours).abs().max() > 0.5
 
 
+@pytest.mark.slow  # the reference runs in a subprocess (transformers)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_reasoner_only_load_gives_the_same_answers(reference, family):
     root, expected = reference[family]
@@ -250,6 +253,7 @@ def test_gguf_pipeline_reads_the_head_from_the_shards(tiny_factory, tmp_path):
     assert len(ask(pipe, CASES["text"]).token_ids) == MAX_NEW
 
 
+@pytest.mark.slow  # fresh CLI processes
 def test_cli_answers_on_stdout_and_refuses_in_one_line(tmp_path, tiny_factory):
     import av
 

@@ -241,10 +241,16 @@ class Cosmos3APIChat:
         return {"ui": {"text": [f"{len(result.token_ids)} tokens for chat request {key[:8]} (choice {choice})"]}}
 
 
-def _error(status: int, message: str, param=None, kind="invalid_request_error"):
+def error_object(status: int, message: str, param=None, kind: str | None = None) -> dict:
+    """OpenAI's error object; the type follows from the status unless given."""
+    kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def _error(status: int, message: str, param=None, kind: str | None = None):
     from aiohttp import web
 
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
+    return web.json_response(error_object(status, message, param, kind), status=status)
 
 
 def _message(answer, thinking: bool) -> dict:
@@ -294,6 +300,8 @@ async def completions(request):
 
 
 async def _complete(request):
+    from aiohttp import web
+
     try:
         call = await _parse(request)
     except FieldError as exc:
@@ -323,8 +331,6 @@ async def _complete(request):
             done.cancel()
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            from aiohttp import web
-
             return response or web.Response(status=499)  # nobody is there to read it
         if response is not None:
             return response
@@ -332,11 +338,9 @@ async def _complete(request):
         if record["status"].get("status_str") != "success" or len(answers) != call.choices:
             status, message = services.failure(record)
             raise RunError(status, message, prompt_id)
-        from aiohttp import web
-
         return web.json_response(completion(call, request_id, created, answers, prompt_id))
     except RunError as exc:
-        return _error(exc.status, str(exc), kind="server_error" if exc.status >= 500 else "invalid_request_error")
+        return _error(exc.status, str(exc))
     finally:
         PENDING.pop(key, None)
 
@@ -382,10 +386,7 @@ async def _stream(request, call: ChatCall, key: str, request_id: str, created: i
             pass
     record, answers = done.result(), PENDING[key]["answers"]
     if record["status"].get("status_str") != "success" or len(answers) != call.choices:
-        status, message = services.failure(record)
-        error = {"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",
-                           "param": None, "code": status}}  # fmt: skip
-        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+        await response.write(f"data: {json.dumps(error_object(*services.failure(record)))}\n\n".encode())
     else:
         for c, answer in sorted(answers.items()):
             await send(c, _full_text(answer, thinking), final=True)

@@ -325,14 +325,21 @@ class Cosmos3Pipeline(Planner):
         messages = reasoning.chat.question_messages(question, system_prompt, len(images), bool(videos))
         return self.chat(messages, images, videos, **options)
 
-    def upsample_prompt(self, prompt: str, *, image=None, width: int | None = None, height: int | None = None,
-                        num_frames: int | None = None, fps: float | None = None, **options) -> "reasoning.Upsampled":  # fmt: skip
-        """Turn a short prompt (and optionally the starting image of an image-to-video request) into the JSON
-        caption the generator was trained on, with the model authors' upsampling templates. width, height,
-        num_frames and fps are the generation's (unset: the variant's defaults; num_frames=1 asks for an image
-        caption). `options` as for `reason`; greedy by default (temperature=0), max_new_tokens 4096."""
+    def upsample_prompt(self, prompt: str, *, image=None, video=None, width: int | None = None,
+                        height: int | None = None, num_frames: int | None = None, fps: float | None = None,
+                        **options) -> "reasoning.Upsampled":  # fmt: skip
+        """Turn a short prompt (and optionally the starting image of an image-to-video request, or the clip a
+        video-to-video request continues) into the JSON caption the generator was trained on, with the model
+        authors' upsampling templates. A clip is described from its last frame, where the continuation starts
+        (the authors' templates take one starting image). width, height, num_frames and fps are the generation's
+        (unset: the variant's defaults; num_frames=1 asks for an image caption). `options` as for `reason`;
+        greedy by default (temperature=0), max_new_tokens 4096."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError("no prompt to upsample: pass a non-empty string")
+        if image is not None and video is not None:
+            raise InputError("upsample with a starting image or a clip to continue, not both")
+        if video is not None:
+            image = reasoning.processing.uint8_frames(video, "video")[-1].permute(1, 2, 0)
         s = resolve_settings(self.variant, Request.build(width=width, height=height, num_frames=num_frames, fps=fps))
         task = reasoning.upsample.task_for(s.num_frames, image is not None)
         messages = reasoning.upsample.messages_for(task, prompt, s.width, s.height, s.num_frames, s.fps)

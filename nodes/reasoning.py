@@ -120,8 +120,9 @@ class Cosmos3Reason:
 
 
 class Cosmos3UpsamplePrompt:
-    DESCRIPTION = ("Turns a short prompt (and optionally the starting image) into the detailed JSON caption Cosmos3 "
-                   "was trained on, with the model authors' own upsampling templates. Feed it to Text Encode.")  # fmt: skip
+    DESCRIPTION = ("Turns a short prompt (and optionally the starting image, or the clip to continue) into the "
+                   "detailed JSON caption Cosmos3 was trained on, with the model authors' own upsampling templates. "
+                   "Feed it to Text Encode.")  # fmt: skip
     CATEGORY = "cosmos3"
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("caption",)
@@ -145,19 +146,21 @@ class Cosmos3UpsamplePrompt:
                 "sampling": (SAMPLING, {"tooltip": "from Cosmos3 Reason Sampling; default: greedy, as the model "
                              "authors upsample"}),  # fmt: skip
                 "image": ("IMAGE", {"tooltip": "the starting frame of an image-to-video generation"}),
+                "video": ("IMAGE", {"tooltip": "the clip a video-to-video generation continues (described from its "
+                          "last frame)"}),  # fmt: skip
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
 
     def upsample(self, model, prompt, width, height, frames, fps, max_new_tokens, seed, sampling=None, image=None,
-                 node_id=None):  # fmt: skip
+                 video=None, node_id=None):  # fmt: skip
         single_pipeline(model)
         if image is not None and image.shape[0] != 1:
             raise InputError(f"Upsample Prompt takes one starting image, got a batch of {image.shape[0]}")
         with model.use(reasoner=True) as pipe:
-            result = pipe.upsample_prompt(prompt, image=None if image is None else image[0], width=width or None,
-                                          height=height or None, num_frames=frames or None, fps=fps or None,
-                                          max_new_tokens=max_new_tokens, callback=Streamer(node_id, max_new_tokens),
-                                          seed=seed, **(sampling or {}))  # fmt: skip
+            result = pipe.upsample_prompt(prompt, image=None if image is None else image[0], video=video,
+                                          width=width or None, height=height or None, num_frames=frames or None,
+                                          fps=fps or None, max_new_tokens=max_new_tokens,
+                                          callback=Streamer(node_id, max_new_tokens), seed=seed, **(sampling or {}))  # fmt: skip
         note = "JSON caption" if result.parsed else "the reply held no JSON caption: the prompt is passed on unchanged"
         return {"ui": {"text": [note, result.caption]}, "result": (result.caption,)}

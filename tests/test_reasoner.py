@@ -305,3 +305,53 @@ def test_stop_strings_cut_the_answer_and_are_never_streamed(nano):
     assert all(stop not in text and cut.text.startswith(text) for text in seen)
     with pytest.raises(InputError, match="stop"):
         nano.reason("q", stop=[""])
+
+
+def test_upsampling_fills_the_authors_templates_and_reads_the_reply(nano, monkeypatch):
+    from cosmos3_runtime.reasoner import upsample
+
+    text = upsample.user_text("t2v", "A cat plays with yarn.", 1280, 720, 121, 24.0)
+    assert "A cat plays with yarn." in text and '"0:05"' in text and "fps: 24" in text and '"16,9"' in text
+    assert '{"W": 1280, "H": 720}' in text and "{description}" not in text and "{duration}" not in text
+    assert "{fps}" not in upsample.user_text("t2i", "a corgi", 960, 960, 1, 24.0) and "1,1" in upsample.user_text(
+        "t2i", "a corgi", 960, 960, 1, 24.0)
+    asked = {}
+
+    def chat(messages, images, **options):
+        asked.update(messages=messages, images=images, options=options)
+        return type("Answer", (), {"text": '<think>plan</think>```json\n{"scene_imagination": "x", "duration": "0:09"}\n```'})
+
+    monkeypatch.setattr(nano, "chat", chat)
+    clip = np.zeros((5, 32, 48, 3), np.uint8)
+    clip[-1] = 200
+    result = nano.upsample_prompt("A cat plays with yarn.", video=clip, num_frames=49, fps=16)
+    assert result.parsed and json.loads(result.caption) == {"scene_imagination": "x", "duration": "3s"}
+    assert asked["messages"][0] == {"role": "system", "content": "You are a helpful assistant."}
+    assert asked["messages"][1]["content"][0] == {"type": "image"} and (asked["images"][0] == 200).all()  # the last frame
+    assert "image-to-video" in asked["messages"][1]["content"][1]["text"] and asked["options"]["temperature"] == 0.0
+    with pytest.raises(InputError, match="not both"):
+        nano.upsample_prompt("x", image=clip[0], video=clip)
+
+
+def test_the_authors_builder_makes_the_same_text_when_available():
+    """With COSMOS_FRAMEWORK_DIR (a checkout of NVIDIA's Cosmos3 framework), its own build_user_text writes the same
+    text for every task (skipped otherwise)."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    from cosmos3_runtime.reasoner import upsample
+
+    folder = os.environ.get("COSMOS_FRAMEWORK_DIR")
+    if not folder:
+        pytest.skip("set COSMOS_FRAMEWORK_DIR to compare with the authors' upsampler prompts")
+    path = Path(folder) / "cosmos_framework" / "model" / "generator" / "upsampler" / "prompts.py"
+    spec = importlib.util.spec_from_file_location("authors_prompts", path)
+    authors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(authors)
+    for task, frames in (("t2v", 121), ("t2i", 1), ("i2v", 49)):
+        video = dict(fps=24, duration_secs=int(frames / 24)) if task != "t2i" else {}
+        expected = authors.build_user_text(task, "A cat.", aspect_ratio="16,9", resolution_w=1280, resolution_h=720,
+                                           **video)  # fmt: skip
+        assert upsample.user_text(task, "A cat.", 1280, 720, frames, 24.0) == expected, task
+    assert upsample.templates()["system"] == authors.SYSTEM_MESSAGE

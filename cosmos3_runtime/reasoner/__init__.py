@@ -22,7 +22,7 @@ from ..errors import CheckpointError, InputError
 from ..tokenizer import PromptTokenizer
 from ..transformer import Cosmos3Transformer, linear_layers
 from ..weights import load_weights
-from . import chat, upsample
+from . import chat, processing, upsample
 from .chat import IMAGE, VIDEO, Prompt
 from .config import EDGE, OMNI, ReasonerConfig, read_config, read_processor, vision_files
 from .decoding import Sampling, next_token

@@ -4,12 +4,14 @@
     pipe = cosmos3_runtime.load("path/to/Cosmos3-Nano")
     print(pipe.variant.describe())
     result = pipe.generate("A robot arm stacks two cubes.", seed=1)   # result.frames, result.latents
+    answer = pipe.reason("What is on the table?", images=[picture])  # answer.text (the Reasoner)
 """
 
 from .action import ActionRequest
 from .checkpoint import Checkpoint, Variant, detect_variant
 from .errors import CheckpointError, Cosmos3Error, InputError
 from .pipeline import Cosmos3Pipeline, Generation, load
+from .reasoner import Answer, Clip
 from .request import Request
 from .transformer import Cosmos3Transformer, TextKV, TransformerConfig
 from .vae import TileSpec
@@ -17,8 +19,10 @@ from .workers import WorkerPool
 
 __all__ = [
     "ActionRequest",
+    "Answer",
     "Checkpoint",
     "CheckpointError",
+    "Clip",
     "Cosmos3Error",
     "Cosmos3Pipeline",
     "Cosmos3Transformer",

@@ -194,14 +194,20 @@ def test_every_api_workflow_runs_in_the_server(server, path):
             assert history["outputs"][preview]["text"] == [answer]
 
 
+def _refused_then_runs(url: str, workflow: str, node: str, name: str, bad, good, message: str) -> None:
+    """The workflow with `bad` in one input is refused naming `message`; with `good` the same server runs it."""
+    prompt = small(json.loads((ROOT / "workflows" / "api" / f"{workflow}.json").read_text()))
+    prompt[node]["inputs"][name] = bad
+    status, errors = _outcome(_run(url, prompt))
+    assert status == "error" and message in errors[0], errors
+    prompt[node]["inputs"][name] = good
+    assert _run(url, prompt)["status"]["status_str"] == "success"
+
+
 def test_a_refused_question_leaves_the_server_working(server):
     url, _ = server
-    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_nano_reason_image.json").read_text()))
-    prompt["9"]["inputs"]["question"] = "What is <|image_pad|> this?"
-    status, errors = _outcome(_run(url, prompt))
-    assert status == "error" and "special token" in errors[0], errors
-    prompt["9"]["inputs"]["question"] = "What is this?"
-    assert _run(url, prompt)["status"]["status_str"] == "success"
+    _refused_then_runs(url, "cosmos3_nano_reason_image", "9", "question", "What is <|image_pad|> this?",
+                       "What is this?", "special token")  # fmt: skip
 
 
 def test_a_transfer_the_checkpoint_refuses_leaves_the_server_working(server):
@@ -209,12 +215,8 @@ def test_a_transfer_the_checkpoint_refuses_leaves_the_server_working(server):
     url, base = server
     assert all((base / "input" / name).is_file() for name in ("cosmos3_transfer_scene.mp4",
                                                               "cosmos3_transfer_scene_depth.mp4"))  # fmt: skip
-    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_nano_transfer_edge.json").read_text()))
-    prompt["1"]["inputs"]["model_name"] = "Cosmos3-Edge"
-    status, errors = _outcome(_run(url, prompt))
-    assert status == "error" and "Edge is refused" in errors[0], errors
-    prompt["1"]["inputs"]["model_name"] = "Cosmos3-Nano"
-    assert _run(url, prompt)["status"]["status_str"] == "success"
+    _refused_then_runs(url, "cosmos3_nano_transfer_edge", "1", "model_name", "Cosmos3-Edge", "Cosmos3-Nano",
+                       "Edge is refused")  # fmt: skip
 
 
 def test_a_lora_on_the_core_model_and_a_lora_for_another_model(server):

@@ -15,7 +15,7 @@ from .errors import Cosmos3Error, InputError
 from .gguf_convert import WRITABLE, convert, describe_types
 from .controls import derive
 from .media import IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions, save_wav
-from .reasoner import DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLE_FPS, Sampling, check_max_new_tokens, read_clip
+from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, read_clip
 from .parallel import init_from_env
 from .pipeline import load, open_gguf, planner
 from .request import Request, add_arguments, options_from_args
@@ -253,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True, help="the question")
     p.add_argument("--image", action="append", help="an image to ask about (repeat for several)")
     p.add_argument("--video", help="a video to ask about")
-    p.add_argument("--video-fps", type=float, default=DEFAULT_SAMPLE_FPS, help="frames per second of the video to "
-                   f"look at [default: {DEFAULT_SAMPLE_FPS:g}, NVIDIA's recommendation]")  # fmt: skip
+    p.add_argument("--video-fps", type=float, help="frames per second of the video to look at [default: the "
+                   "checkpoint's video_preprocessor_config.json; NVIDIA recommends 4]")  # fmt: skip
     p.add_argument("--system-prompt", help="a system prompt (default: none)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="[default: %(default)s]")
     p.add_argument("--temperature", type=float, help="0 is greedy [default: 0.7, or 0.6 with --thinking]")

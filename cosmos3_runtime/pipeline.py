@@ -306,8 +306,9 @@ class Cosmos3Pipeline(Planner):
         **options,
     ) -> reasoning.Answer:
         """Answer a question about `images` (a list of PIL images or uint8 [H, W, 3] arrays) and/or a `video`
-        (PIL images, uint8 [T, H, W, 3] or floats in 0..1 at `video_fps`, default 24, sampled at `sample_fps`,
-        default 4; or a `reasoner.Clip`), or a text-only question.
+        (PIL images, uint8 [T, H, W, 3] or floats in 0..1 at `video_fps`, default 24, looked at `sample_fps`
+        frames per second, default the checkpoint's video processor setting (NVIDIA recommends 4); or a
+        `reasoner.Clip`), or a text-only question.
 
         `options`: max_new_tokens (default 1024), temperature / top_p / top_k / presence_penalty (unset: NVIDIA's
         recommendation, 0.7 / 0.8 / 20 / 1.5, or 0.6 / 0.95 / 20 / 0 with thinking; temperature=0 is greedy),
@@ -320,8 +321,7 @@ class Cosmos3Pipeline(Planner):
         if video is None or isinstance(video, reasoning.Clip):
             videos = [] if video is None else [video]
         else:
-            videos = [reasoning.Clip(video, video_fps or reasoning.DEFAULT_VIDEO_FPS,
-                                     sample_fps or reasoning.DEFAULT_SAMPLE_FPS)]  # fmt: skip
+            videos = [reasoning.Clip(video, video_fps or reasoning.DEFAULT_VIDEO_FPS, sample_fps)]
         messages = reasoning.chat.question_messages(question, system_prompt, len(images), bool(videos))
         return self.chat(messages, images, videos, **options)
 

@@ -7,7 +7,7 @@ node as progress text while it is written, the progress bar counts tokens, and C
 import time
 
 from ..cosmos3_runtime.errors import InputError
-from ..cosmos3_runtime.reasoner import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLE_FPS, DEFAULT_VIDEO_FPS, MAX_NEW_TOKENS,
+from ..cosmos3_runtime.reasoner import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_VIDEO_FPS, MAX_NEW_TOKENS,
                                         Clip, Sampling, upsample)  # fmt: skip
 from ..cosmos3_runtime.reasoner.decoding import RECOMMENDED
 from ..cosmos3_runtime.workers import WorkerPool
@@ -98,17 +98,18 @@ class Cosmos3Reason:
                 "video": ("IMAGE", {"tooltip": "a clip (an IMAGE batch, e.g. from Load Video or a VAE decode)"}),
                 "video_fps": ("FLOAT", {"default": DEFAULT_VIDEO_FPS, "min": 0.1, "max": 240.0, "step": 0.1,
                               "tooltip": "the clip's frame rate (its timestamps in the prompt come from it)"}),  # fmt: skip
-                "sample_fps": ("FLOAT", {"default": DEFAULT_SAMPLE_FPS, "min": 0.1, "max": 60.0, "step": 0.1,
-                               "tooltip": "frames per second of the clip the Reasoner looks at (NVIDIA recommends 4)"}),  # fmt: skip
+                "sample_fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 60.0, "step": 0.1,
+                               "tooltip": "frames per second of the clip the Reasoner looks at; 0 = the checkpoint's "
+                                          "processor setting (NVIDIA recommends 4)"}),  # fmt: skip
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
 
     def reason(self, model, question, system_prompt, max_new_tokens, thinking, seed, sampling=None, image=None,
-               video=None, video_fps=DEFAULT_VIDEO_FPS, sample_fps=DEFAULT_SAMPLE_FPS, node_id=None):  # fmt: skip
+               video=None, video_fps=DEFAULT_VIDEO_FPS, sample_fps=0.0, node_id=None):  # fmt: skip
         single_pipeline(model)
         images = [] if image is None else list(image)
-        clip = None if video is None else Clip(video, video_fps, sample_fps)
+        clip = None if video is None else Clip(video, video_fps, sample_fps or None)
         with model.use(reasoner=True) as pipe:
             answer = pipe.reason(question, images=images, video=clip, system_prompt=system_prompt.strip() or None,
                                  max_new_tokens=max_new_tokens, thinking=thinking,

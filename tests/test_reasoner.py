@@ -33,12 +33,13 @@ CASES = {
     "image": dict(question="What is this?", images=[IMAGE]),
     "two_images": dict(question="Compare them.", images=[IMAGE, TALL], system="You are a helpful assistant."),
     "video": dict(question="What happens?", video=VIDEO, video_fps=6.0, sample_fps=4.0),
+    "video_at_the_processors_rate": dict(question="What happens?", video=VIDEO, video_fps=6.0),
     "image_and_video": dict(question="Is the picture in the clip?", images=[TALL], video=VIDEO, video_fps=6.0,
                             sample_fps=2.0),
     "text": dict(question="Hi there, who are you?"),
     "thinking": dict(question="Why does the cube fall?", images=[IMAGE], thinking=True),
 }
-MAX_NEW = 12
+MAX_NEW = 16
 
 
 @pytest.fixture(scope="session")

@@ -64,8 +64,9 @@ def run(job: dict) -> None:
         if video is not None:
             metadata = VideoMetadata(total_num_frames=len(video), fps=case["video_fps"],
                                      width=video.shape[2], height=video.shape[1])
-            kwargs.update(videos=[video], video_metadata=[metadata], fps=case["sample_fps"], do_sample_frames=True,
-                          return_metadata=True)
+            kwargs.update(videos=[video], video_metadata=[metadata], do_sample_frames=True, return_metadata=True)
+            if case.get("sample_fps"):  # else the processor's own rate
+                kwargs["fps"] = case["sample_fps"]
         inputs = processor(**kwargs)
         inputs.pop("video_metadata", None)
         with torch.no_grad():

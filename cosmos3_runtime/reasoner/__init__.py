@@ -35,7 +35,6 @@ from .vision_qwen import QwenVisionTower
 DEFAULT_MAX_NEW_TOKENS = 1024
 MAX_NEW_TOKENS = 32768
 DEFAULT_MAX_PROMPT_TOKENS = 32768
-DEFAULT_SAMPLE_FPS = 4.0  # NVIDIA's recommendation for reasoning over video
 DEFAULT_VIDEO_FPS = 24.0  # a clip's rate when nobody says (as the reference processors assume)
 ADVICE = ("ask with fewer or smaller images, a shorter clip or a lower sample_fps, fewer max_new_tokens, or "
           "check_memory=False to skip this check")  # fmt: skip
@@ -58,27 +57,29 @@ class Answer:
 
 @dataclass(frozen=True)
 class Clip:
-    """A video for the Reasoner: frames at `fps`, sampled at `sample_fps` frames per second."""
+    """A video for the Reasoner: frames at `fps`, looked at `sample_fps` frames per second (None: the checkpoint's
+    video processor setting, video_preprocessor_config.json's `fps`, as transformers and vLLM sample by default)."""
 
     frames: object  # PIL images, uint8 [T, H, W, 3], or floats in 0..1
     fps: float = DEFAULT_VIDEO_FPS
-    sample_fps: float = DEFAULT_SAMPLE_FPS
+    sample_fps: float | None = None
     indices: list[int] | None = None  # frames already sampled: their indices in the source clip
 
 
-def read_clip(source, sample_fps: float, root) -> Clip:
+def read_clip(source, sample_fps: float | None, root) -> Clip:
     """A video file (a path, or bytes received in memory) for checkpoint `root`'s Reasoner, decoding only the frames
-    it samples when the container says how many it has."""
+    it samples when the container says how many it has (`sample_fps` None: the checkpoint's processor setting)."""
     from ..media import MAX_FRAME_PIXELS, read_video, video_header
 
-    if not sample_fps > 0:
+    if sample_fps is not None and not sample_fps > 0:
         raise InputError(f"the video's sample fps must be positive, got {sample_fps}")
     total, rate = video_header(source)
     rate = rate or DEFAULT_VIDEO_FPS
     if not total:
         return Clip(read_video(source, max_pixels=MAX_FRAME_PIXELS), rate, sample_fps)
     family = EDGE if Checkpoint(root).transformer_config().is_dense else OMNI
-    indices = sample_indices(total, rate, sample_fps, read_processor(Path(root), family, "video"))
+    processor = read_processor(Path(root), family, "video")
+    indices = sample_indices(total, rate, sample_fps or processor.fps, processor)
     frames = read_video(source, max_pixels=MAX_FRAME_PIXELS, keep=set(indices))
     if len(frames) != len(indices):
         raise InputError(f"the video has fewer frames than its header says ({total}); re-encode it")

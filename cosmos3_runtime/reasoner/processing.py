@@ -153,10 +153,12 @@ def slice_timestamps(indices: list[int], source_fps: float, temporal: int) -> li
     return [(times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal)]
 
 
-def prepare_video(video, source_fps: float, fps: float, family: str, p: ProcessorConfig,
+def prepare_video(video, source_fps: float, fps: float | None, family: str, p: ProcessorConfig,
                   indices: list[int] | None = None) -> VisionInput:  # fmt: skip
-    """A clip at `source_fps`, sampled at `fps` (or already sampled: `indices` are its frames' places in the source)."""
+    """A clip at `source_fps`, sampled at `fps` (None: the processor's own rate), or already sampled: `indices` are
+    its frames' places in the source."""
     frames = uint8_frames(video, "video")
+    fps = p.fps if fps is None else fps
     if source_fps <= 0 or fps <= 0:
         raise InputError(f"video fps must be positive, got video_fps {source_fps} and sample fps {fps}")
     if indices is None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...cosmos3_runtime import Cosmos3Error, InputError
-from ...cosmos3_runtime.reasoner import DEFAULT_SAMPLE_FPS, MAX_NEW_TOKENS, Clip, Sampling, check_stop, split_thinking
+from ...cosmos3_runtime.reasoner import MAX_NEW_TOKENS, Clip, Sampling, check_stop, split_thinking
 from .. import services
 from .checkpoints import Checkpoints, named_in_url
 from .graph import RunError, _widget_defaults
@@ -101,19 +101,19 @@ def _image(part: dict, where: str):
     return decode_image(url, where)[0]
 
 
-def _video(part: dict, where: str, sample_fps: float, root: str) -> Clip:
+def _video(part: dict, where: str, sample_fps: float | None, root: str) -> Clip:
     from ...cosmos3_runtime.reasoner import read_clip
     from .requests import _encoded
 
     url, holder = _url(part, "video_url", where)
     fps = holder.get("fps", sample_fps)
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 60:
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 60):
         raise FieldError(f"{where}.video_url.fps", f"must be a number in (0, 60], got {fps!r}")
     source = _encoded(url, where, "video") if url.startswith("data:") else _media_file(url, where)
-    return _decoded(lambda: read_clip(source, float(fps), root), where)
+    return _decoded(lambda: read_clip(source, None if fps is None else float(fps), root), where)
 
 
-def _turns(messages, sample_fps: float, root: str) -> tuple[list[dict], list, list[Clip]]:
+def _turns(messages, sample_fps: float | None, root: str) -> tuple[list[dict], list, list[Clip]]:
     if not isinstance(messages, list) or not messages:
         raise FieldError("messages", "must be a non-empty list of {role, content} turns")
     turns, images, videos = [], [], []
@@ -169,7 +169,7 @@ def parse_chat(body, checkpoints: Checkpoints) -> ChatCall:
     if not isinstance(thinking, bool):
         raise FieldError("chat_template_kwargs.enable_thinking", "must be true or false")
     sample_fps = ((kwargs["media_io_kwargs"] or {}).get("video") or {}).get("fps") or \
-        (kwargs["mm_processor_kwargs"] or {}).get("fps") or DEFAULT_SAMPLE_FPS  # fmt: skip
+        (kwargs["mm_processor_kwargs"] or {}).get("fps")  # fmt: skip
     stream_options = body.get("stream_options") or {}
     if not isinstance(body.get("stream", False), bool) or not isinstance(stream_options, dict):
         raise FieldError("stream", "stream must be true or false and stream_options an object")

@@ -119,7 +119,7 @@ def test_linear_layers_are_comfyui_cast_weight_layers_and_stream_per_layer(comfy
     assert torch.equal(ours.generate("a cat", **request).latents, expected)
 
 
-@pytest.mark.parametrize("path", ["pack sampler", "core MODEL", "block swap", "worker pool"])
+@pytest.mark.parametrize("path", ["pack sampler", "core MODEL", "block swap", "worker pool", "Reason node"])
 def test_a_dropped_checkpoint_is_freed_without_a_garbage_collection(comfyui, tiny_factory, tmp_path, path):
     """Once ComfyUI lets go of a loaded checkpoint's outputs (its cache evicts them under RAM pressure, or /free
     resets it), the weights go at once: nothing the pack builds holds them in a reference cycle, so the release
@@ -143,12 +143,18 @@ def test_a_dropped_checkpoint_is_freed_without_a_garbage_collection(comfyui, tin
         latent = nodes.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 1)["result"][0]
         nodes.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)
         outputs = [model, vae, latent]
+        if path == "Reason node":  # the Reasoner's head and vision tower, a managed part of their own
+            import torch
+
+            nodes.Cosmos3Reason().reason(model, "What is this?", "", 4, False, 0, image=torch.rand(1, 32, 32, 3))
         if path == "core MODEL":
             core_model, core_vae = nodes.Cosmos3CoreModel().build(model)
             outputs += [core_model, core_model.clone(), core_vae]  # a clone, as LoRA and sampling nodes make
         held = [weakref.ref(model.pipeline)]
         if path != "worker pool":  # (the pool's workers hold its weights; the pool stops when it is collected)
             held += [weakref.ref(model.pipeline.transformer), weakref.ref(next(model.pipeline.transformer.parameters()))]
+        if path == "Reason node":
+            held += [weakref.ref(model.pipeline.reasoner), weakref.ref(model.pipeline.reasoner.head.lm_head.weight)]
         del model, vae, latent, outputs, text
         if path == "core MODEL":
             del core_model, core_vae

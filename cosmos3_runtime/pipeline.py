@@ -289,9 +289,12 @@ class Cosmos3Pipeline(Planner):
     @property
     def reasoner(self) -> reasoning.Reasoner:
         """The Reasoner on this pipeline's text tower; its own parts are read from the checkpoint on first use."""
-        if self._reasoner is None:
-            self._reasoner = reasoning.Reasoner.load(self.checkpoint, self.transformer, self.device, self.dtype,
-                                                     self.linear_class, self.quantize)  # fmt: skip
+        return self._reasoner or self.load_reasoner()
+
+    def load_reasoner(self) -> reasoning.Reasoner:
+        """Read the Reasoner's own parts (head, vision tower) onto this pipeline's device, built like the transformer."""
+        self._reasoner = reasoning.Reasoner.load(self.checkpoint, self.transformer, self.device, self.dtype,
+                                                 self.linear_class, self.quantize)  # fmt: skip
         return self._reasoner
 
     def reason(
@@ -635,8 +638,8 @@ def load(
         raise InputError(f"quantize={quantize!r} cannot apply to {gguf.path.name}: a GGUF file is already quantized; "
                          "load it without quantize")  # fmt: skip
     low_vram = offload_text or blocks_to_swap or quantize
-    home = torch.device("cpu") if low_vram else device
-    transformer = load_transformer(checkpoint, home, dtype, linear_class, gguf, media=not reasoner_only)
+    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class, gguf,
+                                   media=not reasoner_only)  # fmt: skip
     if quantize == "fp8":
         quantize_fp8(transformer, fast=fast_fp8_available(device))
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
@@ -652,11 +655,11 @@ def load(
     pipe = Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
     pipe.transformer_file = None if gguf is None else gguf.path
     pipe.linear_class, pipe.quantize = linear_class, quantize
-    if reasoner_only:
-        pipe._reasoner = reasoning.Reasoner.load(checkpoint, transformer, home, dtype, linear_class, quantize)
     if low_vram:
         pipe.use_low_vram(offload_text, blocks_to_swap)  # swapped and offloaded parts stay in CPU memory
         pipe.to(device)  # the rest goes to the device
+    if reasoner_only:  # its parts now, not on the first question
+        pipe.load_reasoner()
     return pipe
 
 

@@ -24,7 +24,7 @@ from ..transformer import Cosmos3Transformer, linear_layers
 from ..weights import load_weights
 from . import chat, processing, upsample
 from .chat import IMAGE, VIDEO, Prompt
-from .config import EDGE, OMNI, ReasonerConfig, read_config, read_processor, vision_files
+from .config import EDGE, OMNI, ReasonerConfig, read_config, read_processor
 from .decoding import Sampling, next_token
 from .language import KVCache, LanguageModel, ReasonerHead, head_key_mapper
 from .processing import VisionInput, prepare_image, prepare_video, sample_indices
@@ -174,7 +174,7 @@ class Reasoner:
                 vision = (QwenVisionTower if family == OMNI else EdgeVisionTower)(config.vision)
             prefix = "model.visual." if family == OMNI else "model."
             load_weights(vision, checkpoint.root, dtype, device, rename=lambda key: key.removeprefix(prefix),
-                         files=vision_files(checkpoint.root))  # fmt: skip
+                         files=list(config.vision_weights))  # fmt: skip
         processors = {kind: read_processor(checkpoint.root, family, kind) for kind in ("image", "video")}
         return cls(config, tokenizer, tower, head, vision, processors, device)
 
@@ -221,7 +221,8 @@ class Reasoner:
         if media and self.vision is not None:
             v = self.config.vision
             patches = sum(m.pixels.shape[0] for m in media)
-            parts["vision"] = patches * (8 * v.hidden_size + 2 * v.intermediate_size) * b + patches * media[0].pixels.shape[1] * 4
+            pixels = patches * media[0].pixels.shape[1] * 4  # the fp32 patch vectors
+            parts["vision"] = patches * (8 * v.hidden_size + 2 * v.intermediate_size) * b + pixels
         return budget.Estimate(parts)
 
     @torch.inference_mode()

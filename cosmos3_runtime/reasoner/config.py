@@ -63,6 +63,7 @@ class ReasonerConfig:
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
     end_token_ids: tuple[int, ...] = field(default=())  # generation_config.json's eos ids (the tokenizer adds its own)
+    vision_weights: tuple[Path, ...] = ()  # the safetensors files holding the vision tower
 
     @property
     def merge(self) -> int:
@@ -101,11 +102,11 @@ def read_config(root: Path, family: str, text_hidden_size: int, text_layers: int
     else:
         vision = _pick(EdgeVisionConfig, vision_raw, projector_hidden_size=raw.get("projector_hidden_size", 11520),
                        text_hidden_size=text_hidden_size)  # fmt: skip
-    config = ReasonerConfig(family, vision, end_token_ids=end_ids, **ids)
-    if not vision_files(root):
+    files = vision_files(root)
+    if not files:
         return ReasonerConfig(family, None, f"{root} has no vision encoder weights ({ROOT_INDEX} naming them, or "
                               "vision_encoder/)", end_token_ids=end_ids, **ids)  # fmt: skip
-    return config
+    return ReasonerConfig(family, vision, end_token_ids=end_ids, vision_weights=tuple(files), **ids)
 
 
 def vision_files(root: Path) -> list[Path]:

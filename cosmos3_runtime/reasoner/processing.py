@@ -40,24 +40,12 @@ class VisionInput:
         return t * h * w // 4
 
 
-def image_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Nano/Super image size: nearest multiples of `factor`, scaled into [min_pixels, max_pixels]."""
-    _check_aspect(height, width)
-    h, w = round(height / factor) * factor, round(width / factor) * factor
-    if h * w > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h, w = (max(factor, math.floor(side / beta / factor) * factor) for side in (height, width))
-    elif h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h, w = (math.ceil(side * beta / factor) * factor for side in (height, width))
-    return h, w
-
-
-def clip_resize(frames: int, height: int, width: int, temporal: int, factor: int, min_pixels: int,
-                max_pixels: int) -> tuple[int, int]:  # fmt: skip
-    """Video size (and Edge's image size, one frame): the pixel bounds count frames x height x width, and sides
-    under `factor` are first scaled up to it."""
-    if height < factor or width < factor:
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, frames: int = 1,
+                 temporal: int = 1, upscale_small: bool = True) -> tuple[int, int]:
+    """The size pictures are resized to: both sides the nearest multiple of `factor`, scaled so frames x height x
+    width lies in [min_pixels, max_pixels]. Clips (and Edge's images) first scale a side under `factor` up to it;
+    Nano/Super images do not (`upscale_small=False`)."""
+    if upscale_small and (height < factor or width < factor):
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     _check_aspect(height, width)
@@ -127,11 +115,8 @@ def prepare_image(image, family: str, p: ProcessorConfig) -> VisionInput:
         raise InputError(f"an image must be one picture, got {frames.shape[0]}; pass a batch as a video, or each "
                          "picture as its own image")  # fmt: skip
     height, width = frames.shape[-2:]
-    factor = p.patch_size * p.merge_size
-    if family == EDGE:
-        size = clip_resize(1, height, width, 1, factor, p.min_pixels, p.max_pixels)
-    else:
-        size = image_resize(height, width, factor, p.min_pixels, p.max_pixels)
+    size = smart_resize(height, width, p.patch_size * p.merge_size, p.min_pixels, p.max_pixels,
+                        upscale_small=family == EDGE)  # fmt: skip
     normalized = resize_normalize(frames, *size, p)
     if family != EDGE:  # an image fills the temporal patch with copies of itself
         normalized = normalized.expand(p.temporal_patch_size, -1, -1, -1)
@@ -168,7 +153,7 @@ def prepare_video(video, source_fps: float, fps: float | None, family: str, p: P
         raise InputError(f"{len(indices)} frame indices for {frames.shape[0]} sampled frames")
     if frames.shape[0] < p.temporal_patch_size:
         raise InputError(f"a video needs at least {p.temporal_patch_size} frames, got {frames.shape[0]}")
-    size = clip_resize(frames.shape[0], *frames.shape[-2:], p.temporal_patch_size, p.patch_size * p.merge_size,
-                       p.min_pixels, p.max_pixels)  # fmt: skip
+    size = smart_resize(*frames.shape[-2:], p.patch_size * p.merge_size, p.min_pixels, p.max_pixels, frames.shape[0],
+                        p.temporal_patch_size)  # fmt: skip
     pixels, grid = patchify(resize_normalize(frames, *size, p), family, p)
     return VisionInput("video", pixels, grid, slice_timestamps(indices, source_fps, p.temporal_patch_size))

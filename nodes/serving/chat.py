@@ -9,7 +9,6 @@ and comes back as `reasoning_content`. A client that goes away takes its work of
 """
 
 import asyncio
-import base64
 import json
 import os
 import time
@@ -96,9 +95,7 @@ def _url(part: dict, kind: str, where: str) -> tuple[str, dict]:
 
 def _image(part: dict, where: str):
     url, _ = _url(part, "image_url", where)
-    if not url.startswith("data:"):
-        url = {"base64": base64.b64encode(_media_file(url, where).read_bytes()).decode()}
-    return decode_image(url, where)[0]
+    return decode_image(url if url.startswith("data:") else _media_file(url, where).read_bytes(), where)[0]
 
 
 def _video(part: dict, where: str, sample_fps: float | None, root: str) -> Clip:

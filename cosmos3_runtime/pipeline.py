@@ -18,7 +18,7 @@ from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_we
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
-from .quantize import expect_stored_fp8, fast_fp8_available, quantize_fp8
+from .quantize import check_mode, expect_stored_fp8, quantize_fp8
 from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
 from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request, in_interval
 from .action import ActionTrack, action_prompt, canvas_frames
@@ -607,7 +607,8 @@ def load(
     `load_vae_weights=False` skips the VAE (for latent-only work). Low VRAM: `offload_text=True` keeps
     the text tower in CPU memory except while a prompt is encoded; `blocks_to_swap=N` streams the media
     pathway of N layers from CPU memory during each forward (both bit-identical); `quantize="fp8"`
-    stores the transformer's linear weights as fp8 with per-channel scales (about half the memory).
+    stores the transformer's linear weights as fp8 with per-channel scales (about half the memory), upcast at use;
+    "fp8_scaled" also runs the media blocks' matmuls in fp8 (GPUs of compute capability 9.0+; see `quantize`).
     With any of them the weights are read into CPU memory first and only what stays on the device
     is moved there. `linear_class`: a host's nn.Linear subclass for the transformer's linear layers
     (ComfyUI passes its cast-weight layers, so its memory manager can stream them per layer).
@@ -623,11 +624,10 @@ def load(
         raise InputError("blocks_to_swap streams the generator's media tower, which parts='reasoner' does not load; "
                          "leave it at 0 (offload_text and quantize apply)")  # fmt: skip
     load_vae_weights = load_vae_weights and not reasoner_only
-    if quantize not in (None, "fp8"):
-        raise InputError(f"quantize must be None or 'fp8', got {quantize!r}")
     if blocks_to_swap < 0:
         raise InputError(f"blocks_to_swap must be 0 or more, got {blocks_to_swap}")
     device = resolve_device(device)
+    check_mode(quantize, device)
     dtype = resolve_dtype(dtype, device)
     vae_dtype = dtype if vae_dtype is None else resolve_dtype(vae_dtype, device)
     components = ("transformer", "tokenizer", "reasoner") + (("vae",) if load_vae_weights else ())
@@ -640,8 +640,8 @@ def load(
     low_vram = offload_text or blocks_to_swap or quantize
     transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class, gguf,
                                    media=not reasoner_only)  # fmt: skip
-    if quantize == "fp8":
-        quantize_fp8(transformer, fast=fast_fp8_available(device))
+    if quantize:
+        quantize_fp8(transformer, quantize)
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
     if vae is not None:
         check_geometry(vae.config, transformer.config, checkpoint.path("vae", "config.json"))

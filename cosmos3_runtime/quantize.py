@@ -2,18 +2,30 @@
 (or read from ModelOpt fp8 checkpoints, whose per-tensor scale is broadcast to the rows).
 
 Each quantized linear keeps `weight` [out, in] in float8_e4m3fn and `scale` [out] in float32
-(amax of the row / 448, the format's largest value); the forward upcasts the weight to the
-activations' dtype, multiplies by the scale and runs a normal matmul, so the arithmetic is the bf16
-model's with rounded weights. Weight memory is about half of bf16. The time embedder stays fp32.
+(amax of the row / 448, the format's largest value). Two ways to run it:
+- weight-only (`quantize="fp8"`, the default): the forward upcasts the weight to the activations' dtype,
+  multiplies by the scale and runs a normal matmul, so the arithmetic is the bf16 model's with rounded weights.
+- scaled (`quantize="fp8_scaled"`): the activations are quantized to fp8 per token too and one fp8 matmul runs
+  (`torch._scaled_mm`, row-wise scales). Measured on CPU (`benchmarks/bench_fp8.py`) it adds about twice the
+  weight-only error when every layer runs scaled, most of it from the patch projections and the MLPs, so it
+  runs only where it costs least for the FLOPs it takes: the media tower's attention projections and MLPs,
+  first and last layer excluded (`scaled_layer`).
+Weight memory is about half of bf16 either way. The time embedder stays fp32, and the action head's per-domain
+tables (embedding tables used as weight matrices) stay in full precision.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import InputError
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
-KEEP = ("time_embedder",)  # kept in full precision (fp32 by design)
+# Kept in full precision: the time embedder (fp32 by design), and the action head's per-domain tables, which are
+# used as weight matrices, not looked up.
+KEEP = ("time_embedder", "action_proj_")
+MODES = ("fp8", "fp8_scaled")
 
 
 def per_row_fp8(weight: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
@@ -37,31 +49,75 @@ class Fp8Linear(nn.Module):
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
-    fast = False  # scaled fp8 matmul (activations quantized per token) instead of upcasting the weight
+    scaled = False  # one fp8 matmul with activations quantized per token, instead of upcasting the weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # a host's memory manager may leave this layer in CPU memory: its fp8 bytes come over at use
         weight, scale = self.weight.to(x.device, non_blocking=True), self.scale.to(x.device, non_blocking=True)
-        bias = None if self.bias is None else self.bias.to(x.device)
-        if self.fast and self.in_features % 16 == 0 and self.out_features % 16 == 0:
+        bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
+        if self.scaled and self.in_features % 16 == 0 and self.out_features % 16 == 0:
             return scaled_fp8_linear(x, weight, scale, bias)
         return F.linear(x, weight.to(x.dtype) * scale.to(x.dtype)[:, None], bias)
 
 
 def scaled_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias) -> torch.Tensor:
-    """x @ (weight * scale).T with x quantized to fp8 per row: one fp8 matmul (Hopper and newer GPUs)."""
+    """x @ (weight * scale).T with x quantized to fp8 per row: one fp8 matmul (Hopper and newer GPUs).
+
+    The output is bf16 whatever the activations' dtype: CUDA's row-wise scaled matmul produces bf16 only (fp16 and
+    fp32 outputs are refused), so other dtypes are cast afterwards."""
     rows = x.reshape(-1, x.shape[-1])
     x_scale = (rows.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
     x8 = (rows.float() / x_scale).to(FP8)
-    out = torch._scaled_mm(x8, weight.t(), scale_a=x_scale, scale_b=scale.float()[None, :], out_dtype=x.dtype)
+    out = torch._scaled_mm(x8, weight.t(), scale_a=x_scale, scale_b=scale.float()[None, :], out_dtype=torch.bfloat16)
+    out = out.to(x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], -1)
 
 
-def fast_fp8_available(device: torch.device) -> bool:
-    """Scaled fp8 matmul with per-row scales: CUDA GPUs of compute capability 9.0 and newer."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+def scaled_fp8_available(device: torch.device) -> bool:
+    """Row-wise scaled fp8 matmuls: CUDA GPUs of compute capability 9.0 and newer, and the CPU (slow there: for
+    checking the arithmetic)."""
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def check_mode(quantize: str | None, device: torch.device) -> None:
+    """Refuse an unknown quantize value, or fp8_scaled on a device without scaled fp8 matmuls, before loading."""
+    if quantize not in (None, *MODES):
+        raise InputError(f"quantize must be None, 'fp8' or 'fp8_scaled', got {quantize!r}")
+    if quantize == "fp8_scaled" and not scaled_fp8_available(device):
+        raise InputError(f"quantize='fp8_scaled' needs scaled fp8 matmuls (a CUDA GPU of compute capability 9.0 or "
+                         f"newer: H100, H200, B200, RTX 50xx), which {device} lacks; use quantize='fp8' "
+                         "(weight-only, the same memory)")  # fmt: skip
+
+
+def scaled_layer(name: str, num_layers: int) -> bool:
+    """Whether the linear `name` runs scaled under fp8_scaled: the media tower's attention projections and MLPs
+    of every layer but the first and the last (the text tower runs once per prompt, and the patch and head
+    projections cost the most precision for the fewest FLOPs)."""
+    parts = name.split(".")
+    if parts[0] != "layers" or parts[1] in ("0", str(num_layers - 1)):
+        return False
+    return "_moe_gen." in name or ".add_" in name or ".to_add_out" in name
+
+
+def quantize_fp8(model: nn.Module, mode: str = "fp8") -> None:
+    """Replace every nn.Linear and nn.Embedding of `model` (except KEEP) by its fp8 form, one at a time, in place.
+
+    `mode` "fp8_scaled": the linears `scaled_layer` names run scaled fp8 matmuls instead of upcasting."""
+    num_layers = len(getattr(model, "layers", ()))
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if full.startswith(KEEP):
+                continue
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, Fp8Linear(child))
+                getattr(module, child_name).scaled = mode == "fp8_scaled" and scaled_layer(full, num_layers)
+            elif isinstance(child, nn.Embedding):
+                setattr(module, child_name, Fp8Embedding(child))
 
 
 class Fp8Embedding(nn.Module):
@@ -74,22 +130,6 @@ class Fp8Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight[ids].to(self.dtype) * self.scale[ids].to(self.dtype)[:, None]
-
-
-def quantize_fp8(model: nn.Module, fast: bool = False) -> None:
-    """Replace every nn.Linear and nn.Embedding of `model` (except KEEP) by its fp8 form, one at a time, in place.
-
-    `fast`: the linears run scaled fp8 matmuls (see `fast_fp8_available`) instead of upcasting."""
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if full.startswith(KEEP):
-                continue
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, Fp8Linear(child))
-                getattr(module, child_name).fast = fast
-            elif isinstance(child, nn.Embedding):
-                setattr(module, child_name, Fp8Embedding(child))
 
 
 def expect_stored_fp8(model: nn.Module, fp8_weights: set[str]) -> None:

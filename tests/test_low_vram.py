@@ -79,7 +79,7 @@ def test_fp8_weights(tiny_factory, tiny_gated, reference):
 
 
 def test_bad_low_vram_options(tiny_gated):
-    with pytest.raises(cosmos3_runtime.InputError, match="quantize must be None or 'fp8'"):
+    with pytest.raises(cosmos3_runtime.InputError, match="quantize must be None, 'fp8' or 'fp8_scaled'"):
         cosmos3_runtime.load(tiny_gated, quantize="int4")
     with pytest.raises(cosmos3_runtime.InputError, match="blocks_to_swap must be 0 or more"):
         cosmos3_runtime.load(tiny_gated, blocks_to_swap=-1)
@@ -115,14 +115,18 @@ def test_modelopt_fp8_checkpoints_are_read_with_their_scales(tiny_gated, tmp_pat
 
 
 def test_the_scaled_fp8_matmul_path(tiny_factory):
-    """The GPU fast path (per-token activation scales, one fp8 matmul) run on the CPU's implementation:
-    close to the upcast path it replaces."""
-    from cosmos3_runtime.quantize import quantize_fp8
-
+    """fp8_scaled (per-token activation scales, one fp8 matmul in the media blocks but the first and last) run on the
+    CPU's implementation: close to the upcast path it replaces."""
     root = tiny_factory(kind="edge", size="small")
     upcast = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8")
-    fast = cosmos3_runtime.load(root, dtype="bf16", device="cpu")
-    quantize_fp8(fast.transformer, fast=True)
+    fast = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8_scaled")
+    scaled = sorted(name for name, m in fast.transformer.named_modules() if isinstance(m, Fp8Linear) and m.scaled)
+    last = fast.transformer.config.num_hidden_layers - 1
+    assert scaled and all(name.startswith("layers.") for name in scaled)
+    assert not any(name.startswith(("layers.0.", f"layers.{last}.")) for name in scaled)
+    assert {name.split(".", 2)[2] for name in scaled} == {  # the media pathway only (Edge: no gate projection)
+        "self_attn.add_q_proj", "self_attn.add_k_proj", "self_attn.add_v_proj", "self_attn.to_add_out",
+        "mlp_moe_gen.up_proj", "mlp_moe_gen.down_proj"}  # fmt: skip
     latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
     v = [p.transformer(latents, torch.tensor(900), p.transformer.encode_text(torch.arange(40) % 500)).vision.float()
          for p in (upcast, fast)]  # fmt: skip

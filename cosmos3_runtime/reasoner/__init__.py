@@ -164,10 +164,10 @@ class Reasoner:
             raise CheckpointError(f"the Reasoner's output head and last text layer could not be read from "
                                   f"{checkpoint.path('transformer')} ({exc}); a GGUF transformer file does not hold "
                                   "them: keep the checkpoint's safetensors shards in transformer/ beside it") from None
-        if quantize == "fp8":
-            from ..quantize import fast_fp8_available, quantize_fp8
+        if quantize:  # weight-only: the text side runs the reasoner pathway, which fp8_scaled leaves unscaled
+            from ..quantize import quantize_fp8
 
-            quantize_fp8(head, fast=fast_fp8_available(device))
+            quantize_fp8(head)
         vision = None
         if config.vision is not None:
             with torch.device("meta"), linear_layers(linear_class):

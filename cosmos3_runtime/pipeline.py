@@ -33,6 +33,10 @@ from .weights import load_weights, read_headers
 log = logging.getLogger(__name__)
 
 TEXT_CACHE_SIZE = 2  # the cond and uncond prompts of the latest request
+# The sound tokenizer decodes in fp32 whatever the model's dtype: in bf16 its Snake activations (sin(a x) of a
+# coarsely rounded x) leave a noise floor about 48 dB under the signal (benchmarks/bench_precision.py), for 0.5 B
+# parameters decoded once per clip.
+SOUND_DTYPE = torch.float32
 BYTES_PER_TOKEN_BOUND = 64  # no tokenizer makes a token of more than this many UTF-8 bytes
 
 DTYPES = {
@@ -651,7 +655,7 @@ def load(
         if not folder.is_dir():
             raise CheckpointError(f"model_index.json declares a sound_tokenizer but {folder} is missing; download "
                                   "the checkpoint's sound_tokenizer/ folder again")  # fmt: skip
-        sound_tokenizer = load_sound_tokenizer(folder, device, vae_dtype)
+        sound_tokenizer = load_sound_tokenizer(folder, device, SOUND_DTYPE)
     pipe = Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
     pipe.transformer_file = None if gguf is None else gguf.path
     pipe.linear_class, pipe.quantize = linear_class, quantize

@@ -65,18 +65,22 @@ def test_leftover_frames_are_dropped_like_diffusers(vaes):
 
 
 def test_normalization_matches_the_pipeline(vaes):
-    """(z - mean) * (1/std) with statistics in the VAE dtype, and its inverse, as diffusers' pipeline does."""
+    """(z - mean) * (1/std) and its inverse as diffusers' pipeline computes them in fp32; a bf16 VAE applies its
+    statistics in fp32 too (diffusers: in bf16), so its conditioning latents carry one rounding fewer."""
     ours, theirs = vaes
-    for dtype in (torch.float32, torch.bfloat16):
-        raw = torch.randn(1, 48, 2, 3, 4).to(dtype)
-        mean = torch.tensor(theirs.config.latents_mean, dtype=dtype).view(1, -1, 1, 1, 1)
-        inv_std = (1.0 / torch.tensor(theirs.config.latents_std, dtype=dtype)).view(1, -1, 1, 1, 1)
-        vae = ours.to(dtype)
-        try:
-            assert torch.equal(vae.normalize(raw), (raw - mean) * inv_std)
-            assert torch.equal(vae.denormalize(raw), raw / inv_std + mean)
-        finally:
-            ours.to(torch.float32)
+    raw = torch.randn(1, 48, 2, 3, 4)
+    mean = torch.tensor(theirs.config.latents_mean).view(1, -1, 1, 1, 1)
+    inv_std = (1.0 / torch.tensor(theirs.config.latents_std)).view(1, -1, 1, 1, 1)
+    assert torch.equal(ours.normalize(raw), (raw - mean) * inv_std)
+    assert torch.equal(ours.denormalize(raw), raw / inv_std + mean)
+    vae = ours.to(torch.bfloat16)
+    try:
+        low = raw.to(torch.bfloat16)
+        assert vae.normalize(low).dtype == torch.float32
+        assert torch.equal(vae.normalize(low), (low.float() - mean) * inv_std)
+        assert torch.equal(vae.denormalize(low), low.float() / inv_std + mean)
+    finally:
+        ours.to(torch.float32)
 
 
 def test_a_second_call_is_not_affected_by_the_first(vaes):

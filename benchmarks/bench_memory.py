@@ -87,7 +87,7 @@ def computed_weights(config: TransformerConfig, option: dict) -> int:
 def activations(config: TransformerConfig, size: tuple[int, int, int], text_tokens: int = 300) -> int:
     width, height, frames = size
     settings = SimpleNamespace(width=width, height=height, num_frames=frames, latent_frames=1 + (frames - 1) // 4,
-                               guidance_scale=4.0)  # fmt: skip
+                               guidance_scale=4.0, transfer=None)  # fmt: skip
     return budget.estimate(config, VAEConfig(latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48), settings,
                            text_tokens, text_tokens, torch.bfloat16, tile=None).total  # fmt: skip
 
@@ -141,7 +141,7 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
               f"{raw['num_hidden_layers']} layers")  # fmt: skip
     config = TransformerConfig(**raw)
     w, h, f = size
-    latents = torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
+    latents = torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device=device)
     ids = torch.arange(300) % config.vocab_size
     results = {}
     chosen = {label: option for label, option in options(swap).items() if not only or label in only}
@@ -158,9 +158,9 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
         with torch.inference_mode():
             if text_offload is not None:
                 with text_offload.on(torch.device(device)):
-                    text = model.encode_text(ids)
+                    text = model.encode_text(ids, device)
             else:
-                text = model.encode_text(ids)
+                text = model.encode_text(ids, device)
             start = None
             for step in range(steps + 1):  # the first step warms up
                 if step == 1:

@@ -108,8 +108,9 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 def one_forward(pipe) -> torch.Tensor:
     model = pipe.transformer
-    latents = torch.randn(1, 48, 3, 12, 12, generator=torch.Generator().manual_seed(0))
-    return model(latents, torch.tensor(700.0), model.encode_text(torch.arange(64) % model.config.vocab_size)).vision
+    latents = torch.randn(1, 48, 3, 12, 12, generator=torch.Generator().manual_seed(0)).to(pipe.device)
+    text = model.encode_text(torch.arange(64) % model.config.vocab_size, pipe.device)
+    return model(latents, torch.tensor(700.0), text).vision
 
 
 def one_linear() -> None:

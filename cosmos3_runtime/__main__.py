@@ -201,7 +201,8 @@ def cmd_demo(args) -> None:
         model = pipe.transformer
         h, w, frames = args.height // 16, args.width // 16, (args.frames - 1) // 4 + 1
         latents = torch.randn(1, model.config.latent_channel, frames, h, w, generator=torch.Generator().manual_seed(0))
-        text = model.encode_text(torch.arange(64) % model.config.vocab_size)
+        latents = latents.to(pipe.device)
+        text = model.encode_text(torch.arange(64) % model.config.vocab_size, pipe.device)
         timestep = torch.tensor(999)
         model(latents, timestep, text)  # warm-up
         if pipe.device.type == "cuda":

@@ -16,6 +16,7 @@ import torch
 from .errors import InputError
 from .request import SPATIAL_FACTOR
 from .transfer import latent_frames as chunk_latent_frames
+from .transformer import grouped_kv_native
 
 GIB = 1024**3
 STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, latents, velocities, UniPC history ...)
@@ -41,8 +42,10 @@ def gib(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.2f} GiB"
 
 
-def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None) -> Estimate:
-    """The memory of a generation under settings `s`; `vae_config` None: no decode; `tile` a TileSpec or None."""
+def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None,
+             device: torch.device | None = None) -> Estimate:  # fmt: skip
+    """The memory of a generation under settings `s` on `device` (None: as on a CPU); `vae_config` None: no decode;
+    `tile` a TileSpec or None."""
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)  # fmt: skip
@@ -55,12 +58,14 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
     mlp_width = I * (3 if config.hidden_act == "silu" else 2)  # gate, up and product / up and its square
     per_token = (3 * H + mlp_width + (2 * A + 4 * K) * D) * b  # hidden, residual, normed; MLP; q, k, v, out
     longest_text = max(cond_tokens, uncond_tokens)
+    # the media attention's keys and values: grouped, plus a copy expanded to the query heads where SDPA needs it
+    kv_heads = K if device is None or grouped_kv_native(device, dtype, D) else K + A
     prompts = cond_tokens + (uncond_tokens if s.guidance_scale != 1.0 else 0)
     parts = {
         "latents": STATE_COPIES * latent * 4,
         "text K/V cache": config.num_hidden_layers * prompts * 2 * K * D * b,
         "text tower": longest_text * per_token,
-        "media tower": media_tokens * per_token + (longest_text + media_tokens) * 2 * K * D * b,
+        "media tower": media_tokens * per_token + (longest_text + media_tokens) * 2 * kv_heads * D * b,
         "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
     }
     if plan is not None:  # a control's pixels for one chunk, on the device while it is encoded

@@ -224,7 +224,7 @@ class Planner:
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
         decode = r.output == "frames" and self.vae_config is not None
         return budget.estimate(self.transformer_config, self.vae_config if decode else None, s, cond_tokens,
-                               uncond_tokens, self.dtype, r.vae_tile)  # fmt: skip
+                               uncond_tokens, self.dtype, r.vae_tile, self.device)  # fmt: skip
 
 
 class Cosmos3Pipeline(Planner):
@@ -285,7 +285,7 @@ class Cosmos3Pipeline(Planner):
         else:
             on_device = self.text_offload.on(self.device) if self.text_offload is not None else nullcontext()
             with on_device:  # an offloaded text tower visits the compute device for this prompt only
-                self._text_cache[key] = self.transformer.encode_text(torch.tensor(ids, dtype=torch.long))
+                self._text_cache[key] = self.transformer.encode_text(torch.tensor(ids, dtype=torch.long), self.device)
             while len(self._text_cache) > TEXT_CACHE_SIZE:
                 self._text_cache.popitem(last=False)
         return self._text_cache[key]

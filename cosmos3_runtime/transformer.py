@@ -14,6 +14,7 @@ Notation: L text tokens, N media tokens, H hidden size, A query heads, K key/val
 C latent channels, p latent patch size.
 """
 
+import functools
 import logging
 import math
 from contextlib import contextmanager
@@ -124,6 +125,11 @@ class TransformerConfig:
         return self.use_und_k_norm_for_gen and not self.qk_norm_for_text
 
 
+# Small parameters (norm gains, embeddings, the time embedder, modality embeddings, action tables) are moved to the
+# activations' device at use: a host's memory manager (ComfyUI in its low-VRAM modes) streams only its own cast
+# layers and may leave every other module in CPU memory.
+
+
 class RMSNorm(nn.Module):
     """RMSNorm that rounds the normalised value to the gain's dtype before multiplying (Qwen style)."""
 
@@ -137,7 +143,7 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(variance + self.eps)
         if self.weight.dtype in (torch.float16, torch.bfloat16):
             x = x.to(self.weight.dtype)
-        return x * self.weight
+        return x * self.weight.to(x.device)
 
 
 class NemotronRMSNorm(nn.Module):
@@ -151,7 +157,7 @@ class NemotronRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * x32).to(x.dtype)
+        return (self.weight.to(x.device).float() * x32).to(x.dtype)
 
 
 _linear_class: ContextVar[type[nn.Linear]] = ContextVar("linear_class", default=nn.Linear)
@@ -200,14 +206,53 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x).square()
 
 
+def takes_grouped_kv(device_type: str, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int,
+                     flash_enabled: bool = True, rocm: bool = False) -> bool:  # fmt: skip
+    """Whether SDPA runs grouped-query inputs (fewer K/V heads than query heads) in a kernel that never holds the
+    [heads, Nq, Nk] scores. The CPU's flash kernel takes them in every dtype. On a CUDA GPU only the flash
+    kernel does, and it needs fp16/bf16, compute capability 8.0 or newer and a head dim of at most 256 (a multiple
+    of 8); with fp32 weights or on an older card SDPA would fall back to its math kernel (about 4.6 GB of scores per
+    head group for Edge at 832x480x81). Elsewhere (and on ROCm, other devices) K/V are expanded to the query heads
+    so the memory-efficient kernel runs."""
+    if device_type == "cpu":
+        return True
+    if device_type != "cuda" or rocm or capability is None:
+        return False
+    return (flash_enabled and capability >= (8, 0) and dtype in (torch.float16, torch.bfloat16)
+            and head_dim % 8 == 0 and head_dim <= 256)  # fmt: skip
+
+
+def grouped_kv_native(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """`takes_grouped_kv` for a real device and this process's SDPA settings."""
+    if device.type != "cuda":
+        return takes_grouped_kv(device.type, None, dtype, head_dim)
+    return takes_grouped_kv("cuda", _capability(device.index), dtype, head_dim, torch.backends.cuda.flash_sdp_enabled(),
+                            torch.version.hip is not None)  # fmt: skip
+
+
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q [Nq, A, D], k/v [Nk, K, D] -> (q, k, v) as [1, heads, N, D] and whether they are still grouped (K < A):
+    K/V expanded to the query heads where grouped inputs would make SDPA hold the whole score matrix."""
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, N, D]
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1 and not grouped_kv_native(q.device, q.dtype, q.shape[-1]):
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return q, k, v, k.shape[1] != q.shape[1]
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D].
 
     Batched 4-D inputs matter: for 3-D ones PyTorch's CPU dispatch falls back to the math kernel,
     which materialises the whole Nq x Nk score matrix (a 30k-token prompt: tens of GB).
     """
-    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, N, D]
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    q, k, v, grouped = attention_inputs(q, k, v)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=grouped)
     return out[0].transpose(0, 1).flatten(1)
 
 
@@ -314,11 +359,13 @@ class TimestepEmbedder(nn.Module):
 
     def forward(self, scaled_t: torch.Tensor) -> torch.Tensor:
         half = TIME_FREQ_CHANNELS // 2
-        exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=scaled_t.device)
+        device = scaled_t.device
+        exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=device)
         freqs = torch.exp(exponent / half)
         angles = scaled_t[:, None].float() * freqs[None, :]
         emb = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1).to(self.linear_1.weight.dtype)
-        return self.linear_2(F.silu(self.linear_1(emb)))
+        first, second = ((layer.weight.to(device), layer.bias.to(device)) for layer in (self.linear_1, self.linear_2))
+        return F.linear(F.silu(F.linear(emb, *first)), *second)
 
 
 def embedding(num: int, dim: int) -> nn.Embedding:
@@ -338,8 +385,8 @@ class DomainAwareLinear(nn.Module):
     def forward(self, x: torch.Tensor, domain: int) -> torch.Tensor:
         if not 0 <= domain < self.num_domains:
             raise ValueError(f"action domain id {domain} is outside [0, {self.num_domains})")
-        weight = self.fc.weight[domain].view(self.in_features, self.out_features)
-        return x @ weight + self.bias.weight[domain]
+        weight = self.fc.weight[domain].to(x.device).view(self.in_features, self.out_features)
+        return x @ weight + self.bias.weight[domain].to(x.device)
 
 
 @dataclass
@@ -421,7 +468,9 @@ class Cosmos3Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        """Where the media tower runs (the text tower may be offloaded elsewhere between prompts)."""
+        """Where the media tower's weights are (the text tower may be offloaded elsewhere between prompts). Runs go
+        where their inputs are (`forward`) or where they are sent (`encode_text`), not here: a host may leave
+        small modules in CPU memory."""
         return (self.norm_moe_gen if self.has_media else self.embed_tokens).weight.device
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -430,12 +479,12 @@ class Cosmos3Transformer(nn.Module):
         return mrope_cos_sin(positions, inv_freq, c.rope_axes_dim, self.dtype)
 
     @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor) -> TextKV:
-        """Run the text tower once for a prompt; input_ids [L]."""
-        device = self.device  # the table may stay in host memory (a host's low-VRAM placement): look up there
+    def encode_text(self, input_ids: torch.Tensor, device: torch.device | None = None) -> TextKV:
+        """Run the text tower once for a prompt, on `device` (default: where the media tower is); input_ids [L]."""
+        device = self.device if device is None else torch.device(device)
         input_ids = input_ids.reshape(-1)
         cos, sin = self.rope(text_positions(input_ids.numel(), device=device))
-        x = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device)).to(device)
+        x = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device)).to(device)  # looked up where it is
         keys, values = [], []
         for layer in self.layers:
             x, k, v = layer.text(x, cos, sin)
@@ -443,9 +492,9 @@ class Cosmos3Transformer(nn.Module):
             values.append(v)
         return TextKV(input_ids.numel(), keys, values)
 
-    def time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
-        """[1, H] embedding of a scheduler timestep (int64 for UniPC, float32 for FlowMatch)."""
-        scaled = timestep.reshape(1).to(self.device) * self.config.timestep_scale
+    def time_embedding(self, timestep: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """[1, H] embedding of a scheduler timestep (int64 for UniPC, float32 for FlowMatch) on `device`."""
+        scaled = timestep.reshape(1).to(device) * self.config.timestep_scale
         return self.time_embedder(scaled).to(self.dtype)
 
     def patchify(self, latents: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -480,7 +529,8 @@ class Cosmos3Transformer(nn.Module):
     ) -> Velocity:
         """Predict the flow velocity of the media tokens.
 
-        latents [1, C, T, h, w]; timestep a scalar tensor; text the prompt's cached K/V;
+        latents [1, C, T, h, w] on the device the forward runs on; timestep a scalar tensor; text the prompt's cached
+        K/V;
         noisy_frames the latent frames being denoised (default all; the rest are clean conditioning
         and get no timestep embedding and zero velocity); fps the video frame rate; sp a
         sequence-parallel group (every rank passes the same inputs and gets the same result);
@@ -488,11 +538,11 @@ class Cosmos3Transformer(nn.Module):
         timestep embedding, no output, each at the positions the video would have at its size.
         """
         c = self.config
-        dtype, device = self.dtype, self.device
-        x = latents.to(device=device, dtype=dtype)[0]
+        dtype, device = self.dtype, latents.device
+        x = latents.to(dtype=dtype)[0]
         _, T, h, w = x.shape
         noisy = list(range(T)) if noisy_frames is None else sorted(set(noisy_frames))
-        temb = self.time_embedding(timestep)
+        temb = self.time_embedding(timestep, device)
 
         offset = text.length + c.unified_3d_mrope_temporal_modality_margin
 
@@ -515,12 +565,13 @@ class Cosmos3Transformer(nn.Module):
         segments.append(vision.flatten(0, 1))
         positions.append(positions_of(grid, fps, temporal_factor=VAE_TEMPORAL_FACTOR))
         if sound is not None:
-            tokens = self.audio_proj_in(sound.latents.to(device, dtype).t()) + self.audio_modality_embed
+            tokens = self.audio_proj_in(sound.latents.to(device, dtype).t()) + self.audio_modality_embed.to(device)
             tokens[_frames(sound.noisy_frames, tokens.shape[0])] += temb
             segments.append(tokens)
             positions.append(positions_of((tokens.shape[0], 1, 1), c.sound_latent_fps, temporal_factor=1))
         if action is not None:
-            tokens = self.action_proj_in(action.latents.to(device, dtype), action.domain) + self.action_modality_embed
+            tokens = self.action_proj_in(action.latents.to(device, dtype), action.domain)
+            tokens = tokens + self.action_modality_embed.to(device)
             tokens[_frames(action.noisy_frames, tokens.shape[0])] += temb
             segments.append(tokens)
             positions.append(positions_of((tokens.shape[0], 1, 1), fps, temporal_factor=1,

@@ -254,7 +254,7 @@ class ModelHandle:
             if reasoner:
                 patchers.append(self.holder.keep(services.managed_patcher(pipe, pipe.reasoner.parts, compute, offload)))
             services.load_managed(patchers, memory_required)
-            pipe.device = pipe.transformer.device  # where ComfyUI put the transformer
+            pipe.device = compute  # the run's device; ComfyUI may leave small modules (norms, embeddings) in RAM
             if reasoner:
                 pipe.reasoner.device = pipe.device
         yield pipe

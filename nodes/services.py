@@ -12,6 +12,8 @@ import weakref
 
 import torch
 
+from ..cosmos3_runtime.transformer import attention_inputs
+
 log = logging.getLogger("cosmos3")
 
 MODEL_FOLDERS = ("cosmos3", "diffusers")  # ComfyUI model folder names searched for checkpoint folders
@@ -203,8 +205,8 @@ def media_attention():
         return None
 
     def attend(q, k, v):  # q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D]
-        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, N, D]
-        return attention.optimized_attention(q, k, v, q.shape[1], skip_reshape=True, enable_gqa=True)[0]
+        q, k, v, grouped = attention_inputs(q, k, v)  # [1, heads, N, D]; expanded where SDPA needs it
+        return attention.optimized_attention(q, k, v, q.shape[1], skip_reshape=True, enable_gqa=grouped)[0]
 
     return attend
 

@@ -130,7 +130,8 @@ def test_text_kv_is_computed_once_per_prompt(pipe, monkeypatch):
     pipe._text_cache.clear()
     encoded = []
     original = pipe.transformer.encode_text
-    monkeypatch.setattr(pipe.transformer, "encode_text", lambda ids: encoded.append(len(ids)) or original(ids))
+    monkeypatch.setattr(pipe.transformer, "encode_text",
+                        lambda ids, device=None: encoded.append(len(ids)) or original(ids, device))
     pipe.generate("a horse", num_frames=5, steps=3, seed=1, **SMALL)
     assert len(encoded) == 2  # cond and uncond, not once per step
     pipe.generate("a horse", num_frames=5, steps=3, seed=2, **SMALL)

@@ -53,7 +53,7 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return x
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)
-    return norm.weight * normed.to(x.dtype)
+    return norm.weight.to(x.device) * normed.to(x.dtype)
 
 
 class KVCache:

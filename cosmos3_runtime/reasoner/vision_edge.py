@@ -12,7 +12,7 @@ from torch import nn
 
 from ..transformer import embedding, linear
 from .config import EdgeVisionConfig
-from .vision_qwen import segment_attention
+from .vision_qwen import layer_norm, segment_attention
 
 PROJECTOR_LN_EPS = 1e-6
 
@@ -25,12 +25,12 @@ class Embeddings(nn.Module):
         self.position_embedding = embedding(c.num_patches, c.hidden_size)
 
     def forward(self, pixels: torch.Tensor, grids) -> torch.Tensor:
-        x = self.patch_embedding(pixels.to(self.patch_embedding.weight.device, self.patch_embedding.weight.dtype))
-        return x + self.positions(grids)
+        x = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype))
+        return x + self.positions(grids, x.device)
 
-    def positions(self, grids) -> torch.Tensor:
+    def positions(self, grids, device: torch.device) -> torch.Tensor:
         side, m = int(self.config.num_patches**0.5), self.config.spatial_merge_size
-        table = self.position_embedding.weight.view(side, side, -1).permute(2, 0, 1).unsqueeze(0)
+        table = self.position_embedding.weight.to(device).view(side, side, -1).permute(2, 0, 1).unsqueeze(0)
         dtype = table.dtype
         if table.device.type == "cpu":
             table = table.float()
@@ -67,9 +67,9 @@ class MLP(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, c: EdgeVisionConfig):
         super().__init__()
-        self.layer_norm1 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.layer_norm1 = layer_norm(c.hidden_size, c.layer_norm_eps)
         self.self_attn = Attention(c)
-        self.layer_norm2 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.layer_norm2 = layer_norm(c.hidden_size, c.layer_norm_eps)
         self.mlp = MLP(c)
 
     def forward(self, x, lengths):
@@ -88,7 +88,7 @@ class Visual(nn.Module):
         super().__init__()
         self.embeddings = Embeddings(c)
         self.encoder = Encoder(c)
-        self.post_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.post_layernorm = layer_norm(c.hidden_size, c.layer_norm_eps)
 
 
 class Projector(nn.Module):
@@ -97,7 +97,7 @@ class Projector(nn.Module):
     def __init__(self, c: EdgeVisionConfig):
         super().__init__()
         self.block = c.hidden_size * c.spatial_merge_size**2
-        self.norm = nn.LayerNorm(c.hidden_size, eps=PROJECTOR_LN_EPS)
+        self.norm = layer_norm(c.hidden_size, PROJECTOR_LN_EPS)
         self.linear_fc1 = linear(self.block, c.projector_hidden_size)
         self.linear_fc2 = linear(c.projector_hidden_size, c.text_hidden_size)
 

@@ -19,8 +19,15 @@ ROPE_THETA = 10000.0
 LN_EPS = 1e-6
 
 
-def layer_norm(dim: int) -> nn.LayerNorm:
-    return nn.LayerNorm(dim, eps=LN_EPS)
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose parameters come to the input's device at use (a host may leave them in CPU memory)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight.to(x.device), self.bias.to(x.device), self.eps)
+
+
+def layer_norm(dim: int, eps: float = LN_EPS) -> LayerNorm:
+    return LayerNorm(dim, eps=eps)
 
 
 class PatchEmbed(nn.Module):
@@ -32,7 +39,8 @@ class PatchEmbed(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:  # [N, C*t*p*p] -> [N, C]
         x = pixels.to(self.proj.weight.dtype).view(-1, self.in_channels, *self.kernel)
-        return self.proj(x).flatten(1)
+        weight, bias = self.proj.weight.to(x.device), self.proj.bias.to(x.device)
+        return F.conv3d(x, weight, bias, stride=self.kernel).flatten(1)
 
 
 class Attention(nn.Module):
@@ -110,8 +118,8 @@ class QwenVisionTower(nn.Module):
 
     def forward(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]):
         """pixels [N, patch_dim] -> (tokens [N/4, E], deepstack features: one [N/4, E] per tapped block)."""
-        device = self.pos_embed.weight.device
-        x = self.patch_embed(pixels.to(device))
+        device = pixels.device
+        x = self.patch_embed(pixels)
         x = x + self.position_embedding(grids, device).to(x.dtype)
         cos, sin = self.rotary(grids, device)
         lengths = [h * w for t, h, w in grids for _ in range(t)]
@@ -132,7 +140,7 @@ class QwenVisionTower(nn.Module):
     def position_embedding(self, grids, device) -> torch.Tensor:
         """The learned table resampled to each grid: bilinear, corners aligned, four fp32 taps, summed in fp32."""
         side = int(self.config.num_position_embeddings**0.5)
-        table = self.pos_embed.weight
+        table = self.pos_embed.weight.to(device)
         out = []
         for t, h, w in grids:
             rows, cols = self.block_order(h, w, device)

@@ -160,7 +160,8 @@ class Cosmos3Model(comfy.model_base.BaseModel):
                              f"h, w]; this LATENT is {list(noise.shape)}. Make it with Wan22ImageToVideoLatent (or "
                              "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")  # fmt: skip
         ids = prompt_ids(self.pipeline, prompt, noise.shape)
-        text = self.diffusion_model.runtime[0].encode_text(torch.tensor(ids, dtype=torch.long))  # once per run
+        # once per run, on the device the sampler runs on (ComfyUI may leave small modules in CPU memory)
+        text = self.diffusion_model.runtime[0].encode_text(torch.tensor(ids, dtype=torch.long), kwargs.get("device"))
         out = {TEXT_KV: comfy.conds.CONDRegular(text.stacked().unsqueeze(0)), FPS: comfy.conds.CONDConstant(prompt.fps)}
         if kwargs.get("denoise_mask") is not None:
             out["denoise_mask"] = comfy.conds.CONDRegular(kwargs["denoise_mask"])

@@ -1,0 +1,236 @@
+"""What only a GPU would show, shown on the CPU: fp8 with the action and sound heads, the attention kernel a GPU gets,
+CUDA's rule for scaled fp8 matmul outputs, the sound tokenizer's and the VAE statistics' precision, and runs whose
+small modules a host's memory manager left in CPU memory (checked on a virtual device, `virtual_device.py`), up to
+whole forwards at the released shapes.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from virtual_device import DeviceMix, VirtualDevice, place_like_a_host
+
+import cosmos3_runtime
+from cosmos3_runtime.action import ActionRequest
+from cosmos3_runtime.quantize import Fp8Linear, per_row_fp8, scaled_fp8_linear
+from cosmos3_runtime.transformer import (ActionTokens, Cosmos3Transformer, SoundTokens, TransformerConfig, attention,
+                                         takes_grouped_kv)  # fmt: skip
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def picture(seed, height=120, width=160):
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+ACTIONS = {
+    "policy": dict(mode="policy", image=picture(1)),
+    "forward_dynamics": dict(mode="forward_dynamics", image=picture(2),
+                             actions=torch.randn(4, 10, generator=torch.Generator().manual_seed(2))),
+    "inverse_dynamics": dict(mode="inverse_dynamics", video=[picture(10 + i) for i in range(5)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ACTIONS)
+def test_fp8_runs_the_action_head(tiny_factory, mode):
+    """The per-domain tables are weight matrices (`x @ table[domain]`): they stay in full precision under fp8, so
+    an fp8 action run works (it failed with 'BFloat16 != Float8_e4m3fn') and stays near the bf16 one."""
+    root = tiny_factory(kind="edge", action=True)
+    request = dict(action=ActionRequest(chunk_size=4, domain="droid_lerobot", resolution_tier=256, **ACTIONS[mode]),
+                   steps=2, seed=3, output="latents")  # fmt: skip
+    fp8 = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8")
+    assert fp8.transformer.action_proj_in.fc.weight.dtype == BF16
+    bf16 = cosmos3_runtime.load(root, dtype="bf16", device="cpu")
+    got, expected = fp8.generate("pick up the cube", **request), bf16.generate("pick up the cube", **request)
+    assert (got.latents - expected.latents).abs().mean() < 0.1 * expected.latents.abs().mean()
+    if mode == "forward_dynamics":
+        assert got.actions is None
+    else:
+        assert torch.isfinite(got.actions).all()
+        assert (got.actions - expected.actions).abs().mean() < 0.2 * expected.actions.abs().mean()
+
+
+@pytest.mark.parametrize("quantize", ["fp8", "fp8_scaled"])
+def test_fp8_runs_the_sound_head(tiny_factory, quantize):
+    root = tiny_factory(kind="gated", sound=True)
+    request = dict(width=64, height=48, num_frames=9, steps=2, seed=1, sound=True)
+    got = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize=quantize).generate("rain", **request)
+    expected = cosmos3_runtime.load(root, dtype="bf16", device="cpu").generate("rain", **request)
+    assert got.sound.shape == expected.sound.shape and torch.isfinite(got.sound).all()
+    assert (got.sound_latents - expected.sound_latents).abs().mean() < 0.1 * expected.sound_latents.abs().mean()
+
+
+# (device kind, compute capability, dtype, flash enabled) -> grouped K/V go to SDPA as they are (True) or expanded
+KERNEL_RULE = [
+    ("cpu", None, FP32, True, True),  # the CPU flash kernel takes groups in every dtype
+    ("cpu", None, BF16, True, True),
+    ("cuda", (9, 0), BF16, True, True),  # H100/H200: flash
+    ("cuda", (8, 0), FP16, True, True),  # A100
+    ("cuda", (8, 6), BF16, True, True),  # RTX 30xx
+    ("cuda", (9, 0), FP32, True, False),  # fp32 on any GPU: no flash, math would hold the scores
+    ("cuda", (8, 9), FP32, True, False),
+    ("cuda", (7, 5), FP16, True, False),  # T4, RTX 20xx: no flash
+    ("cuda", (7, 0), FP16, True, False),  # V100
+    ("cuda", (6, 1), FP32, True, False),  # GTX 10xx
+    ("cuda", (9, 0), BF16, False, False),  # flash turned off by the user
+    ("mps", None, FP16, True, False),
+    ("meta", None, BF16, True, False),
+]
+
+
+@pytest.mark.parametrize("device_type, capability, dtype, flash, grouped", KERNEL_RULE)
+def test_which_attention_inputs_each_gpu_gets(device_type, capability, dtype, flash, grouped):
+    assert takes_grouped_kv(device_type, capability, dtype, 128, flash) is grouped
+
+
+def test_the_rule_on_rocm_and_odd_head_dims():
+    assert not takes_grouped_kv("cuda", (9, 4), BF16, 128, rocm=True)
+    assert not takes_grouped_kv("cuda", (9, 0), BF16, 320)  # flash takes head dims up to 256
+
+
+def test_expanded_keys_give_the_grouped_result(monkeypatch):
+    """Expansion repeats each K/V head for its query group, as SDPA's grouped mode pairs them."""
+    import cosmos3_runtime.transformer as transformer
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(50, 8, 32, generator=g), torch.randn(70, 2, 32, generator=g), torch.randn(70, 2, 32, generator=g)
+    grouped = attention(q, k, v)
+    seen = []
+    original = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, **kwargs):
+        seen.append((k.shape[1], kwargs["enable_gqa"]))
+        return original(q, k, v, **kwargs)
+
+    monkeypatch.setattr(transformer, "grouped_kv_native", lambda *args: False)
+    monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", sdpa)
+    torch.testing.assert_close(attention(q, k, v), grouped, atol=1e-6, rtol=0)
+    assert seen == [(8, False)]  # eight key heads, no grouped mode: a memory-efficient kernel can take it
+
+
+def test_scaled_fp8_matmul_outputs_bf16_as_cuda_requires(monkeypatch):
+    """CUDA's row-wise scaled matmul makes bf16 outputs only (fp16/fp32 are refused): the scaled path asks for bf16
+    whatever the activations' dtype and casts afterwards. `torch._scaled_mm` is wrapped with CUDA's rule here."""
+    original = torch._scaled_mm
+
+    def cuda_rule(a, b, scale_a, scale_b, out_dtype=None, **kwargs):
+        if scale_a.numel() > 1 and out_dtype != BF16:
+            raise RuntimeError("Only bf16 high precision output types are supported for row-wise scaling.")
+        return original(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", cuda_rule)
+    weight, scale = per_row_fp8(torch.randn(32, 64, generator=torch.Generator().manual_seed(0)) / 8)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+    reference = x @ (weight.float() * scale[:, None]).t()
+    for dtype in (FP32, FP16, BF16):
+        out = scaled_fp8_linear(x.to(dtype), weight, scale, None)
+        assert out.dtype == dtype
+        assert (out.float() - reference).abs().mean() < 0.05 * reference.abs().mean()
+
+
+def test_the_sound_tokenizer_decodes_in_fp32_under_a_bf16_model(tiny_factory):
+    pipe = cosmos3_runtime.load(tiny_factory(kind="gated", sound=True), dtype="bf16", device="cpu")
+    assert pipe.sound_tokenizer.dtype == FP32 and pipe.vae.dtype == BF16
+
+
+def held_by_a_host(root, **options):
+    """A pipeline whose big linears are on the virtual device and every other module's parameters in CPU memory."""
+    pipe = cosmos3_runtime.load(root, dtype="bf16", device="cpu", **options)
+    place_like_a_host(pipe.transformer, streamed=(torch.nn.Linear, Fp8Linear))
+    return pipe
+
+
+@pytest.mark.parametrize("kind, heads", [("edge", dict(action=True)), ("gated", dict(sound=True))])
+@pytest.mark.parametrize("quantize", [None, "fp8"])
+def test_a_forward_runs_where_its_inputs_are_when_small_modules_stay_in_ram(tiny_factory, kind, heads, quantize):
+    """ComfyUI's low-VRAM loading streams only its cast layers and leaves norms, embeddings, the time embedder,
+    modality embeddings and action tables in RAM. Before: a norm mixed devices, or the run followed such a module
+    to the CPU. Now the run stays on its inputs' device and every small parameter comes to it."""
+    model = held_by_a_host(tiny_factory(kind=kind, **heads), quantize=quantize).transformer
+    meta = torch.device("meta")
+    assert model.layers[0].input_layernorm.weight.device.type == "cpu"
+    tracks = {"action": ActionTokens(torch.randn(5, 64, device=meta), domain=3)} if "action" in heads else \
+        {"sound": SoundTokens(torch.randn(16, 7, device=meta))}  # fmt: skip
+    with torch.inference_mode(), VirtualDevice() as virtual:
+        text = model.encode_text(torch.arange(12), meta)
+        out = model(torch.randn(1, 48, 2, 4, 6, device=meta), torch.tensor(900), text, **tracks)
+    assert out.vision.device == meta and all(getattr(out, name).device == meta for name in tracks)
+    assert virtual.ops > 100
+
+
+def test_the_checker_refuses_what_a_gpu_refuses():
+    with VirtualDevice(), pytest.raises(DeviceMix, match="mixes devices"):
+        torch.empty(4, 3, device="meta") * torch.ones(4, 3)
+    with VirtualDevice(), pytest.raises(DeviceMix, match="mixes devices"):  # the meta kernel alone lets this pass
+        torch.empty(4, 3, device="meta") @ torch.ones(3, 2)
+    with VirtualDevice(), pytest.raises(DeviceMix, match="mixes dtypes"):
+        torch.empty(4, 3, device="meta", dtype=BF16) @ torch.empty(3, 2, device="meta", dtype=torch.float8_e4m3fn)
+    with VirtualDevice():  # a CPU scalar and CPU indices are fine, as on CUDA
+        torch.empty(4, 3, device="meta")[torch.tensor([0, 2])] * torch.tensor(2.0)
+
+
+@pytest.mark.parametrize("kind", ["gated", "edge"])
+def test_the_reasoner_runs_where_its_inputs_are_when_small_modules_stay_in_ram(tiny_factory, kind):
+    """The Reasoner's vision tower (layer norms, patch convolution, position table) and its language model (norm
+    gains) under the same placement."""
+    from cosmos3_runtime.reasoner.language import KVCache
+
+    pipe = cosmos3_runtime.load(tiny_factory(kind=kind), dtype="bf16", device="cpu", parts="reasoner")
+    reasoner, meta = pipe.reasoner, torch.device("meta")
+    for part in (pipe.transformer, *reasoner.parts):
+        place_like_a_host(part)
+    patch_dim = reasoner.vision.config.in_channels if kind == "gated" else reasoner.vision.config.num_channels
+    patch_dim *= reasoner.vision.config.patch_size**2 * (reasoner.vision.config.temporal_patch_size if kind == "gated"
+                                                         else 1)  # fmt: skip
+    with torch.inference_mode(), VirtualDevice():
+        tokens, _ = reasoner.vision(torch.randn(16, patch_dim, device=meta), [(1, 4, 4)])
+        x = reasoner.language.embed(torch.arange(6), meta)
+        cache = KVCache(reasoner.language.config, 8, x.dtype, meta)
+        logits = reasoner.language.forward(x, torch.zeros(3, 6, dtype=torch.long, device=meta), cache)
+    assert tokens.device == meta and logits.device == meta
+
+
+RELEASED = {  # the transformer shapes of the released checkpoints (Super: Qwen3-VL-32B's text tower, see README)
+    "edge": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=9216, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
+                 use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8, action_gen=True, action_dim=64),
+    "nano": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=12288, vocab_size=151936, sound_gen=True, sound_dim=64),
+    "super": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                  intermediate_size=25600, vocab_size=151936),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant, size", [("edge", (832, 480, 81)), ("nano", (1280, 720, 81)),
+                                           ("super", (1280, 720, 121))])  # fmt: skip
+@pytest.mark.parametrize("precision", ["bf16", "fp32", "fp8"])
+def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
+    """A whole forward at a released size on the virtual device, weights there too: no device or dtype mix, and the
+    activations' peak within the runtime's estimate (the planner refuses from it) plus a quarter."""
+    from types import SimpleNamespace
+
+    from cosmos3_runtime import budget
+    from cosmos3_runtime.quantize import quantize_fp8
+
+    config = TransformerConfig(**RELEASED[variant])
+    dtype = FP32 if precision == "fp32" else BF16
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config).to(dtype)
+    model.time_embedder.float()
+    if precision == "fp8":
+        quantize_fp8(model)
+    meta = torch.device("meta")
+    w, h, f = size
+    tracks = {"action": ActionTokens(torch.randn(16, 64, device=meta), domain=0)} if config.action_gen else \
+        {"sound": SoundTokens(torch.randn(64, 126, device=meta))} if config.sound_gen else {}  # fmt: skip
+    with torch.inference_mode(), VirtualDevice() as virtual:
+        text = model.encode_text(torch.arange(300) % 1000, meta)
+        out = model(torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device=meta), torch.tensor(900), text,
+                    **tracks)  # fmt: skip
+    assert out.vision.shape == (1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
+    settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
+                               transfer=None)  # fmt: skip
+    parts = budget.estimate(config, None, settings, 300, 300, dtype, device=meta).parts
+    planned = parts["media tower"] + parts["rotary tables"] + parts["text K/V cache"]
+    assert virtual.peak <= 1.25 * planned, (virtual.peak / 2**30, planned / 2**30)

@@ -3,13 +3,13 @@
     python benchmarks/bench_memory.py                         # computed table: every variant, 8-24 GB fits
     python benchmarks/bench_memory.py --measure --variant edge --device cuda   # measured on a GPU
 
-Options compared: default, offload_text, blocks_to_swap, fp8, GGUF Q8_0 and Q4_0 (random blocks: the
+Options compared: default, offload_text, blocks_to_swap, fp8 (and fp8_scaled), GGUF Q8_0 and Q4_0 (random blocks: the
 speed of a GGUF layer depends on its type and shape, not its values) and text + swap + fp8 combined.
 - Computed (any machine, nothing allocated): weight bytes each option leaves on the compute device,
   counted from the model's parameters on the meta device under that option's placement, plus the
   activations of the request from the runtime's own estimate (`budget.estimate`).
-- Measured (`--measure`, CUDA): peak `torch.cuda.max_memory_allocated` and time per step (both CFG
-  forwards) with random bf16 weights in the released shapes, each option against the default from
+- Measured (`--measure`, CUDA): peak `torch.cuda.max_memory_allocated` (and `max_memory_reserved`, what the
+  caching allocator holds: what other programs cannot use) and time per step (both CFG forwards) with random bf16 weights in the released shapes, each option against the default from
   the same run. A CPU cannot tell compute from offload memory, so `--measure` on CPU only times the
   options on a reduced depth (`--layers`) and says so.
 Not a test: numbers depend on the machine.
@@ -30,17 +30,11 @@ from cosmos3_runtime.gguf_dequant import BLOCKS  # noqa: E402
 from cosmos3_runtime.gguf_weights import BLOCK_LINEARS, GGUFLinear  # noqa: E402
 from cosmos3_runtime.offload import BlockSwap, TextOffload  # noqa: E402
 from cosmos3_runtime.quantize import quantize_fp8  # noqa: E402
+from cosmos3_runtime.tiny import RELEASED  # noqa: E402
 from cosmos3_runtime.transformer import Cosmos3Transformer, TransformerConfig, tower_of  # noqa: E402
 from cosmos3_runtime.vae import VAEConfig  # noqa: E402
 
-RELEASED = {  # the released transformer configs (reference: Nano, Edge; heads left out)
-    "edge": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                 intermediate_size=9216, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
-                 use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8),
-    "nano": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                 intermediate_size=12288, vocab_size=151936),
-}  # fmt: skip
-REQUESTS = {"edge": (832, 480, 81), "nano": (1280, 720, 81)}
+REQUESTS = {"edge": (832, 480, 81), "nano": (1280, 720, 81), "super": (1280, 720, 81)}
 GIB = 2**30
 
 
@@ -53,6 +47,7 @@ def options(swap: int) -> dict[str, dict]:
         "offload_text": dict(offload_text=True),
         f"blocks_to_swap={swap}": dict(blocks_to_swap=swap),
         "fp8": dict(fp8=True),
+        "fp8_scaled": dict(fp8="fp8_scaled"),
         "gguf Q8_0": dict(gguf="Q8_0"),
         "gguf Q4_0": dict(gguf="Q4_0"),
         f"combined (text, {swap} blocks, fp8)": dict(offload_text=True, blocks_to_swap=swap, fp8=True),
@@ -103,6 +98,8 @@ def computed_table(swap: int) -> None:
         print("| option | weights GiB | total GiB | fits in |")
         print("|---|---|---|---|")
         for label, option in options(swap).items():
+            if label == "fp8_scaled":  # the same bytes as fp8
+                continue
             weights = computed_weights(config, option)
             total = weights + act
             fits = [f"{g} GB" for g in (8, 12, 16, 24) if total <= g * 1e9 * 0.92]  # leave the CUDA context room
@@ -148,7 +145,7 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
     for label, option in chosen.items():
         model = random_model(config, device, option.get("gguf"))
         if option.get("fp8"):
-            quantize_fp8(model)
+            quantize_fp8(model, "fp8" if option["fp8"] is True else option["fp8"])
         text_offload = TextOffload(model, torch.device("cpu")) if option.get("offload_text") else None
         if option.get("blocks_to_swap"):
             model.streamer = BlockSwap(model, option["blocks_to_swap"])
@@ -173,17 +170,18 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
                 torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / steps
         peak = torch.cuda.max_memory_allocated() / GIB if device == "cuda" else float("nan")
-        results[label] = (peak, seconds)
+        reserved = torch.cuda.max_memory_reserved() / GIB if device == "cuda" else float("nan")
+        results[label] = (peak, reserved, seconds)
         del model, text
         if device == "cuda":
             torch.cuda.empty_cache()
-    base_peak, base_time = results.get("default", next(iter(results.values())))
+    base_peak, _, base_time = results.get("default", next(iter(results.values())))
     base = "default" if "default" in results else next(iter(results))
     print(f"{variant} {w}x{h}x{f}, {steps} timed steps (two forwards each: CFG), device {device}; ratios against {base}")
-    print(f"| option | peak GiB | vs {base} | s per step | vs {base} | {total_steps} steps |")
-    print("|---|---|---|---|---|---|")
-    for label, (peak, seconds) in results.items():
-        memory = f"{peak:.2f} | {peak / base_peak:.2f}x" if device == "cuda" else "n/a | n/a"
+    print(f"| option | peak allocated GiB | vs {base} | peak reserved GiB | s per step | vs {base} | {total_steps} steps |")
+    print("|---|---|---|---|---|---|---|")
+    for label, (peak, reserved, seconds) in results.items():
+        memory = f"{peak:.2f} | {peak / base_peak:.2f}x | {reserved:.2f}" if device == "cuda" else "n/a | n/a | n/a"
         print(f"| {label} | {memory} | {seconds:.3f} | {seconds / base_time:.2f}x | {seconds * total_steps:.0f} s |")
 
 

@@ -5,11 +5,11 @@ Each quantized linear keeps `weight` [out, in] in float8_e4m3fn and `scale` [out
 (amax of the row / 448, the format's largest value). Two ways to run it:
 - weight-only (`quantize="fp8"`, the default): the forward upcasts the weight to the activations' dtype,
   multiplies by the scale and runs a normal matmul, so the arithmetic is the bf16 model's with rounded weights.
-- scaled (`quantize="fp8_scaled"`): the activations are quantized to fp8 per token too and one fp8 matmul runs
-  (`torch._scaled_mm`, row-wise scales). Measured on CPU (`benchmarks/bench_fp8.py`) it adds about twice the
-  weight-only error when every layer runs scaled, most of it from the patch projections and the MLPs, so it
-  runs only where it costs least for the FLOPs it takes: the media tower's attention projections and MLPs,
-  first and last layer excluded (`scaled_layer`).
+- scaled (`quantize="fp8_scaled"`, opt-in): the activations are quantized to fp8 per token too and one fp8 matmul
+  runs (`torch._scaled_mm`, row-wise scales). Measured on CPU (`benchmarks/bench_fp8.py`, latents against bf16):
+  every layer scaled has 2.3-2.6x the weight-only error, most of it from the patch projections and the MLPs, so
+  it runs only on the media tower's attention projections and MLPs (the FLOPs), first and last layer excluded
+  (`scaled_layer`): 1.7-1.9x the weight-only error.
 Weight memory is about half of bf16 either way. The time embedder stays fp32, and the action head's per-domain
 tables (embedding tables used as weight matrices) stay in full precision.
 """

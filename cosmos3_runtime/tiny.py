@@ -26,6 +26,18 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 SMALL = dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
              intermediate_size=1536, rope_axes_dim=[12, 10, 10])  # fmt: skip
 SIZES = {"tiny": TINY, "small": SMALL}
+# The released transformers' backbone shapes (no sound or action head), for sizes, benchmarks and virtual runs. Super:
+# hidden size, depth and heads as reported; head dim, MLP width and vocabulary those of Qwen3-VL-32B's text tower,
+# whose hidden size, depth and heads it shares (unconfirmed until its config is public).
+RELEASED = {
+    "edge": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=9216, vocab_size=131072, hidden_act="relu2", qk_norm_for_text=False,
+                 use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8),
+    "nano": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=12288, vocab_size=151936),
+    "super": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                  intermediate_size=25600, vocab_size=151936),
+}  # fmt: skip
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                   "<|video_pad|>"]  # fmt: skip

@@ -116,7 +116,8 @@ class RMSNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(dim, *(1,) * spatial_dims))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In fp32 with the gain, rounded once: bf16 decodes lose 0.3 dB less PSNR (benchmarks/bench_precision.py).
+        # In fp32 with the gain, rounded once: a bf16 decode's PSNR against fp32 rose from 53.5 to 54.3 dB with it
+        # (benchmarks/bench_precision.py, released widths).
         return (F.normalize(x.float(), dim=1) * self.scale * self.gamma.float()).to(x.dtype)
 
 

@@ -294,8 +294,9 @@ class Cosmos3ModelLoader:
                                  "a prompt is encoded (same results, less VRAM)"}),  # fmt: skip
                 "blocks_to_swap": ("INT", {"default": 0, "min": 0, "max": 128, "tooltip": "stream this many "
                                    "transformer layers from RAM during sampling (same results, less VRAM, slower)"}),  # fmt: skip
-                "quantize": (["none", "fp8"], {"default": "none", "tooltip": "fp8: transformer weights in fp8 with "
-                             "per-channel scales (about half the VRAM; small differences)"}),  # fmt: skip
+                "quantize": (["none", "fp8", "fp8_scaled"], {"default": "none", "tooltip": "fp8: transformer weights "
+                             "in fp8 with per-channel scales (about half the VRAM; small differences); fp8_scaled: "
+                             "also the media blocks' matmuls in fp8 (H100 and newer; about twice fp8's error)"}),  # fmt: skip
                 "transformer_file": ([OWN_WEIGHTS, *services.gguf_names()], {"default": OWN_WEIGHTS, "tooltip": "a "
                                      "GGUF transformer (Q8_0 ... Q4) from models/diffusion_models or models/unet, kept "
                                      "quantized in memory; a single .gguf in the checkpoint's transformer/ folder is "

@@ -11,10 +11,12 @@ import torch
 
 from .action import MODES, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from .checkpoint import Checkpoint, read_json, resolve
-from .errors import Cosmos3Error, InputError
+from . import estimate
+from .errors import Cosmos3Error, InputError, reworded
 from .gguf_convert import WRITABLE, convert, describe_types
 from .controls import derive
-from .media import IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions, save_wav
+from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions,
+                    save_wav, video_header)  # fmt: skip
 from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, read_clip
 from .parallel import init_from_env
 from .pipeline import load, open_gguf, planner
@@ -26,7 +28,8 @@ from .weights import stored_bytes
 
 
 def cmd_make_tiny(args) -> None:
-    root = make_tiny_checkpoint(args.folder, kind=args.kind, size=args.size, distilled=args.distilled)
+    root = make_tiny_checkpoint(args.folder, kind=args.kind, size=args.size, distilled=args.distilled,
+                                sound=args.sound, action=args.action)  # fmt: skip
     print(f"wrote a random {args.size} {args.kind} checkpoint to {root}")
 
 
@@ -35,7 +38,9 @@ def cmd_generate(args) -> None:
     options = options_from_args(args)
     options["image"] = read_image(args.image) if args.image else None
     options["video"] = read_video(args.video) if args.video else None
-    options["control_videos"] = read_controls(args.control_videos) if args.control_videos else None
+    options["control_videos"], source_fps = read_controls(args.control_videos) if args.control_videos else (None, None)
+    if source_fps and options["fps"] is None:  # keep the source's timing; the authors' 30 is --fps 30
+        options["fps"] = source_fps
     tensors_out = check_output(args.output).suffix.lower() == LATENT_TYPE
     latents_only = tensors_out and options["control_videos"] is None  # a transfer's tensors are its frames
     if args.sound_output and not args.sound:
@@ -61,16 +66,17 @@ def cmd_generate(args) -> None:
             say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
                 "the output is noise.")  # fmt: skip
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind or ("gated" if args.control_videos else "edge"))
-        planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only).check(args.prompt, request)
+        plan = planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only)
+        s, cond_ids, _ = plan.check(args.prompt, request)
+        if plan.device.type == "cpu":
+            guess = estimate.generation(plan.transformer_config, plan.vae_config, s, len(cond_ids), not latents_only,
+                                        plan.dtype, plan.device)  # fmt: skip
+            say(f"on the CPU this takes {guess.describe()}" + ("; --frames 17 --width 256 --height 256 --steps 8 "
+                "is a quick look" if guess.seconds > 600 else ""))  # fmt: skip
         pipe = load(args.checkpoint, device=device, dtype=args.dtype, vae_dtype=args.vae_dtype, **low_vram_options(args))
         say(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
-        start = time.perf_counter()
-
-        def progress(step, total, _latents):
-            say(f"\rstep {step}/{total}  {time.perf_counter() - start:.1f}s", end="", flush=True)
-
-        result = pipe.generate(args.prompt, request, callback=progress, parallel=parallel)
-        say()
+        report = Report(say)
+        result = pipe.generate(args.prompt, request, callback=report.step, parallel=parallel, progress=report.stage)
         s = result.settings
         say(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
             f"({s.schedule}), guidance {s.guidance_scale:g}" + (transfer_summary(s.transfer) if s.transfer else ""))  # fmt: skip
@@ -92,6 +98,36 @@ def cmd_generate(args) -> None:
             print(f"wrote {path}")
 
 
+class Report:
+    """Progress lines: each stage (prompts, chunks, steps, VAE decode) on one line rewritten in place, with the time
+    it has taken; the steps with the time left."""
+
+    LABELS = {"text": "text tower, prompt", "chunk": "chunk", "decode": "VAE decode, latent frame"}
+
+    def __init__(self, say):
+        self.say, self.stage_name, self.last = say, None, time.perf_counter()
+        self.live = sys.stdout.isatty()  # a terminal: rewrite lines; a file or a pipe: whole lines, fewer of them
+
+    def stage(self, name: str, done: int, total: int) -> None:
+        self._show(name, f"{self.LABELS[name]} {done}/{total}", done == total or name == "chunk")
+
+    def step(self, done: int, total: int, _latents) -> None:
+        began = self.began if self.stage_name == "step" else self.last
+        left = (time.perf_counter() - began) / done * (total - done)
+        text = f"step {done}/{total}" + (f", about {estimate.duration(left)} left" if done < total else "")
+        self._show("step", text, done == total, quiet=done % max(1, total // 10) != 0)
+
+    def _show(self, name: str, text: str, last: bool, quiet: bool = False) -> None:
+        now = time.perf_counter()
+        if name != self.stage_name or name == "chunk":  # a new stage began when the previous line was written
+            self.stage_name, self.began = name, self.last
+        if self.live:
+            self.say(f"\r{text}  {now - self.began:.1f}s\033[K", end="\n" if last else "", flush=True)
+        elif last or not quiet:
+            self.say(f"{text}  {now - self.began:.1f}s", flush=True)
+        self.last = now
+
+
 def cmd_reason(args) -> None:
     # The options and media are checked (and bad files refused) before any weight is read.
     check_max_new_tokens(args.max_new_tokens)
@@ -103,7 +139,7 @@ def cmd_reason(args) -> None:
                   "is gibberish.", file=sys.stderr)  # fmt: skip
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
         root = resolve(args.checkpoint, components=("transformer", "tokenizer", "reasoner"))
-        video = read_clip(args.video, args.video_fps, root) if args.video else None
+        video = read_clip(args.video, args.sample_fps, root) if args.video else None
         pipe = load(root, device=args.device, dtype=args.dtype, parts="reasoner", offload_text=args.offload_text,
                     quantize=args.quantize)  # fmt: skip
 
@@ -124,9 +160,10 @@ def cmd_reason(args) -> None:
               f"{answer.prefill_seconds:.2f} s, {tokens / max(answer.decode_seconds, 1e-9):.1f} tokens/s", file=sys.stderr)
 
 
-def read_controls(specs: list[str]) -> dict:
-    """--control HINT=FILE (the control clip) or HINT:PRESET=FILE (edge or blur derived from the source clip FILE)."""
-    controls = {}
+def read_controls(specs: list[str]) -> tuple[dict, float | None]:
+    """--control HINT=FILE (the control clip) or HINT:PRESET=FILE (edge or blur derived from the source clip FILE):
+    the controls, and the frame rate of the first video file among them (None: no video file says one)."""
+    controls, rate = {}, None
     for spec in specs:
         hint, _, path = spec.partition("=")
         hint, _, preset = hint.partition(":")
@@ -135,9 +172,13 @@ def read_controls(specs: list[str]) -> dict:
         check_hints([hint])
         if hint in controls:
             raise InputError(f"--control {hint} is given twice")
-        frames = read_video(path) if Path(path).suffix.lower() not in IMAGE_TYPES else [read_image(path)]
+        if Path(path).suffix.lower() in IMAGE_TYPES:
+            frames = [read_image(path)]
+        else:
+            frames = read_video(path)
+            rate = rate or video_header(path)[1]
         controls[hint] = derive(hint, frames, preset) if preset else frames
-    return controls
+    return controls, rate
 
 
 def low_vram_options(args) -> dict:
@@ -254,8 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True, help="the question")
     p.add_argument("--image", action="append", help="an image to ask about (repeat for several)")
     p.add_argument("--video", help="a video to ask about")
-    p.add_argument("--video-fps", type=float, help="frames per second of the video to look at [default: the "
-                   "checkpoint's video_preprocessor_config.json; NVIDIA recommends 4]")  # fmt: skip
+    p.add_argument("--sample-fps", type=float, help="frames per second of the video to look at (the API's and the "
+                   "node's sample_fps; the video's own rate is read from the file) [default: the checkpoint's "
+                   "video_preprocessor_config.json; NVIDIA recommends 4]")  # fmt: skip
     p.add_argument("--system-prompt", help="a system prompt (default: none)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="[default: %(default)s]")
     p.add_argument("--temperature", type=float, help="0 is greedy [default: 0.7, or 0.6 with --thinking]")
@@ -303,27 +345,42 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--vae-dtype", default=None, help="the VAE's precision: bf16, fp32 ... (default: --dtype's; "
                           "fp32 holds 1.4 GB more; a bf16 decode is within about 55 dB PSNR of it)")  # fmt: skip
 
-    p = sub.add_parser("make-tiny", help="write a tiny random checkpoint in the released layout")
+    p = sub.add_parser("make-tiny", help="write a tiny random checkpoint in the released layout (meaningless "
+                       "weights: for trying the pack and its tests without a download)")  # fmt: skip
     p.add_argument("folder")
-    p.add_argument("--kind", choices=KINDS, default="gated")
+    p.add_argument("--kind", choices=KINDS, default="edge", help="edge (Cosmos3-Edge's layout, what generate uses "
+                   "without --checkpoint) or gated (Nano / Super's, which transfer and sound need) [default: edge]")  # fmt: skip
+    p.add_argument("--sound", action="store_true", help="with a sound head and a sound tokenizer (as Nano)")
+    p.add_argument("--action", action="store_true", help="with an action head (as Edge, Nano, Policy-DROID)")
     p.add_argument("--size", choices=sorted(SIZES), default="tiny")
     p.add_argument("--distilled", action="store_true")
     p.set_defaults(run=cmd_make_tiny)
 
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true", help="show the traceback of errors")
+    parser.commands = sub.choices
     return parser
 
 
+def flag_names(command: argparse.ArgumentParser) -> dict[str, str]:
+    """The API names (`generate` / `load` arguments) behind a command's flags -> the flags, for its error messages."""
+    return {action.dest: action.option_strings[0] for action in command._actions
+            if action.option_strings and "_" in action.dest}  # fmt: skip
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    command = parser.commands[args.command]
+    if unknown:  # the subcommand's usage, not the top level's
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)  # settings notes, load warnings
     try:
         args.run(args)
-    except Cosmos3Error as exc:  # a problem the user can fix: one line, no traceback
+    except Cosmos3Error as exc:  # a problem the user can fix: one line in the CLI's words, no traceback
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {reworded(str(exc), flag_names(command))}", file=sys.stderr)
         return 2
     return 0
 

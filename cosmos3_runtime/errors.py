@@ -1,8 +1,10 @@
 """Error types the runtime raises for problems a user can fix.
 
 Every message names what is wrong (a file, a key, a size) and what to do about it, so the ComfyUI
-layer can show it as is.
+layer can show it as is; `reworded` puts a message in the words of the interface that was used.
 """
+
+import re
 
 
 class Cosmos3Error(Exception):
@@ -23,3 +25,21 @@ class InputError(Cosmos3Error, ValueError):
 
 class LimitError(InputError):
     """An input is over a size limit the caller set (for example an uploaded image's pixels)."""
+
+
+def reworded(message: str, names: dict[str, str]) -> str:
+    """`message` in another interface's words: each API name in `names` (a `generate` / `load` argument, written as
+    an identifier, optionally `=True` / `=False`) replaced by that interface's (a CLI flag, a node's widget)."""
+    for name in sorted(names, key=len, reverse=True):
+        new = names[name]
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}=(True|False)(?!\w)",
+                         lambda m, new=new: switched(new, m.group(1) == "True"), message)  # fmt: skip
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w])", lambda m, new=new: new, message)
+    return message
+
+
+def switched(flag: str, on: bool) -> str:
+    """A boolean CLI flag spelled for on or off (`--x` / `--no-x`); a widget name as `name on` / `name off`."""
+    if flag.startswith("--"):
+        return flag if on else "--no-" + flag[2:]
+    return f"{flag} {'on' if on else 'off'}"

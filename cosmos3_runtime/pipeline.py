@@ -134,6 +134,14 @@ class Generation:
 
 # (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
 StepCallback = Callable[[int, int, torch.Tensor], None]
+# (stage, done, total) around the steps: "text" (prompts encoded), "chunk" (transfer chunks begun), "decode" (latent
+# frames decoded); raise to cancel
+StageCallback = Callable[[str, int, int], None]
+
+
+def stage(progress: StageCallback | None, name: str):
+    """A (done, total) progress function reporting `name` to `progress`, or None."""
+    return None if progress is None else lambda done, total: progress(name, done, total)
 
 
 @dataclass(frozen=True)
@@ -375,6 +383,7 @@ class Cosmos3Pipeline(Planner):
         *,
         callback: StepCallback | None = None,
         parallel: Parallel | None = None,
+        progress: StageCallback | None = None,
         **options,
     ) -> Generation:
         """Generate an image (num_frames=1) or a video from a prompt, optionally conditioned on an image or video.
@@ -387,7 +396,8 @@ class Cosmos3Pipeline(Planner):
         request needs are checked (`budget`), so an oversized request is refused with the figure.
         `callback(step, total, denoised)` runs after every step with the model's current estimate of
         the clean latents (for previews); an exception from it cancels the run and leaves the
-        pipeline ready for the next one. `parallel` (from `parallel.init_from_env`) runs the call on
+        pipeline ready for the next one. `progress(stage, done, total)` reports the stages around the
+        steps: "text" (prompts encoded), "chunk" (transfer chunks begun), "decode" (latent frames). `parallel` (from `parallel.init_from_env`) runs the call on
         every rank of a torchrun job with sequence and/or CFG parallelism; every rank gets the same
         result.
         """
@@ -405,7 +415,9 @@ class Cosmos3Pipeline(Planner):
             if self.vae is None:
                 raise InputError("transfer needs the VAE (it encodes the controls and decodes every chunk); load the "
                                  "pipeline with its VAE")  # fmt: skip
-            return Generation(None, transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel), s)
+            self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
+            frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress)
+            return Generation(None, frames, s)
 
         shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
                  s.width // SPATIAL_FACTOR)  # fmt: skip
@@ -429,10 +441,11 @@ class Cosmos3Pipeline(Planner):
         tracks = [t for t in (sound_track, action_track) if t is not None]
 
         guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
+        self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
         latents = self._denoise(latents, s, guidance, clean, mask, generator, callback, parallel, tracks)
         frames = None
         if r.output == "frames":
-            frames = self.decode(latents, tile=r.vae_tile)
+            frames = self.decode(latents, tile=r.vae_tile, progress=stage(progress, "decode"))
         result = Generation(latents.cpu(), frames, s)
         if sound_track is not None:
             result.sound_latents = sound_track.latents.cpu()
@@ -503,6 +516,17 @@ class Cosmos3Pipeline(Planner):
                              f"conditioning latents have {raw.shape[2]}")  # fmt: skip
         raw = raw[:, :, :count] if keep == "first" else raw[:, :, -count:]
         return self.vae.normalize(raw.to(self.device)).float()
+
+    def _encode_prompts(self, cond_ids, uncond_ids, s: Settings, parallel, progress) -> None:
+        """The prompts' text K/V made before the first step (they are cached for it), each reported as "text". A
+        CFG-parallel rank encodes what its branch needs, in its first step."""
+        if parallel is not None and parallel.cfg is not None:
+            return
+        prompts = [cond_ids] + ([uncond_ids] if s.guidance_scale != 1.0 else [])
+        for done, ids in enumerate(prompts, 1):
+            self.text_kv(ids)
+            if progress is not None:
+                progress("text", done, len(prompts))
 
     def schedule_for(self, s: Settings) -> Schedule:
         if s.schedule == "distilled":

@@ -204,8 +204,9 @@ class Guidance:
         return [c]
 
 
-def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, parallel):
-    """The stitched frames [F, H, W, 3] in 0..1 (CPU) of a transfer; `s.transfer` is its plan."""
+def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, parallel, progress=None):
+    """The stitched frames [F, H, W, 3] in 0..1 (CPU) of a transfer; `s.transfer` is its plan. `progress(stage, done,
+    total)` hears of each chunk begun ("chunk") and each latent frame decoded ("decode")."""
     p: Plan = s.transfer
     vae = pipe.vae
     pixels = control_pixels(r.control_videos, p, s.height, s.width, pipe.transformer.dtype)
@@ -213,6 +214,8 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
     steps = s.steps
     chunks, previous = [], None
     for k in range(p.count):
+        if progress is not None:
+            progress("chunk", k + 1, p.count)
         start, end = p.window(k)
         controls = [pipe.encode_pixels(reflect_pad(c[:, :, start:end], p.chunk)) for c in pixels]
         seed = 0 if previous is None else min(p.overlap, previous.shape[2], p.chunk)
@@ -233,12 +236,13 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
         guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
                             p.control_guidance, p.control_interval)  # fmt: skip
 
-        def progress(step, total, denoised, k=k):
+        def on_step(step, total, denoised, k=k):
             if callback is not None:
                 callback(k * steps + step, p.count * steps, denoised)
 
-        latents = pipe._denoise(latents, chunk, guidance, clean, mask, generator, progress, parallel)
-        previous = vae.decode(vae.denormalize(latents.to(vae.dtype)), tile=r.vae_tile).float()  # clamped to [-1, 1]
+        latents = pipe._denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel)
+        decoded = None if progress is None else lambda done, total: progress("decode", done, total)
+        previous = vae.decode(vae.denormalize(latents), tile=r.vae_tile, progress=decoded).float()  # in [-1, 1]
         chunks.append((previous if k == 0 else previous[:, :, seed:]).cpu())  # the device holds one chunk at a time
     video = torch.cat(chunks, dim=2)[:, :, : p.total]
     return (video / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()

@@ -52,14 +52,14 @@ def big_checkpoint(tiny_factory):
 
 
 USER_ERRORS = [
-    (["--guidance-interval", "sometimes"], "guidance_interval 'sometimes' must be 'auto', 'off' or 'LOW,HIGH'"),
+    (["--guidance-interval", "sometimes"], "--guidance-interval 'sometimes' must be 'auto', 'off' or 'LOW,HIGH'"),
     (["--image", "missing.png"], "image file missing.png does not exist"),
     (["--video", "missing.mp4"], "video file missing.mp4 does not exist"),
     (["--output", "x.gif"], "unsupported output file type '.gif'"),
     (["--output", "/no/such/folder/x.mp4"], "output folder /no/such/folder does not exist"),
     (["--device", "cuda"], "CUDA is not available"),
     (["--width", "100"], "width 100 must be a positive multiple of 16"),
-    (["--frames", "0"], "num_frames must be at least 1"),
+    (["--frames", "0"], "--frames must be at least 1"),
     (["--checkpoint", "no-such-folder"], "no such checkpoint folder"),
     # relative, repo-id shaped: also tried on the Hub (unreachable or unknown), still one line
     (["--checkpoint", "does/not/exist/relative"], "no such checkpoint folder: "),
@@ -134,7 +134,7 @@ def test_request_is_the_only_definition_of_the_options():
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
     cli = {a.dest for a in generate._actions} - {"help", "checkpoint", "kind", "prompt", "output", "sound_output", "sp",
                                                   "cfg_parallel", "device", "dtype", "debug", "offload_text", "blocks_to_swap",
-                                                  "quantize", "transformer_file", *ACTION_FLAGS}  # fmt: skip
+                                                  "quantize", "transformer_file", "vae_dtype", *ACTION_FLAGS}  # fmt: skip
     assert cli == {f.name for f in fields(Request) if f.metadata["cli"]}
     for method in (Cosmos3Pipeline.generate, WorkerPool.generate):
         assert not set(inspect.signature(method).parameters) & OPTION_NAMES  # options only through **options
@@ -213,9 +213,12 @@ def test_transfer_writes_a_clip_as_long_as_its_controls(tiny_factory, tmp_path, 
                  "48", "--steps", "1", "--chunk-frames", "5", "--output", str(out)]) == 0  # fmt: skip
     with av.open(str(out)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        rate = container.streams.video[0].average_rate
     assert len(frames) == 9 and frames[0].shape == (48, 64, 3)
+    assert rate == 16  # the source's timing, not the authors' 30 (which is --fps 30)
     printed = capsys.readouterr().out
-    assert "transfer 64x48, 9 frames @ 30 fps" in printed and "(edge, depth), 2 chunks of 5 frames" in printed
+    assert "transfer 64x48, 9 frames @ 16 fps" in printed and "(edge, depth), 2 chunks of 5 frames" in printed
+    assert "chunk 2/2" in printed and "VAE decode, latent frame 2/2" in printed  # progress of every stage
 
 
 @pytest.mark.parametrize("kind, flags, words", [
@@ -245,3 +248,38 @@ def test_transfer_mistakes_are_refused_before_any_weight_is_read(tiny_factory, t
     code = main(["generate", "--checkpoint", str(folder), "--prompt", "x", *controls, *flags, "--output",
                  str(tmp_path / "x.mp4")])  # fmt: skip
     assert code == 2 and words in capsys.readouterr().err
+
+
+REFUSED_VALUES = [  # each refused value's message names the flag that was used, not the Python argument
+    (["--frames", "0"], "--frames must be at least 1"),
+    (["--guidance-interval", "sometimes"], "--guidance-interval 'sometimes'"),
+    (["--condition-frames", "x"], "--condition-frames 'x' must be latent frame numbers"),
+    (["--chunk-frames", "5"], "--control-guidance, --chunk-frames and --chunk-overlap-frames are transfer options"),
+    (["--width", "4096", "--height", "4096"], "decode tiled (--tile), or shorten the prompt (--no-check-memory skips"),
+    (["--max-prompt-tokens", "3"], "more than --max-prompt-tokens 3"),
+]
+
+
+@pytest.mark.parametrize("flags, words", REFUSED_VALUES, ids=[case[0][0] for case in REFUSED_VALUES])
+def test_errors_name_the_flags_of_the_command_line(tiny_gated, tmp_path, capsys, flags, words):
+    code = main(["generate", "--checkpoint", str(tiny_gated), "--prompt", "a cat", "--device", "cpu", *flags,
+                 "--output", str(tmp_path / "x.mp4")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and words in err, err
+
+
+def test_an_unknown_flag_shows_the_subcommands_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["reason", "--prompt", "what?", "--video-fps", "4"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "usage: python -m cosmos3_runtime reason" in err and "--sample-fps" in err
+    assert "unrecognized arguments: --video-fps 4" in err
+
+
+def test_a_cpu_run_says_how_long_it_takes_and_shows_every_stage(tiny_edge, tmp_path, capsys):
+    assert main(["generate", "--checkpoint", str(tiny_edge), "--prompt", "a cat", "--frames", "9", "--steps", "2",
+                 "--width", "64", "--height", "48", "--device", "cpu", "--output", str(tmp_path / "x.mp4")]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "on the CPU this takes about" in out and "4 transformer forwards of" in out and "VAE decode" in out
+    for line in ("text tower, prompt 2/2", "step 2/2", "VAE decode, latent frame 3/3"):
+        assert line in out, out

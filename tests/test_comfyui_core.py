@@ -97,7 +97,8 @@ def test_prompt_lengths_decide_batching_and_kv_is_made_once_per_run(core, models
     handle, model, _ = load(core, "Cosmos3-Edge")
     transformer = handle.pipeline.transformer
     calls = []
-    monkeypatch.setattr(transformer, "encode_text", lambda ids, real=transformer.encode_text: calls.append(1) or real(ids))
+    real = transformer.encode_text
+    monkeypatch.setattr(transformer, "encode_text", lambda ids, device=None: calls.append(1) or real(ids, device))
     sigmas = torch.tensor([1.0, 0.6, 0.3, 0.0])
     euler = core.samplers.sampler_object("euler")
     latent = torch.zeros(1, 48, 2, 3, 4)

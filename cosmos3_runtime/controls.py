@@ -26,12 +26,14 @@ BILATERAL = (30, 150.0, 100.0)  # diameter, sigma colour, sigma space, tuned at 
 BILATERAL_REFERENCE_SIDE = 720
 
 
-def _cv2():
+def opencv():
+    """The installed cv2, whichever OpenCV build provides it; a clear error without one."""
     try:
         import cv2
     except ImportError as exc:
-        raise InputError("deriving edge and blur controls needs OpenCV: pip install opencv-python-headless (in the "
-                         "pack's requirements.txt); or give the control clip itself") from exc
+        raise InputError("deriving edge and blur controls needs OpenCV, which is not installed: pip install "
+                         "opencv-python (any OpenCV build works: -headless or -contrib too, whichever your other "
+                         "packs use; install only one); or give the control clip itself") from exc
     return cv2
 
 
@@ -53,7 +55,7 @@ def uint8_frames(frames) -> np.ndarray:
 
 def edge(frames: np.ndarray, preset: str = DEFAULT_PRESET) -> np.ndarray:
     """Canny edges of uint8 frames [F, H, W, 3] -> uint8 [F, H, W, 3] (0 or 255, the same in every channel)."""
-    cv2 = _cv2()
+    cv2 = opencv()
     low, high = _preset(EDGE_PRESETS, preset, "edge")
     edges = np.stack([cv2.Canny(frame, low, high) for frame in frames])
     return np.repeat(edges[..., None], 3, axis=-1)
@@ -61,7 +63,7 @@ def edge(frames: np.ndarray, preset: str = DEFAULT_PRESET) -> np.ndarray:
 
 def blur(frames: np.ndarray, preset: str = DEFAULT_PRESET) -> np.ndarray:
     """The authors' blurred copy of uint8 frames [F, H, W, 3] -> uint8 [F, H, W, 3]."""
-    cv2 = _cv2()
+    cv2 = opencv()
     before, downup = _preset(BLUR_PRESETS, preset, "blur")
     if preset == "none":
         return frames.copy()

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..cosmos3_runtime import InputError, Request
-from ..cosmos3_runtime.controls import BLUR_PRESETS, DEFAULT_PRESET, EDGE_PRESETS, derive as derive_control
+from ..cosmos3_runtime.controls import BLUR_PRESETS, DEFAULT_PRESET, EDGE_PRESETS, derive as derive_control, opencv
 from ..cosmos3_runtime.media import save_video
 from ..cosmos3_runtime.request import help_of
 from ..cosmos3_runtime.settings import resolve as resolve_settings
@@ -46,6 +46,11 @@ class ControlNode:
                 f"derive the {cls.HINT} control from the images, with the model authors' preset (OpenCV, as NVIDIA's "
                 "stacks do; derive at the output size for their result), or use the images as the control")})  # fmt: skip
         return {"required": required, "optional": {"controls": (CONTROLS, {"tooltip": "controls to add this one to"})}}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, derive=GIVEN):
+        """Deriving needs OpenCV (optional): without it the node turns red when queued, saying how to get it."""
+        return True if derive == GIVEN else services.validation(opencv, derive)
 
     def add(self, images, derive=GIVEN, controls=None):
         controls = dict(controls or {})

@@ -345,8 +345,9 @@ class Cosmos3Pipeline(Planner):
                         **options) -> "reasoning.Upsampled":  # fmt: skip
         """Turn a short prompt (and optionally the starting image of an image-to-video request, or the clip a
         video-to-video request continues) into the JSON caption the generator was trained on, with the model
-        authors' upsampling templates. A clip is described from its last frame, where the continuation starts
-        (the authors' templates take one starting image). width, height, num_frames and fps are the generation's
+        authors' upsampling templates where the user has their framework (`reasoner.templates`), else the pack's
+        own. A clip is described from its last frame, where the continuation starts (the templates take one
+        starting image). width, height, num_frames and fps are the generation's
         (unset: the variant's defaults; num_frames=1 asks for an image caption). `options` as for `reason`;
         greedy by default (temperature=0), max_new_tokens 4096."""
         if not isinstance(prompt, str) or not prompt.strip():
@@ -357,11 +358,14 @@ class Cosmos3Pipeline(Planner):
             image = reasoning.processing.uint8_frames(video, "video")[-1].permute(1, 2, 0)
         s = resolve_settings(self.variant, Request.build(width=width, height=height, num_frames=num_frames, fps=fps))
         task = reasoning.upsample.task_for(s.num_frames, image is not None)
-        messages = reasoning.upsample.messages_for(task, prompt, s.width, s.height, s.num_frames, s.fps)
+        chosen = reasoning.upsample.templates()  # the authors' where the user has them, else the pack's own
+        messages = reasoning.upsample.messages_for(task, prompt, s.width, s.height, s.num_frames, s.fps, chosen)
         options.setdefault("temperature", 0.0)
         options.setdefault("max_new_tokens", reasoning.upsample.DEFAULT_MAX_NEW_TOKENS)
         answer = self.chat(messages, [] if image is None else [image], **options)
-        return reasoning.upsample.caption_from_reply(answer.text, prompt, task, s.num_frames, s.fps)
+        upsampled = reasoning.upsample.caption_from_reply(answer.text, prompt, task, s.num_frames, s.fps)
+        upsampled.templates = chosen.source
+        return upsampled
 
     @torch.inference_mode()
     def chat(self, messages: list[dict], images=(), videos=(), *, temperature=None, top_p=None, top_k=None,

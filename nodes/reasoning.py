@@ -164,4 +164,5 @@ class Cosmos3UpsamplePrompt:
                                           fps=fps or None, max_new_tokens=max_new_tokens,
                                           callback=Streamer(node_id, max_new_tokens), seed=seed, **(sampling or {}))  # fmt: skip
         note = "JSON caption" if result.parsed else "the reply held no JSON caption: the prompt is passed on unchanged"
+        note += f" (asked with {result.templates})"
         return {"ui": {"text": [note, result.caption]}, "result": (result.caption,)}

@@ -308,11 +308,12 @@ def test_stop_strings_cut_the_answer_and_are_never_streamed(nano):
         nano.reason("q", stop=[""])
 
 
-def test_upsampling_fills_the_authors_templates_and_reads_the_reply(nano, monkeypatch):
+def test_upsampling_fills_the_templates_and_reads_the_reply(nano, monkeypatch):
     from cosmos3_runtime.reasoner import upsample
 
+    monkeypatch.delenv("COSMOS3_UPSAMPLER_TEMPLATES", raising=False)
     text = upsample.user_text("t2v", "A cat plays with yarn.", 1280, 720, 121, 24.0)
-    assert "A cat plays with yarn." in text and '"0:05"' in text and "fps: 24" in text and '"16,9"' in text
+    assert "A cat plays with yarn." in text and '"0:05"' in text and "fps 24" in text and '"16,9"' in text
     assert '{"W": 1280, "H": 720}' in text and "{description}" not in text and "{duration}" not in text
     assert "{fps}" not in upsample.user_text("t2i", "a corgi", 960, 960, 1, 24.0) and "1,1" in upsample.user_text(
         "t2i", "a corgi", 960, 960, 1, 24.0)
@@ -327,6 +328,7 @@ def test_upsampling_fills_the_authors_templates_and_reads_the_reply(nano, monkey
     clip[-1] = 200
     result = nano.upsample_prompt("A cat plays with yarn.", video=clip, num_frames=49, fps=16)
     assert result.parsed and json.loads(result.caption) == {"scene_imagination": "x", "duration": "3s"}
+    assert result.templates == "the pack's own templates"
     assert asked["messages"][0] == {"role": "system", "content": "You are a helpful assistant."}
     assert asked["messages"][1]["content"][0] == {"type": "image"} and (asked["images"][0] == 200).all()  # the last frame
     assert "image-to-video" in asked["messages"][1]["content"][1]["text"] and asked["options"]["temperature"] == 0.0
@@ -334,14 +336,11 @@ def test_upsampling_fills_the_authors_templates_and_reads_the_reply(nano, monkey
         nano.upsample_prompt("x", image=clip[0], video=clip)
 
 
-def test_the_authors_builder_makes_the_same_text_when_available():
-    """With COSMOS_FRAMEWORK_DIR (a checkout of NVIDIA's Cosmos3 framework), its own build_user_text writes the same
-    text for every task (skipped otherwise)."""
+def authors_prompts():
+    """NVIDIA's upsampler prompts module from COSMOS_FRAMEWORK_DIR (a checkout of their framework), or a skip."""
     import importlib.util
     import os
     from pathlib import Path
-
-    from cosmos3_runtime.reasoner import upsample
 
     folder = os.environ.get("COSMOS_FRAMEWORK_DIR")
     if not folder:
@@ -350,9 +349,71 @@ def test_the_authors_builder_makes_the_same_text_when_available():
     spec = importlib.util.spec_from_file_location("authors_prompts", path)
     authors = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(authors)
+    return Path(folder), authors
+
+
+def test_the_authors_templates_are_used_verbatim_where_the_user_has_them(monkeypatch):
+    """With COSMOS3_UPSAMPLER_TEMPLATES naming their checkout, the text for every task is what their own
+    build_user_text writes (skipped without COSMOS_FRAMEWORK_DIR)."""
+    from cosmos3_runtime.reasoner import upsample
+
+    folder, authors = authors_prompts()
+    monkeypatch.setenv("COSMOS3_UPSAMPLER_TEMPLATES", str(folder))
     for task, frames in (("t2v", 121), ("t2i", 1), ("i2v", 49)):
         video = dict(fps=24, duration_secs=int(frames / 24)) if task != "t2i" else {}
         expected = authors.build_user_text(task, "A cat.", aspect_ratio="16,9", resolution_w=1280, resolution_h=720,
                                            **video)  # fmt: skip
         assert upsample.user_text(task, "A cat.", 1280, 720, frames, 24.0) == expected, task
-    assert upsample.templates()["system"] == authors.SYSTEM_MESSAGE
+    assert upsample.templates().system == authors.SYSTEM_MESSAGE
+    assert upsample.templates().source.startswith("the model authors' templates from ")
+
+
+def test_no_passage_of_the_authors_templates_is_in_the_repository():
+    """The pack ships its own templates: no run of 12 words of the authors' appears in any tracked file (skipped
+    without COSMOS_FRAMEWORK_DIR), while the pack's ask for the same JSON keys in the same order."""
+    import re
+    import subprocess
+
+    from conftest import ROOT
+
+    from cosmos3_runtime.reasoner.templates import PACK, string_constants
+
+    folder, _ = authors_prompts()
+    _, theirs = string_constants(folder / "cosmos_framework" / "model" / "generator" / "upsampler" / "prompts.py")
+    words = lambda text: re.findall(r"[a-z0-9']+", text.lower())  # noqa: E731
+    runs = {" ".join(w[i : i + 12]) for text in theirs.values() for w in [words(text)] for i in range(len(w) - 11)}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix in (".py", ".md", ".json", ".txt", ".toml", ".jinja") and path.is_file():
+            w = words(path.read_text(encoding="utf-8", errors="replace"))
+            assert not runs & {" ".join(w[i : i + 12]) for i in range(len(w) - 11)}, name
+    keys = lambda text: re.findall(r'^\s*"(\w+)":', text, re.M)  # noqa: E731  the JSON template's keys, in order
+    for task, text in theirs.items():
+        assert keys(PACK[task]) == keys(text), task
+
+
+def test_the_authors_file_is_read_as_text_never_run(tmp_path, monkeypatch):
+    """Their prompts.py is parsed for its string constants (a module that would exit if run is read fine); a JSON
+    file works too; a name that holds no templates is refused by the variable's name."""
+    from cosmos3_runtime.reasoner import upsample
+    from cosmos3_runtime.reasoner.templates import TASKS
+
+    module = tmp_path / "prompts.py"
+    module.write_text("raise SystemExit('never run')\nSYSTEM_MESSAGE = 'sys'\n" + "".join(
+        f"_T_{t.upper()} = r'''{t}: {{description}} at {{resolution_w}}'''\n" for t in TASKS) +
+        "CANONICAL_TEMPLATES: dict = {" + ", ".join(f"('v4.2', '{t}'): _T_{t.upper()}" for t in TASKS) + "}\n")  # fmt: skip
+    monkeypatch.setenv("COSMOS3_UPSAMPLER_TEMPLATES", str(module))
+    assert upsample.user_text("t2i", "a corgi", 960, 640, 1, 24.0) == "t2i: a corgi at 960"
+    assert upsample.templates().system == "sys"
+    json_file = tmp_path / "mine.json"
+    json_file.write_text('{"system": "s", "t2v": "v {description}", "t2i": "i", "i2v": "x"}')
+    monkeypatch.setenv("COSMOS3_UPSAMPLER_TEMPLATES", str(json_file))
+    assert upsample.user_text("t2v", "rain", 640, 480, 49, 24.0) == "v rain"
+    monkeypatch.setenv("COSMOS3_UPSAMPLER_TEMPLATES", str(tmp_path / "missing"))
+    with pytest.raises(InputError, match="COSMOS3_UPSAMPLER_TEMPLATES=.*names no upsampler templates"):
+        upsample.templates()
+    (tmp_path / "empty.json").write_text('{"t2v": "v"}')
+    monkeypatch.setenv("COSMOS3_UPSAMPLER_TEMPLATES", str(tmp_path / "empty.json"))
+    with pytest.raises(InputError, match="no v4.2 upsampler template for t2i, i2v"):
+        upsample.templates()

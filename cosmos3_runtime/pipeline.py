@@ -401,9 +401,9 @@ class Cosmos3Pipeline(Planner):
         `callback(step, total, denoised)` runs after every step with the model's current estimate of
         the clean latents (for previews); an exception from it cancels the run and leaves the
         pipeline ready for the next one. `progress(stage, done, total)` reports the stages around the
-        steps: "text" (prompts encoded), "chunk" (transfer chunks begun), "decode" (latent frames). `parallel` (from `parallel.init_from_env`) runs the call on
-        every rank of a torchrun job with sequence and/or CFG parallelism; every rank gets the same
-        result.
+        steps: "text" (prompts encoded), "chunk" (transfer chunks begun), "decode" (latent frames).
+        `parallel` (from `parallel.init_from_env`) runs the call on every rank of a torchrun job with
+        sequence and/or CFG parallelism; every rank gets the same result.
         """
         if not self.transformer.has_media:
             raise InputError("this pipeline was loaded with parts='reasoner' (no generator weights); load it with "

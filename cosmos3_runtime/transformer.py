@@ -211,9 +211,9 @@ def takes_grouped_kv(device_type: str, capability: tuple[int, int] | None, dtype
     """Whether SDPA runs grouped-query inputs (fewer K/V heads than query heads) in a kernel that never holds the
     [heads, Nq, Nk] scores. The CPU's flash kernel takes them in every dtype. On a CUDA GPU only the flash
     kernel does, and it needs fp16/bf16, compute capability 8.0 or newer and a head dim of at most 256 (a multiple
-    of 8); with fp32 weights or on an older card SDPA would fall back to its math kernel (about 4.6 GB of scores per
-    head group for Edge at 832x480x81). Elsewhere (and on ROCm, other devices) K/V are expanded to the query heads
-    so the memory-efficient kernel runs."""
+    of 8); with fp32 weights or on an older card SDPA would fall back to its math kernel, whose fp32 scores for Edge
+    at 832x480x81 take 4.3 GB per head (69 GB for its 16). Elsewhere (and on ROCm, other devices) K/V are expanded
+    to the query heads so the memory-efficient kernel runs."""
     if device_type == "cpu":
         return True
     if device_type != "cuda" or rocm or capability is None:

@@ -5,6 +5,7 @@ reach the prompt's metadata, the latent size and, through the decode node's fps 
 """
 
 from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, Variant
+from ..cosmos3_runtime.errors import reworded
 from ..cosmos3_runtime.prompts import parse_caption
 from ..cosmos3_runtime.request import (KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
                                        parse_frame_indexes)  # fmt: skip
@@ -223,7 +224,7 @@ class Cosmos3Sampler:
         """Checked when the prompt is queued, before any model loads (linked values arrive as None)."""
         widgets = {"width": width, "height": height, "guidance_interval": guidance_interval}
         return services.validation(lambda: Request.build(**sampler_options({k: v for k, v in widgets.items() if v is not None})),
-                        widgets)  # fmt: skip
+                        widgets, SAMPLER_WORDS)  # fmt: skip
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
                schedule=None, media=None, action=None):  # fmt: skip
@@ -231,8 +232,6 @@ class Cosmos3Sampler:
                        guidance_interval=guidance_interval, seed=seed, sound=sound)  # fmt: skip
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
-        request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **(media or {}),
-                                action=action, output="latents")  # fmt: skip
         progress = None
 
         def on_step(step, total, denoised):
@@ -240,16 +239,19 @@ class Cosmos3Sampler:
             progress = progress or services.Progress(total)
             progress.update(step, denoised)
 
-        # ComfyUI makes room for the run itself, not only for the weights
-        with model.use(memory_required=model.memory_needed(prompt, request)) as pipe:
-            result = pipe.generate(prompt, request, callback=on_step)
-            raw = pipe.raw_latents(result.latents)  # ComfyUI's LATENT holds the VAE's own latents
+        with services.widget_words(SAMPLER_WORDS):
+            request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **(media or {}),
+                                    action=action, output="latents")  # fmt: skip
+            # ComfyUI makes room for the run itself, not only for the weights
+            with model.use(memory_required=model.memory_needed(prompt, request)) as pipe:
+                result = pipe.generate(prompt, request, callback=on_step)
+                raw = pipe.raw_latents(result.latents)  # ComfyUI's LATENT holds the VAE's own latents
         s = result.settings
         report = [f"{s.mode}: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps",
                   f"{s.steps} steps ({s.schedule}), guidance {s.guidance_scale:g}"
                   + (f" in timesteps {s.guidance_interval[0]:g}-{s.guidance_interval[1]:g}" if s.guidance_interval else "")
                   + (f", flow shift {s.flow_shift:g}" if s.flow_shift is not None else ""),
-                  *s.notes]  # fmt: skip
+                  *(reworded(note, SAMPLER_WORDS) for note in s.notes)]  # fmt: skip
         latent = {"samples": raw, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
         if result.sound_latents is not None:
             latent["cosmos3"].update(sound_latents=result.sound_latents, sample_rate=result.sample_rate)
@@ -268,6 +270,9 @@ SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", 
                   "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
                   "sound": "sound"}  # fmt: skip
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
+# Request fields -> what a node user sees, for its errors and notes
+SAMPLER_WORDS = {field: widget for widget, field in SAMPLER_FIELDS.items() if field != widget} | {
+    "vae_tile": "tiled decoding (Cosmos3 VAE Decode)"}
 
 
 def sampler_options(widgets: dict) -> dict:

@@ -9,9 +9,11 @@ import logging
 import os
 import threading
 import weakref
+from contextlib import contextmanager
 
 import torch
 
+from ..cosmos3_runtime.errors import reworded
 from ..cosmos3_runtime.transformer import attention_inputs
 
 log = logging.getLogger("cosmos3")
@@ -103,15 +105,27 @@ def gguf_path(name: str) -> str:
     return next(path for root in gguf_folders() if os.path.isfile(path := os.path.join(root, name)))
 
 
-def validation(check, value) -> bool | str:
-    """A VALIDATE_INPUTS result: True, or the error text that the front end shows on the node."""
+def validation(check, value, names: dict[str, str] | None = None) -> bool | str:
+    """A VALIDATE_INPUTS result: True, or the error text that the front end shows on the node (`names`: the API
+    names in it -> the node's widget names)."""
     from ..cosmos3_runtime import InputError
 
     try:
         check()
     except InputError as exc:
-        return f"{exc} (got {value!r})"
+        return f"{reworded(str(exc), names or {})} (got {value!r})"
     return True
+
+
+@contextmanager
+def widget_words(names: dict[str, str]):
+    """Errors raised inside come out in the node's words: the API names in `names` -> its widget names."""
+    from ..cosmos3_runtime import InputError
+
+    try:
+        yield
+    except InputError as exc:
+        raise type(exc)(reworded(str(exc), names)) from exc
 
 
 def input_directory() -> str:

@@ -14,9 +14,9 @@ import torch
 
 from ..cosmos3_runtime import InputError, Request
 from ..cosmos3_runtime.controls import BLUR_PRESETS, DEFAULT_PRESET, EDGE_PRESETS, derive as derive_control, opencv
+from ..cosmos3_runtime.errors import reworded
 from ..cosmos3_runtime.media import save_video
 from ..cosmos3_runtime.request import help_of
-from ..cosmos3_runtime.settings import resolve as resolve_settings
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
 from .sampling import auto_help, seed_widget, size_widgets
@@ -94,6 +94,8 @@ class Cosmos3WorldScenarioMapControl(ControlNode):
 # Transfer sampler widget -> Request field; 0 means automatic (None) for these.
 TRANSFER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
                    "guidance": "guidance_scale", "control_guidance": "control_guidance", "chunk_frames": "chunk_frames"}  # fmt: skip
+TRANSFER_WORDS = {field: widget for widget, field in TRANSFER_FIELDS.items() if field != widget} | {
+    "control_videos": "controls", "vae_tile": "tiled decoding"}  # Request fields -> what the node shows
 
 
 class Cosmos3TransferSampler:
@@ -149,25 +151,27 @@ class Cosmos3TransferSampler:
                        control_guidance=control_guidance, chunk_frames=chunk_frames)  # fmt: skip
         options = {field: widgets[name] or None for name, field in TRANSFER_FIELDS.items()}
         text_options = {k: v for k, v in text.items() if k in ("negative_prompt", "use_system_prompt")}
-        request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
-                                chunk_overlap_frames=chunk_overlap_frames, seed=seed,
-                                control_guidance_interval=control_guidance_interval)  # fmt: skip
         progress = None
-        with model.use(memory_required=model.memory_needed(text["prompt"], request)) as pipe:
-            planned = resolve_settings(pipe.variant, request)
 
-            def on_step(step, total, denoised):
-                nonlocal progress
-                progress = progress or services.Progress(total)
-                progress.update(step, denoised)
-                if step % planned.steps == 1 or planned.steps == 1:  # the first step of a chunk
-                    services.progress_text(f"chunk {(step - 1) // planned.steps + 1} of {planned.transfer.count}",
-                                           node_id)  # fmt: skip
+        def on_step(step, total, denoised):
+            nonlocal progress
+            progress = progress or services.Progress(total)
+            progress.update(step, denoised)
 
-            result = pipe.generate(text["prompt"], request, callback=on_step)
+        def on_stage(stage, done, total):
+            if stage == "chunk":
+                services.progress_text(f"chunk {done} of {total}", node_id)
+
+        with services.widget_words(TRANSFER_WORDS):
+            request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
+                                    chunk_overlap_frames=chunk_overlap_frames, seed=seed,
+                                    control_guidance_interval=control_guidance_interval)  # fmt: skip
+            with model.use(memory_required=model.memory_needed(text["prompt"], request)) as pipe:
+                result = pipe.generate(text["prompt"], request, callback=on_step, progress=on_stage)
         s = result.settings
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
-                  f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}", *s.notes]  # fmt: skip
+                  f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",
+                  *(reworded(note, TRANSFER_WORDS) for note in s.notes)]  # fmt: skip
         return {"ui": {"text": report}, "result": (result.frames, float(s.fps))}
 
 

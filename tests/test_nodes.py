@@ -101,6 +101,16 @@ def test_sampler_validation_at_queue_time(nodes):
     assert "latent frame numbers" in nodes.Cosmos3VideoToVideo.VALIDATE_INPUTS(condition_frames="first two")
 
 
+def test_node_errors_and_notes_name_the_widgets(nodes):
+    """The runtime's words for its arguments (num_frames, guidance_scale) become the node's (frames, guidance)."""
+    model, _, _ = load(nodes)
+    (image,) = nodes.Cosmos3ImageToVideo().condition(torch.rand(1, 48, 64, 3))
+    with pytest.raises(nodes.vae.InputError, match=r"^frames is 1 \(text-to-image\): .*\(frames >= 5\)$"):
+        nodes.Cosmos3Sampler().sample(model, text(nodes), 64, 48, 1, 0.0, 0.0, "auto", 0, media=image)
+    _, messages = sample(nodes, model, text(nodes), frames=7)
+    assert "frames 7 rounded to 5 (frame counts are 1 + 4k)" in messages
+
+
 def test_malformed_json_caption_is_prose_with_a_warning(nodes, caplog):
     bundle_result = nodes.Cosmos3TextEncode().encode('{"temporal_caption": "a cat"', "", "auto", True, True, True)
     assert bundle_result["ui"]["text"] == ["prompt read as prose"]
@@ -449,7 +459,8 @@ def test_upsample_prompt_node_passes_a_caption_to_text_encode(nodes, monkeypatch
     monkeypatch.setattr(type(model.pipeline), "chat", lambda self, messages, images, **options: answer)
     out = nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 64, 48, 49, 24.0, 64, 0)
     (caption,) = out["result"]
-    assert json.loads(caption)["duration"] == "2s" and out["ui"]["text"][0] == "JSON caption"
+    assert json.loads(caption)["duration"] == "2s"
+    assert out["ui"]["text"][0] == "JSON caption (asked with the pack's own templates)"
     bundle = nodes.Cosmos3TextEncode().encode(caption, "", "auto", True, True, True)["result"][0]
     assert json.loads(bundle["prompt"])["temporal_caption"] == "0:00 a cat"
     with pytest.raises(Exception, match="one starting image"):

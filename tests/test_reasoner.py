@@ -271,7 +271,7 @@ def test_cli_answers_on_stdout_and_refuses_in_one_line(tmp_path, tiny_factory):
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "5 new (length)" in done.stderr and done.stdout.strip()
-    for bad, message in ((["--top-p", "2"], "top_p"), (["--video", str(tmp_path / "no.mp4")], "does not exist")):
+    for bad, message in ((["--top-p", "2"], "--top-p"), (["--video", str(tmp_path / "no.mp4")], "does not exist")):
         done = subprocess.run(command[:6] + ["--prompt", "q"] + bad, capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 

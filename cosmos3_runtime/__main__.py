@@ -79,7 +79,8 @@ def cmd_generate(args) -> None:
         result = pipe.generate(args.prompt, request, callback=report.step, parallel=parallel, progress=report.stage)
         s = result.settings
         say(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
-            f"({s.schedule}), guidance {s.guidance_scale:g}" + (transfer_summary(s.transfer) if s.transfer else ""))  # fmt: skip
+            f"({s.schedule}), guidance {s.guidance_scale:g}" + (transfer_summary(s.transfer) if s.transfer else "")
+            + (f"; {result.cache}" if result.cache else ""))  # fmt: skip
         if not main:
             return
         if tensors_out:

@@ -23,6 +23,7 @@ from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distill
 from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request, in_interval
 from .action import ActionTrack, action_prompt, canvas_frames
 from .sound import SoundTrack, load_sound_tokenizer
+from .step_cache import StepCache
 from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper, linear_layers
@@ -130,6 +131,7 @@ class Generation:
     sample_rate: int | None = None  # of `sound`
     sound_latents: torch.Tensor | None = None  # [sound_dim, T_s] float32, CPU
     actions: torch.Tensor | None = None  # [chunk, width] float32, CPU (policy and inverse dynamics)
+    cache: str | None = None  # what the step cache did ("SeaCache: N forwards run, M skipped"); None: off
 
 
 # (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
@@ -420,8 +422,9 @@ class Cosmos3Pipeline(Planner):
                 raise InputError("transfer needs the VAE (it encodes the controls and decodes every chunk); load the "
                                  "pipeline with its VAE")  # fmt: skip
             self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-            frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress)
-            return Generation(None, frames, s)
+            cache = None if s.cache is None else StepCache(s.cache)
+            frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress, cache)
+            return Generation(None, frames, s, cache=None if cache is None else cache.report())
 
         shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
                  s.width // SPATIAL_FACTOR)  # fmt: skip
@@ -446,11 +449,12 @@ class Cosmos3Pipeline(Planner):
 
         guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
         self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-        latents = self._denoise(latents, s, guidance, clean, mask, generator, callback, parallel, tracks)
+        cache = None if s.cache is None else StepCache(s.cache)
+        latents = self._denoise(latents, s, guidance, clean, mask, generator, callback, parallel, tracks, cache)
         frames = None
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile, progress=stage(progress, "decode"))
-        result = Generation(latents.cpu(), frames, s)
+        result = Generation(latents.cpu(), frames, s, cache=None if cache is None else cache.report())
         if sound_track is not None:
             result.sound_latents = sound_track.latents.cpu()
             result.sample_rate = self.sound_tokenizer.config.sampling_rate
@@ -540,32 +544,39 @@ class Cosmos3Pipeline(Planner):
             return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)
         return unipc_schedule(s.steps, s.flow_shift)
 
-    def _denoise(self, latents, s: Settings, guidance, clean, mask, generator, callback, parallel, tracks: list = ()):
+    def _denoise(self, latents, s: Settings, guidance, clean, mask, generator, callback, parallel, tracks: list = (),
+                 cache: StepCache | None = None):  # fmt: skip
         """The sampling loop over the video latents and the tracks beside them (sound, action).
 
         `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
         transfer's). A track gives the transformer its tokens (`tokens()`, passed as its `segment`) and takes
-        its combined velocity (`step`).
+        its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack.
         """
         schedule = self.schedule_for(s)
         stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
         noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
         sp, cfg = (parallel.sp, parallel.cfg) if parallel is not None else (None, None)
+        if cache is not None:
+            cache.begin(len(schedule))
 
-        def velocities(ids, context) -> list[torch.Tensor]:
+        def velocities(k, ids, context) -> list[torch.Tensor]:
             # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
             segments = {track.segment: track.tokens() for track in tracks}
-            out = self.transformer(latents, t, self.text_kv(ids), noisy, s.fps, sp=sp, context=context, **segments)
+            stack = None if cache is None else cache.layers(k)  # each pass (k-th of its step) caches on its own
+            out = self.transformer(latents, t, self.text_kv(ids), noisy, s.fps, sp=sp, context=context, stack=stack,
+                                   **segments)  # fmt: skip
             return [out.vision.float()] + [getattr(out, track.segment).float() for track in tracks]
 
         for i, t in enumerate(schedule.timesteps):
+            if cache is not None:
+                cache.step(i, latents, float(t))
             # Each pass runs at its own text length: padding one to the other's would leave zero keys that the
             # (unmasked) media attention still weights.
             passes = guidance.passes(float(t))
             if cfg is not None and len(passes) == 2:  # one pass per rank group, exchanged (no tracks)
-                outputs = [[v] for v in exchange_branches(cfg, velocities(*passes[cfg.rank])[0])]
+                outputs = [[v] for v in exchange_branches(cfg, velocities(cfg.rank, *passes[cfg.rank])[0])]
             else:
-                outputs = [velocities(*p) for p in passes]
+                outputs = [velocities(k, *p) for k, p in enumerate(passes)]
             combined = guidance.combine(float(t), outputs)
             velocity = combined[0]
             if callback is not None:  # the model's current guess of the result: what previews should show

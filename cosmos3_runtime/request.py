@@ -19,6 +19,7 @@ from .vae import TileSpec
 SPATIAL_FACTOR = 16  # pixels per latent (Wan 2.2 VAE 16x spatial compression); checked against vae/config.json
 TEMPORAL_FACTOR = 4  # video frames per latent frame (Wan 2.2 VAE); checked against vae/config.json
 SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
+CACHES = ("seacache", "off")
 OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
@@ -155,6 +156,13 @@ class Request:
                                               "(auto: 1)", type=int)  # fmt: skip
     check_memory: bool = option(True, "estimate the memory a request needs and refuse it when the device does not "
                                 "have it")  # fmt: skip
+    cache: str = option("seacache", "step cache: seacache (NVIDIA's SeaCache, as their framework runs Cosmos3: a "
+                        "guidance pass whose input changed little since its last full run reuses that run's "
+                        "residual instead of the layer stack) or off", choices=list(CACHES))  # fmt: skip
+    cache_threshold: float = option(0.35, "SeaCache: the accumulated change of the filtered latents before a pass "
+                                    "runs in full again; higher skips more (0: never skips)", type=float)  # fmt: skip
+    cache_residual_order: int = option(1, "SeaCache: how a skipped pass extrapolates the stored residuals: 0 reuses "
+                                       "the last, 1 linear, 2 quadratic", type=int)  # fmt: skip
 
     def __post_init__(self):
         set_ = object.__setattr__  # frozen: normalise in place once
@@ -163,7 +171,8 @@ class Request:
                                                                         "control_guidance_interval"))
         set_(self, "condition_frame_indexes", parse_frame_indexes(self.condition_frame_indexes))
         set_(self, "vae_tile", parse_tile(self.vae_tile))
-        for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS)):
+        for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS),
+                              ("cache", CACHES)):  # fmt: skip
             if getattr(self, name) not in choices:
                 raise InputError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
@@ -184,6 +193,10 @@ class Request:
                 raise InputError(f"{name} must be at least 1, got {value}")
         if self.fps is not None and not self.fps > 0:
             raise InputError(f"fps must be positive, got {self.fps}")
+        if not self.cache_threshold >= 0:
+            raise InputError(f"cache_threshold must be 0 or more (0: never skips), got {self.cache_threshold}")
+        if self.cache_residual_order not in (0, 1, 2):
+            raise InputError(f"cache_residual_order must be 0, 1 or 2, got {self.cache_residual_order}")
         if sum(x is not None for x in (self.image, self.video, self.condition_latents)) > 1:
             raise InputError("give one of an image (image-to-video), a video or condition latents (video-to-video)")
         if self.action is not None and (self.image is not None or self.video is not None):

@@ -22,6 +22,7 @@ from .errors import InputError
 from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
 from .request import TEMPORAL_FACTOR, Request
 from .schedulers import FLOW_MATCH_EULER
+from .step_cache import CacheConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class Settings:
     notes: list[str] = field(default_factory=list)
     action: Any = None  # the ActionRequest with its preset's values filled in (action runs)
     transfer: Any = None  # the transfer.Plan (transfer runs): controls and chunks
+    cache: CacheConfig | None = None  # the step cache (None: off)
 
     @property
     def latent_frames(self) -> int:
@@ -139,8 +141,20 @@ def resolve(variant: Variant, request: Request) -> Settings:
         condition_frames=condition_frames,
         notes=notes,
         action=r.action,
+        cache=_cache(r, len(condition_frames) < 1 + (num_frames - 1) // TEMPORAL_FACTOR, notes),
     )
     return _report(settings, applied)
+
+
+def _cache(r: Request, noisy_video: bool, notes: list[str]) -> CacheConfig | None:
+    """The step cache of a request: SeaCache unless turned off; off where no video frame is noisy (the framework
+    decides from the noisy video: an action or sound run over a wholly given clip is not cached)."""
+    if r.cache == "off":
+        return None
+    if not noisy_video:
+        notes.append("SeaCache off: no video frame is generated (it decides from the noisy video)")
+        return None
+    return CacheConfig(threshold=float(r.cache_threshold), residual_order=int(r.cache_residual_order))
 
 
 def _report(settings: Settings, applied: list[str]) -> Settings:
@@ -177,7 +191,7 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         guidance_scale=guidance if r.guidance_scale is None else float(r.guidance_scale), flow_shift=shift,
         schedule=schedule, guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
         negative_prompt=r.negative_prompt or "", use_system_prompt=r.use_system_prompt is not False,
-        mode="transfer", condition_frames=(), notes=notes, transfer=plan,
+        mode="transfer", condition_frames=(), notes=notes, transfer=plan, cache=_cache(r, True, notes),
     )  # fmt: skip
 
 

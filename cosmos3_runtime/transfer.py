@@ -204,7 +204,7 @@ class Guidance:
         return [c]
 
 
-def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, parallel, progress=None):
+def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, parallel, progress=None, cache=None):
     """The stitched frames [F, H, W, 3] in 0..1 (CPU) of a transfer; `s.transfer` is its plan. `progress(stage, done,
     total)` hears of each chunk begun ("chunk") and each latent frame decoded ("decode")."""
     p: Plan = s.transfer
@@ -240,7 +240,7 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
             if callback is not None:
                 callback(k * steps + step, p.count * steps, denoised)
 
-        latents = pipe._denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel)
+        latents = pipe._denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, cache=cache)
         decoded = None if progress is None else lambda done, total: progress("decode", done, total)
         previous = vae.decode(vae.denormalize(latents), tile=r.vae_tile, progress=decoded).float()  # in [-1, 1]
         chunks.append((previous if k == 0 else previous[:, :, seed:]).cpu())  # the device holds one chunk at a time

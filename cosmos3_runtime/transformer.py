@@ -526,6 +526,7 @@ class Cosmos3Transformer(nn.Module):
         action: ActionTokens | None = None,
         sp: Group | None = None,
         context: list[torch.Tensor] = (),
+        stack=None,
     ) -> Velocity:
         """Predict the flow velocity of the media tokens.
 
@@ -535,7 +536,9 @@ class Cosmos3Transformer(nn.Module):
         and get no timestep embedding and zero velocity); fps the video frame rate; sp a
         sequence-parallel group (every rank passes the same inputs and gets the same result);
         context clean latent items [1, C, T', h', w'] placed before the video (transfer controls): no
-        timestep embedding, no output, each at the positions the video would have at its size.
+        timestep embedding, no output, each at the positions the video would have at its size; stack(hidden, run)
+        a hook around the media layer stack (a step cache may return hidden plus a stored residual instead of
+        calling run(hidden)), default: run it.
         """
         c = self.config
         dtype, device = self.dtype, latents.device
@@ -587,13 +590,17 @@ class Cosmos3Transformer(nn.Module):
             check_heads(sp, c.num_attention_heads, c.num_key_value_heads)
             shards = SequenceShards(sp, hidden.shape[0])
             hidden, cos, sin = shards.shard(hidden), shards.shard(cos), shards.shard(sin)
-        for i, (layer, k, v) in enumerate(zip(self.layers, text.keys, text.values)):
-            if self.streamer is not None:
-                self.streamer.before(i)
-            hidden = layer.media(hidden, cos, sin, k, v, shards)
-            if self.streamer is not None:
-                self.streamer.after(i)
-        hidden = self.norm_moe_gen(hidden)
+
+        def run(hidden: torch.Tensor) -> torch.Tensor:
+            for i, (layer, k, v) in enumerate(zip(self.layers, text.keys, text.values)):
+                if self.streamer is not None:
+                    self.streamer.before(i)
+                hidden = layer.media(hidden, cos, sin, k, v, shards)
+                if self.streamer is not None:
+                    self.streamer.after(i)
+            return hidden
+
+        hidden = self.norm_moe_gen(run(hidden) if stack is None else stack(hidden, run))
 
         n_vision = vision.shape[0] * vision.shape[1]
         video = slice(n_context, n_context + n_vision)

@@ -7,7 +7,7 @@ reach the prompt's metadata, the latent size and, through the decode node's fps 
 from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, Variant
 from ..cosmos3_runtime.errors import reworded
 from ..cosmos3_runtime.prompts import parse_caption
-from ..cosmos3_runtime.request import (KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
+from ..cosmos3_runtime.request import (CACHES, KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
                                        parse_frame_indexes)  # fmt: skip
 from ..cosmos3_runtime.schedulers import unipc_schedule
 from ..cosmos3_runtime.settings import resolve as resolve_settings
@@ -216,6 +216,7 @@ class Cosmos3Sampler:
                 "media": ("COSMOS3_MEDIA", {"tooltip": "an image (image-to-video) or clip (video-to-video)"}),
                 "action": ("COSMOS3_ACTION", {"tooltip": "an action run (Cosmos3 Action): sets size, frames and "
                            "conditioning"}),  # fmt: skip
+                **cache_widgets(),
             },
         }
 
@@ -227,9 +228,9 @@ class Cosmos3Sampler:
                         widgets, SAMPLER_WORDS)  # fmt: skip
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
-               schedule=None, media=None, action=None):  # fmt: skip
+               schedule=None, media=None, action=None, cache="seacache"):  # fmt: skip
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
-                       guidance_interval=guidance_interval, seed=seed, sound=sound)  # fmt: skip
+                       guidance_interval=guidance_interval, seed=seed, sound=sound, cache=cache)  # fmt: skip
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
         progress = None
@@ -251,7 +252,7 @@ class Cosmos3Sampler:
                   f"{s.steps} steps ({s.schedule}), guidance {s.guidance_scale:g}"
                   + (f" in timesteps {s.guidance_interval[0]:g}-{s.guidance_interval[1]:g}" if s.guidance_interval else "")
                   + (f", flow shift {s.flow_shift:g}" if s.flow_shift is not None else ""),
-                  *(reworded(note, SAMPLER_WORDS) for note in s.notes)]  # fmt: skip
+                  *([result.cache] if result.cache else []), *(reworded(note, SAMPLER_WORDS) for note in s.notes)]  # fmt: skip
         latent = {"samples": raw, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
         if result.sound_latents is not None:
             latent["cosmos3"].update(sound_latents=result.sound_latents, sample_rate=result.sample_rate)
@@ -268,7 +269,14 @@ class Cosmos3Sampler:
 # Sampler widget -> Request field; 0 means "automatic" (None) for the numeric ones.
 SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
                   "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
-                  "sound": "sound"}  # fmt: skip
+                  "sound": "sound", "cache": "cache"}  # fmt: skip
+
+
+def cache_widgets() -> dict:
+    """The step cache's switch, optional (API prompts and workflows made before it run with SeaCache on). Its threshold
+    and residual order keep NVIDIA's defaults here (the API, CLI and HTTP routes take them)."""
+    return {"cache": (list(CACHES), {"default": "seacache", "tooltip": help_of("cache") + " (threshold 0.35, "
+                      "residual order 1, as NVIDIA's framework runs it)"})}  # fmt: skip
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
 # Request fields -> what a node user sees, for its errors and notes
 SAMPLER_WORDS = {field: widget for widget, field in SAMPLER_FIELDS.items() if field != widget} | {

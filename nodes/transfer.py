@@ -19,7 +19,7 @@ from ..cosmos3_runtime.media import save_video
 from ..cosmos3_runtime.request import help_of
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
-from .sampling import auto_help, seed_widget, size_widgets
+from .sampling import auto_help, cache_widgets, seed_widget, size_widgets
 
 CONTROLS = "COSMOS3_CONTROLS"
 GIVEN = "off: the images are the control"  # the derive widget's "don't derive" choice
@@ -136,6 +136,7 @@ class Cosmos3TransferSampler:
                 "schedule": ("COSMOS3_SCHEDULE", {"tooltip": "steps and flow shift (default: the authors' 50 steps, "
                              "shift 10)"}),  # fmt: skip
                 "control_guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("control_guidance_interval")}),
+                **cache_widgets(),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
@@ -146,7 +147,8 @@ class Cosmos3TransferSampler:
                                    control_guidance_interval)  # fmt: skip
 
     def sample(self, model, text, controls, width, height, frames, fps, guidance, control_guidance, chunk_frames,
-               chunk_overlap_frames, seed, schedule=None, control_guidance_interval="auto", node_id=None):  # fmt: skip
+               chunk_overlap_frames, seed, schedule=None, control_guidance_interval="auto", cache="seacache",
+               node_id=None):  # fmt: skip
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
                        control_guidance=control_guidance, chunk_frames=chunk_frames)  # fmt: skip
         options = {field: widgets[name] or None for name, field in TRANSFER_FIELDS.items()}
@@ -164,14 +166,14 @@ class Cosmos3TransferSampler:
 
         with services.widget_words(TRANSFER_WORDS):
             request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
-                                    chunk_overlap_frames=chunk_overlap_frames, seed=seed,
+                                    chunk_overlap_frames=chunk_overlap_frames, seed=seed, cache=cache,
                                     control_guidance_interval=control_guidance_interval)  # fmt: skip
             with model.use(memory_required=model.memory_needed(text["prompt"], request)) as pipe:
                 result = pipe.generate(text["prompt"], request, callback=on_step, progress=on_stage)
         s = result.settings
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
                   f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",
-                  *(reworded(note, TRANSFER_WORDS) for note in s.notes)]  # fmt: skip
+                  *([result.cache] if result.cache else []), *(reworded(note, TRANSFER_WORDS) for note in s.notes)]  # fmt: skip
         return {"ui": {"text": report}, "result": (result.frames, float(s.fps))}
 
 

@@ -60,7 +60,7 @@ def test_action_generation_matches_diffusers(checkpoint, ours, case):
                              num_inference_steps=3, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(4),
                              output_type="latent")  # fmt: skip
     got = ours.generate("Pick up the red cube", negative_prompt="blurry", action=request, fps=15.0, steps=3,
-                        guidance_scale=3.0, seed=4, schedule="checkpoint", output="latents")  # fmt: skip
+                        guidance_scale=3.0, seed=4, schedule="checkpoint", output="latents", cache="off")  # fmt: skip
     assert got.settings.mode == options["mode"]
     torch.testing.assert_close(got.latents, expected.video.float(), atol=TOL, rtol=0)
     if options["mode"] == "forward_dynamics":
@@ -239,7 +239,7 @@ def test_sound_together_with_action_matches_diffusers(tiny_factory):
                              output_type="latent")  # fmt: skip
     ours = cosmos3_runtime.load(root, dtype=torch.float32)
     got = ours.generate("Ring the bell", negative_prompt="", fps=15.0, steps=3, guidance_scale=3.0, seed=6,
-                        schedule="checkpoint", sound=True, output="latents",
+                        schedule="checkpoint", sound=True, output="latents", cache="off",
                         action=ActionRequest(resolution_tier=256, view_point="ego_view", preset="diffusers", **options))  # fmt: skip
     torch.testing.assert_close(got.latents, expected.video.float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.actions, expected.action[0].float(), atol=TOL, rtol=0)

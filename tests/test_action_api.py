@@ -81,6 +81,7 @@ def test_a_policy_request_runs_as_a_graph_and_matches_the_runtime(api, graph, pa
 
     call = api.parse_request(policy_body(seed=7), installed(api))
     assert (call.action.preset, call.action.chunk_size, call.action.resolution_tier, call.seed) == ("sglang", 4, 256, 7)
+    assert call.cache == "seacache"  # NVIDIA's default; "cache": "off" turns it off
     answer = api.envelope(call, run_graph(graph, pack, call), "prompt-1")
     (item,) = answer["data"]
     assert answer["object"] == "action.generation" and answer["model"] == MODEL
@@ -163,6 +164,7 @@ REFUSED = [  # (request, the field the 400 names, words of the message)
     (obs(candidate_count=5), "input.observation.candidate_count", "must be 1 to 4"),
     (obs(candidate_count=2, candidate_reducer="median"), "input.observation.candidate_reducer", "mean"),
     (obs(return_candidates="maybe"), "input.observation.return_candidates", "true or false"),
+    (obs(cache="teacache"), "input.observation.cache", "must be one of seacache, off"),
     (obs(image=[b64(png(32, 32))] * 5), "input.observation.image", "at most 4"),
     (obs(image=[b64(png(32, 32))] * 2, candidate_count=2), "input.observation.candidate_count", "exactly one"),
     ({**obs(), "model": "../../etc"}, "model", "not an installed checkpoint"),

@@ -281,5 +281,5 @@ def test_a_cpu_run_says_how_long_it_takes_and_shows_every_stage(tiny_edge, tmp_p
                  "--width", "64", "--height", "48", "--device", "cpu", "--output", str(tmp_path / "x.mp4")]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "on the CPU this takes about" in out and "4 transformer forwards of" in out and "VAE decode" in out
-    for line in ("text tower, prompt 2/2", "step 2/2", "VAE decode, latent frame 3/3"):
+    for line in ("text tower, prompt 2/2", "step 2/2", "VAE decode, latent frame 3/3", "SeaCache: 4 forwards run"):
         assert line in out, out

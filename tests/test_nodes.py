@@ -101,6 +101,14 @@ def test_sampler_validation_at_queue_time(nodes):
     assert "latent frame numbers" in nodes.Cosmos3VideoToVideo.VALIDATE_INPUTS(condition_frames="first two")
 
 
+def test_the_sampler_reports_what_seacache_did_and_can_turn_it_off(nodes):
+    model, _, _ = load(nodes)
+    on = nodes.Cosmos3Sampler().sample(model, text(nodes), 64, 48, 5, 0.0, 0.0, "auto", 1)
+    off = nodes.Cosmos3Sampler().sample(model, text(nodes), 64, 48, 5, 0.0, 0.0, "auto", 1, cache="off")
+    assert any(line.startswith("SeaCache: ") for line in on["ui"]["text"])
+    assert not any("SeaCache" in line for line in off["ui"]["text"])
+
+
 def test_node_errors_and_notes_name_the_widgets(nodes):
     """The runtime's words for its arguments (num_frames, guidance_scale) become the node's (frames, guidance)."""
     model, _, _ = load(nodes)

@@ -56,7 +56,7 @@ def test_generation_matches_diffusers(checkpoint, ours, mode, schedule):
         expected = pipe(**common, num_inference_steps=STEPS, guidance_scale=4.0,
                         generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video  # fmt: skip
     got = ours.generate(**common, steps=STEPS, guidance_scale=4.0, seed=5, schedule=schedule, flow_shift=10.0,
-                        guidance_interval=None, json_captions=False, output="latents")  # fmt: skip
+                        guidance_interval=None, json_captions=False, output="latents", cache="off")  # fmt: skip
     assert got.settings.mode == mode
     assert got.latents.shape == expected.shape
     assert expected.abs().max() > 0.5
@@ -69,7 +69,8 @@ def test_decoded_frames_match_diffusers(checkpoint, ours):
     with torch.no_grad():
         expected = pipe(**common, num_inference_steps=3, guidance_scale=3.0,
                         generator=torch.Generator("cpu").manual_seed(2), output_type="np").video  # fmt: skip
-    got = ours.generate(**common, steps=3, guidance_scale=3.0, seed=2, schedule="checkpoint", json_captions=False)
+    got = ours.generate(**common, steps=3, guidance_scale=3.0, seed=2, schedule="checkpoint", json_captions=False,
+                        cache="off")  # fmt: skip
     assert got.frames.shape == expected.shape == (5, 48, 64, 3)
     torch.testing.assert_close(got.frames, torch.from_numpy(expected), atol=TOL, rtol=0)
 
@@ -82,7 +83,7 @@ def test_distilled_matches_the_distilled_modular_pipeline(tiny_factory, mode):
     pipe = ref.distilled_pipeline(root)
     expected = pipe(**common, generator=torch.Generator("cpu").manual_seed(3), output="latents")
     got = cosmos3_runtime.load(root, dtype=torch.float32).generate(**common, seed=3, json_captions=False,
-                                                                    output="latents")  # fmt: skip
+                                                                    output="latents", cache="off")  # fmt: skip
     assert got.settings.schedule == "distilled" and got.settings.steps == 4
     torch.testing.assert_close(got.latents, expected.float(), atol=TOL, rtol=0)
 
@@ -116,7 +117,8 @@ def test_multi_step_flow_match_checkpoint_matches_diffusers(tiny_gated, tmp_path
         expected = ref.omni_pipeline(root)(**common, num_inference_steps=STEPS, guidance_scale=4.0,
                                            generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video  # fmt: skip
     got = cosmos3_runtime.load(root, dtype=torch.float32).generate(
-        **common, steps=STEPS, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False, output="latents"
+        **common, steps=STEPS, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False, output="latents",
+        cache="off",
     )
     assert "FlowMatchEulerDiscreteScheduler" in got.settings.notes[0]
     torch.testing.assert_close(got.latents, expected.float(), atol=TOL, rtol=0)

@@ -99,14 +99,14 @@ def test_generation_with_sound_matches_diffusers(nano, pipe, frames, fps, extra)
         expected = reference(**common, num_inference_steps=3, guidance_scale=4.0, enable_sound=True,
                              generator=torch.Generator("cpu").manual_seed(5), output_type="np")  # fmt: skip
     got = pipe.generate(**common, steps=3, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False,
-                        sound=True, sound_trim=False)  # fmt: skip
+                        sound=True, sound_trim=False, cache="off")  # fmt: skip
     torch.testing.assert_close(got.sound_latents, seen["latents"].float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.sound, expected.sound.float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.frames, torch.from_numpy(expected.video), atol=TOL, rtol=0)
     assert got.sample_rate == 8000 and got.sound.shape[1] == got.sound_latents.shape[1] * 320
     assert got.sound.abs().max() > 0.01
     trimmed = pipe.generate(**common, steps=3, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False,
-                            sound=True)  # fmt: skip
+                            sound=True, cache="off")  # fmt: skip
     assert trimmed.sound.shape == (2, samples_for(frames, fps, 8000)) == (2, int(frames / fps * 8000))
     assert torch.equal(trimmed.sound, got.sound[:, : trimmed.sound.shape[1]])
 

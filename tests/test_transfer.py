@@ -81,7 +81,8 @@ def test_transfer_matches_diffusers(ours, theirs, case):
     try:
         got = ours.generate(PROMPT, negative_prompt=NEGATIVE, control_videos=controls, width=64, height=48,
                             num_frames=frames, chunk_frames=chunk, chunk_overlap_frames=1, steps=steps, guidance_scale=g,
-                            control_guidance=cg, fps=fps, flow_shift=10.0, schedule="unipc", seed=7, output="frames")  # fmt: skip
+                            control_guidance=cg, fps=fps, flow_shift=10.0, schedule="unipc", seed=7, output="frames",
+                            cache="off")  # fmt: skip
     finally:
         del ours.transformer.forward
     plan = got.settings.transfer

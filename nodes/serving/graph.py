@@ -64,7 +64,7 @@ def prompt_graph(call: ActionCall, key: str) -> dict:
             graph[f"sampler_{i}_{c}"] = (Cosmos3Sampler, {
                 "model": ["model", 0], "text": [f"text_{i}", 0], "schedule": ["schedule", 0],
                 "action": [f"action_{i}", 0], "seed": call.seed + c, "fps": call.fps or 0.0,
-                "guidance": call.guidance or 0.0})  # fmt: skip
+                "guidance": call.guidance or 0.0, "cache": call.cache})  # fmt: skip
             graph[f"result_{i}_{c}"] = (Cosmos3APIResult, {"actions": [f"sampler_{i}_{c}", 1], "key": key, "index": i,
                                                            "candidate": c})  # fmt: skip
     return {node: {"class_type": cls.__name__, "inputs": {**_widget_defaults(cls), **inputs},

@@ -26,6 +26,7 @@ from ...cosmos3_runtime import InputError
 from ...cosmos3_runtime.action import DEFAULT_CHUNK, DOMAIN_IDS, JOINT_WIDTH, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from ...cosmos3_runtime.errors import LimitError
 from ...cosmos3_runtime.media import MAX_FRAME_PIXELS, read_image, read_video
+from ...cosmos3_runtime.request import CACHES
 
 ENDPOINT_MODES = ("policy", "inverse_dynamics")  # the modes that return actions; forward dynamics returns a video
 DEFAULT_PRESET = "sglang"
@@ -41,7 +42,7 @@ OPTIONS = {  # request option -> its type (JSON values or multipart text fields)
     "action_mode": str, "action_horizon": int, "num_frames": int, "domain_name": str, "domain_id": int,
     "raw_action_dim": int, "action_view_point": str, "fps": float, "height": int, "width": int,
     "num_inference_steps": int, "guidance_scale": float, "flow_shift": float, "seed": int, "negative_prompt": str,
-    "preset": str, "candidate_count": int, "candidate_reducer": str, "return_candidates": bool,
+    "preset": str, "candidate_count": int, "candidate_reducer": str, "return_candidates": bool, "cache": str,
 }  # fmt: skip
 
 
@@ -179,6 +180,7 @@ class ActionCall:
     negative_prompt: str = ""
     candidates: int = 1
     return_candidates: bool = False
+    cache: str = "seacache"  # the step cache (Request.cache)
     request_id: str = field(default_factory=lambda: f"act_{uuid.uuid4().hex}")
 
     @property
@@ -321,12 +323,15 @@ def parse_request(body, checkpoints, uploads: dict | None = None, form: dict | N
     if not 0 <= seed <= 2**64 - candidates:
         raise FieldError(options.where("seed"), f"must be in [0, 2^64 - candidate_count], got {seed}")
     negative = options.get("negative_prompt", "")
+    cache = options.get("cache", "seacache")
+    if cache not in CACHES:
+        raise FieldError(options.where("cache"), f"must be one of {', '.join(CACHES)}, got {cache!r}")
     request_id = body.get("request_id") or body.get("id") or form.get("request_id")
     return ActionCall(
         model=model, inputs=inputs,
         seed=seed, steps=options.positive("num_inference_steps"), guidance=options.positive("guidance_scale"),
         flow_shift=options.positive("flow_shift"), fps=options.positive("fps"), negative_prompt=negative,
-        candidates=candidates, return_candidates=options.get("return_candidates", False),
+        candidates=candidates, return_candidates=options.get("return_candidates", False), cache=cache,
         **({"request_id": str(request_id)} if request_id else {}),
     )  # fmt: skip
 

@@ -68,7 +68,7 @@ def cmd_generate(args) -> None:
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind or ("gated" if args.control_videos else "edge"))
         plan = planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only)
         s, cond_ids, _ = plan.check(args.prompt, request)
-        if plan.device.type == "cpu":
+        if main and plan.device.type == "cpu":
             guess = estimate.generation(plan.transformer_config, plan.vae_config, s, len(cond_ids), not latents_only,
                                         plan.dtype, plan.device)  # fmt: skip
             say(f"on the CPU this takes {guess.describe()}" + ("; --frames 17 --width 256 --height 256 --steps 8 "
@@ -106,15 +106,15 @@ class Report:
     LABELS = {"text": "text tower, prompt", "chunk": "chunk", "decode": "VAE decode, latent frame"}
 
     def __init__(self, say):
-        self.say, self.stage_name, self.last = say, None, time.perf_counter()
+        self.say, self.stage_name, self.last, self.steps_began = say, None, time.perf_counter(), None
         self.live = sys.stdout.isatty()  # a terminal: rewrite lines; a file or a pipe: whole lines, fewer of them
 
     def stage(self, name: str, done: int, total: int) -> None:
         self._show(name, f"{self.LABELS[name]} {done}/{total}", done == total or name == "chunk")
 
     def step(self, done: int, total: int, _latents) -> None:
-        began = self.began if self.stage_name == "step" else self.last
-        left = (time.perf_counter() - began) / done * (total - done)
+        self.steps_began = self.steps_began or self.last  # over every chunk of a transfer
+        left = (time.perf_counter() - self.steps_began) / done * (total - done)
         text = f"step {done}/{total}" + (f", about {estimate.duration(left)} left" if done < total else "")
         self._show("step", text, done == total, quiet=done % max(1, total // 10) != 0)
 

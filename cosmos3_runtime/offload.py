@@ -29,28 +29,39 @@ def _parameters(model: nn.Module, tower: str, layer: int | None = None):
 
 
 class TextOffload:
-    """Keeps the text tower on `home` except inside `on(device)`."""
+    """Keeps the text tower on `home` except inside `on(device)`. The home copies are made once (pinned on the first
+    visit to a GPU, so the copies over run asynchronously) and never copied back: the weights do not change, so
+    leaving a visit only points the parameters at their home copies again."""
 
     def __init__(self, model: nn.Module, home: torch.device):
         self.model, self.home = model, torch.device(home)
         self.on_compute = False
-        self._move(self.home)
+        self.homes = [(p, p.data.to(self.home)) for p in _parameters(model, "text tower")]
+        self._point_home()
 
     def held(self) -> list[nn.Parameter]:
-        return list(_parameters(self.model, "text tower"))
+        return [p for p, _ in self.homes]
 
-    def _move(self, device: torch.device) -> None:
-        for p in self.held():
-            p.data = p.data.to(device)
+    def _point_home(self) -> None:
+        for p, home in self.homes:
+            p.data = home
 
     @contextmanager
     def on(self, device: torch.device):
-        self._move(device)
+        """The tower on `device` for the block (once for nested visits: both prompts of a request in one)."""
+        if self.on_compute:
+            yield
+            return
+        device = torch.device(device)
+        if device.type == "cuda" and self.home.type == "cpu":
+            self.homes = [(p, home if home.is_pinned() else home.pin_memory()) for p, home in self.homes]
+        for p, home in self.homes:
+            p.data = home.to(device, non_blocking=True)
         self.on_compute = True
         try:
             yield
         finally:
-            self._move(self.home)
+            self._point_home()
             self.on_compute = False
 
 

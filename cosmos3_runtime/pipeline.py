@@ -531,10 +531,13 @@ class Cosmos3Pipeline(Planner):
         if parallel is not None and parallel.cfg is not None:
             return
         prompts = [cond_ids] + ([uncond_ids] if s.guidance_scale != 1.0 else [])
-        for done, ids in enumerate(prompts, 1):
-            self.text_kv(ids)
-            if progress is not None:
-                progress("text", done, len(prompts))
+        new = any(tuple(ids) not in self._text_cache for ids in prompts)
+        on_device = self.text_offload.on(self.device) if self.text_offload is not None and new else nullcontext()
+        with on_device:  # an offloaded text tower visits the device once for both prompts
+            for done, ids in enumerate(prompts, 1):
+                self.text_kv(ids)
+                if progress is not None:
+                    progress("text", done, len(prompts))
 
     def schedule_for(self, s: Settings) -> Schedule:
         if s.schedule == "distilled":

@@ -48,12 +48,20 @@ def test_block_swap_keeps_at_most_two_swapped_layers_on_the_device(tiny_factory)
         assert p.device.type == "cpu"
 
 
-def test_the_text_tower_visits_the_device_only_while_encoding(tiny_gated):
+def test_the_text_tower_visits_the_device_only_while_encoding(tiny_gated, monkeypatch):
+    """Once per request for both prompts, and its home copies are kept, never copied back."""
+    from cosmos3_runtime.offload import TextOffload
+
     pipe = cosmos3_runtime.load(tiny_gated, dtype="fp32", device="cpu", offload_text=True)
-    during = []
+    during, visits = [], []
     pipe.transformer.embed_tokens.register_forward_pre_hook(lambda *_: during.append(pipe.text_offload.on_compute))
+    homes = [home.data_ptr() for _, home in pipe.text_offload.homes]
+    original = TextOffload._point_home
+    monkeypatch.setattr(TextOffload, "_point_home", lambda self: visits.append(1) or original(self))
     pipe.generate("a cat", **REQUEST)
     assert during == [True, True] and not pipe.text_offload.on_compute  # cond and uncond prompts
+    assert len(visits) == 1  # one visit for both
+    assert [p.data.data_ptr() for p in pipe.text_offload.held()] == homes  # the same home copies as before
     names = {name for name, _ in pipe.transformer.named_parameters() if tower_of(name) == "text tower"}
     assert "embed_tokens.weight" in names and "layers.0.self_attn.to_k.weight" in names
     assert not any("moe_gen" in name or ".add_" in name for name in names)

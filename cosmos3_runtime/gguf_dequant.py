@@ -18,6 +18,7 @@ Block layouts (QK_K = 256 values per K-quant super-block; "d" and "dmin" are fp1
 """
 
 import math
+from functools import cache
 
 import torch
 
@@ -39,20 +40,26 @@ def _split(blocks: torch.Tensor, *sizes: int) -> list[torch.Tensor]:
     return list(torch.split(blocks, list(sizes), dim=1))
 
 
-def _shifted(b: torch.Tensor, shifts: list[int], view: tuple[int, ...]) -> torch.Tensor:
+def _shifted(b: torch.Tensor, shifts: tuple[int, ...], view: tuple[int, ...]) -> torch.Tensor:
     """`b` viewed as `view` (an axis of size 1 for the shifts), shifted right by each of `shifts` along that axis."""
-    s = torch.tensor(shifts, dtype=torch.uint8, device=b.device).view(1, 1, -1, 1)
-    return b.reshape(view) >> s
+    return b.reshape(view) >> _shift_table(shifts, b.device)
+
+
+@cache
+def _shift_table(shifts: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The shift amounts as a tensor on `device`, made once per device: a host-to-device copy on every call
+    would stall a GPU once per quantized layer per forward."""
+    return torch.tensor(shifts, dtype=torch.uint8, device=device).view(1, 1, -1, 1)
 
 
 def _bits(b: torch.Tensor, n: int) -> torch.Tensor:
     """Little-endian bit i of the bytes in each row [n_blocks, bytes] -> [n_blocks, 8 * bytes] (for Q5_0 / Q5_1)."""
-    return (_shifted(b, list(range(8)), (n, -1, 1, 1)) & 1).reshape(n, -1)
+    return (_shifted(b, tuple(range(8)), (n, -1, 1, 1)) & 1).reshape(n, -1)
 
 
 def _nibbles(qs: torch.Tensor, n: int, group: int) -> torch.Tensor:
     """Groups of `group` bytes -> their low nibbles, then their high nibbles: [n, groups * 2 * group]."""
-    return (_shifted(qs, [0, 4], (n, -1, 1, group)) & 0x0F).reshape(n, -1)
+    return (_shifted(qs, (0, 4), (n, -1, 1, group)) & 0x0F).reshape(n, -1)
 
 
 def _legacy(qtype: str, blocks: torch.Tensor) -> torch.Tensor:
@@ -87,22 +94,22 @@ def _k_quant(qtype: str, blocks: torch.Tensor) -> torch.Tensor:
         scales, qs, d, dmin = _split(blocks, 16, 64, 2, 2)
         scale = (_fp16(d) * (scales & 0x0F).float()).view(n, 16, 1)
         low = (_fp16(dmin) * (scales >> 4).float()).view(n, 16, 1)
-        q = (_shifted(qs, [0, 2, 4, 6], (n, -1, 1, 32)) & 3).reshape(n, 16, 16).float()
+        q = (_shifted(qs, (0, 2, 4, 6), (n, -1, 1, 32)) & 3).reshape(n, 16, 16).float()
         return (scale * q - low).reshape(n, QK_K)
     if qtype == "Q3_K":
         hmask, qs, scales, d = _split(blocks, 32, 64, 12, 2)
-        low = _shifted(scales[:, :8], [0, 4], (n, 1, 1, 8)).reshape(n, 16)
-        high = _shifted(scales[:, 8:], [0, 2, 4, 6], (n, 1, 1, 4)).reshape(n, 16)
+        low = _shifted(scales[:, :8], (0, 4), (n, 1, 1, 8)).reshape(n, 16)
+        high = _shifted(scales[:, 8:], (0, 2, 4, 6), (n, 1, 1, 4)).reshape(n, 16)
         sc = (((low & 0x0F) | ((high & 0x03) << 4)).to(torch.int8) - 32).float()
         scale = (_fp16(d) * sc).view(n, 16, 1)
-        q = (_shifted(qs, [0, 2, 4, 6], (n, -1, 1, 32)) & 3).reshape(n, 16, 16)
-        dropped = ((_shifted(hmask, list(range(8)), (n, 1, 1, 32)) & 1) ^ 1).reshape(n, 16, 16)  # bit set: no offset
+        q = (_shifted(qs, (0, 2, 4, 6), (n, -1, 1, 32)) & 3).reshape(n, 16, 16)
+        dropped = ((_shifted(hmask, tuple(range(8)), (n, 1, 1, 32)) & 1) ^ 1).reshape(n, 16, 16)  # bit set: no offset
         return (scale * (q.to(torch.int8) - (dropped << 2).to(torch.int8)).float()).reshape(n, QK_K)
     if qtype == "Q6_K":
         ql, qh, scales, d = _split(blocks, 128, 64, 16, 2)
         scale = (_fp16(d) * scales.contiguous().view(torch.int8).float()).view(n, 16, 1)
-        low = (_shifted(ql, [0, 4], (n, -1, 1, 64)) & 0x0F).reshape(n, -1, 32)
-        high = (_shifted(qh, [0, 2, 4, 6], (n, -1, 1, 32)) & 0x03).reshape(n, -1, 32)
+        low = (_shifted(ql, (0, 4), (n, -1, 1, 64)) & 0x0F).reshape(n, -1, 32)
+        high = (_shifted(qh, (0, 2, 4, 6), (n, -1, 1, 32)) & 0x03).reshape(n, -1, 32)
         q = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, 16).float()
         return (scale * q).reshape(n, QK_K)
     # Q4_K and Q5_K
@@ -113,9 +120,9 @@ def _k_quant(qtype: str, blocks: torch.Tensor) -> torch.Tensor:
     sc, mn = _scale_min_k4(scales, n)
     scale = (_fp16(d) * sc.float()).view(n, 8, 1)
     low = (_fp16(dmin) * mn.float()).view(n, 8, 1)
-    q = (_shifted(qs, [0, 4], (n, -1, 1, 32)) & 0x0F).reshape(n, 8, 32)
+    q = (_shifted(qs, (0, 4), (n, -1, 1, 32)) & 0x0F).reshape(n, 8, 32)
     if qtype == "Q5_K":
-        q = q | ((_shifted(qh, list(range(8)), (n, 1, 1, 32)) & 1).reshape(n, 8, 32) << 4)
+        q = q | ((_shifted(qh, tuple(range(8)), (n, 1, 1, 32)) & 1).reshape(n, 8, 32) << 4)
     return (scale * q.float() - low).reshape(n, QK_K)
 
 

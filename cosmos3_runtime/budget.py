@@ -1,10 +1,10 @@
 """How much memory a request needs, checked against its device before anything is allocated.
 
 The estimate counts what one generation holds at its peak beyond the loaded weights: the fp32
-sampling state, the per-prompt text K/V caches, the largest transformer activations (text tower
-over the prompt, media tower over the media tokens; attention runs in memory-efficient kernels, so
-no L x L score matrix), and the VAE decode (its largest per-chunk activations and the output
-frames). It is a lower bound of the real peak, so a request it refuses cannot run; one it passes
+sampling state and the per-prompt text K/V caches throughout, plus the largest of its phases: the text
+tower over the prompt, the media tower over the media tokens during the steps (attention runs in
+memory-efficient kernels, so no L x L score matrix), or the VAE decode (its working set, measured on the
+virtual device, and the output frames). It is a lower bound of the real peak, so a request it refuses cannot run; one it passes
 can still run out of memory if other programs take the device in the meantime.
 """
 
@@ -20,7 +20,15 @@ from .transformer import grouped_kv_native
 
 GIB = 1024**3
 STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, latents, velocities, UniPC history ...)
-DECODER_LIVE_ACTIVATIONS = 3  # full-resolution decoder tensors alive at once (input, output, causal context)
+# The decode's peak working set, in decoder-width full-resolution frames (decoder_dim x H x W values): measured on the
+# virtual device (tests/test_gpu_faults.py) at the released widths for 256p to 720p, in bf16 and fp32, 18.95-19.02
+# (a tile of a tiled decode: 19.2). Independent of the clip's length: the decoder streams one latent frame at a time.
+DECODE_PEAK_FRAMES = 19.5
+
+
+# Parts held only during one phase of a run, which never overlap: the prompt through the text tower, the steps, the
+# decode. The others (the sampling state, the text K/V) are held throughout.
+PHASES = ({"text tower"}, {"media tower", "rotary tables", "control window"}, {"VAE decode", "decoded frames"})
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,10 @@ class Estimate:
 
     @property
     def total(self) -> int:
-        return sum(self.parts.values())
+        """The peak: what is held throughout, plus the largest phase."""
+        phased = set().union(*PHASES)
+        held = sum(n for name, n in self.parts.items() if name not in phased)
+        return held + max(sum(self.parts.get(name, 0) for name in phase) for phase in PHASES)
 
     def describe(self) -> str:
         shown = ", ".join(f"{name} {gib(n)}" for name, n in self.parts.items() if n >= GIB // 100)
@@ -73,11 +84,9 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
     if vae_config is not None:
         tile_px = tile.size * SPATIAL_FACTOR if tile is not None else None
         th, tw = (min(s.height, tile_px), min(s.width, tile_px)) if tile_px else (s.height, s.width)
-        patch = vae_config.patch_size
-        chunk = DECODER_LIVE_ACTIVATIONS * vae_config.scale_factor_temporal * vae_config.decoder_dim
-        parts["VAE decode"] = chunk * (th // patch) * (tw // patch) * b
+        parts["VAE decode"] = int(DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b)
         frames = s.num_frames if plan is None else plan.chunk  # a transfer moves each decoded chunk to the CPU
-        parts["decoded frames"] = 2 * 3 * frames * s.height * s.width * 4  # pixels and the 0..1 copy
+        parts["decoded frames"] = 3 * frames * s.height * s.width * (b + 2 * 4)  # the decode's output, two fp32 copies
     return Estimate(parts)
 
 

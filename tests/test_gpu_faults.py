@@ -227,3 +227,28 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
     parts = budget.estimate(config, None, settings, 300, 300, dtype, device=meta).parts
     planned = parts["media tower"] + parts["rotary tables"] + parts["text K/V cache"]
     assert virtual.peak <= 1.25 * planned, (virtual.peak / 2**30, planned / 2**30)
+
+
+@pytest.mark.parametrize("size, tile", [((832, 480, 17), None), ((1280, 720, 9), None), ((1280, 720, 9), 32)])
+def test_the_planned_vae_decode_holds_what_a_decode_takes_at_the_released_width(size, tile):
+    """The VAE decode at the released width on the virtual device: its peak within the planner's decode estimate
+    (working set plus output) and not far under it."""
+    from types import SimpleNamespace
+
+    from cosmos3_runtime import budget
+    from cosmos3_runtime.tiny import vae_config
+    from cosmos3_runtime.vae import TileSpec, VAEConfig, WanVAE
+
+    config = VAEConfig.from_dict(vae_config(base_dim=160, decoder_base_dim=256))
+    with torch.device("meta"):
+        vae = WanVAE(config).to(BF16)
+    w, h, f = size
+    latents = torch.empty(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device="meta")
+    spec = None if tile is None else TileSpec(size=tile, overlap=8)
+    with torch.inference_mode(), VirtualDevice() as virtual:
+        vae.decode(latents, tile=spec)
+    settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
+                               transfer=None)  # fmt: skip
+    parts = budget.estimate(TransformerConfig(**RELEASED["edge"]), config, settings, 10, 10, BF16, spec).parts
+    planned = parts["VAE decode"] + 3 * f * h * w * 2  # the working set and the decode's own output
+    assert virtual.peak <= planned <= 1.1 * virtual.peak, (virtual.peak / 2**30, planned / 2**30)

@@ -28,7 +28,7 @@ from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper, linear_layers
 from . import reasoner as reasoning
-from .vae import Progress, TileSpec, VAEConfig, WanVAE
+from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, stage
 from .weights import load_weights, read_headers
 
 log = logging.getLogger(__name__)
@@ -136,14 +136,6 @@ class Generation:
 
 # (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
 StepCallback = Callable[[int, int, torch.Tensor], None]
-# (stage, done, total) around the steps: "text" (prompts encoded), "chunk" (transfer chunks begun), "decode" (latent
-# frames decoded); raise to cancel
-StageCallback = Callable[[str, int, int], None]
-
-
-def stage(progress: StageCallback | None, name: str):
-    """A (done, total) progress function reporting `name` to `progress`, or None."""
-    return None if progress is None else lambda done, total: progress(name, done, total)
 
 
 @dataclass(frozen=True)
@@ -414,6 +406,7 @@ class Cosmos3Pipeline(Planner):
         s, cond_ids, uncond_ids = self.check(prompt, r)
         if parallel is not None and (r.sound or r.action is not None):
             raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
+        cache = None if s.cache is None else StepCache(s.cache)
         if s.transfer is not None:
             if parallel is not None and parallel.cfg is not None:
                 raise InputError("transfer runs up to three forward passes a step, which CFG parallelism cannot split; "
@@ -422,9 +415,8 @@ class Cosmos3Pipeline(Planner):
                 raise InputError("transfer needs the VAE (it encodes the controls and decodes every chunk); load the "
                                  "pipeline with its VAE")  # fmt: skip
             self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-            cache = None if s.cache is None else StepCache(s.cache)
             frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress, cache)
-            return Generation(None, frames, s, cache=None if cache is None else cache.report())
+            return Generation(None, frames, s, cache=cache and cache.report())
 
         shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
                  s.width // SPATIAL_FACTOR)  # fmt: skip
@@ -449,12 +441,11 @@ class Cosmos3Pipeline(Planner):
 
         guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
         self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-        cache = None if s.cache is None else StepCache(s.cache)
         latents = self._denoise(latents, s, guidance, clean, mask, generator, callback, parallel, tracks, cache)
         frames = None
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile, progress=stage(progress, "decode"))
-        result = Generation(latents.cpu(), frames, s, cache=None if cache is None else cache.report())
+        result = Generation(latents.cpu(), frames, s, cache=cache and cache.report())
         if sound_track is not None:
             result.sound_latents = sound_track.latents.cpu()
             result.sample_rate = self.sound_tokenizer.config.sampling_rate

@@ -27,6 +27,7 @@ import torch
 from .conditioning import frame_size, frame_count, preprocess_video
 from .errors import InputError
 from .request import TEMPORAL_FACTOR, in_interval
+from .vae import stage
 
 HINTS = ("edge", "blur", "depth", "seg", "wsm")  # also the order the controls take in the sequence
 HINT_NAMES = {"edge": "edges (Canny)", "blur": "a blurred copy of the clip", "depth": "depth",
@@ -241,8 +242,7 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
                 callback(k * steps + step, p.count * steps, denoised)
 
         latents = pipe._denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, cache=cache)
-        decoded = None if progress is None else lambda done, total: progress("decode", done, total)
-        previous = vae.decode(vae.denormalize(latents), tile=r.vae_tile, progress=decoded).float()  # in [-1, 1]
+        previous = vae.decode(vae.denormalize(latents), tile=r.vae_tile, progress=stage(progress, "decode")).float()
         chunks.append((previous if k == 0 else previous[:, :, seed:]).cpu())  # the device holds one chunk at a time
     video = torch.cat(chunks, dim=2)[:, :, : p.total]
     return (video / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()

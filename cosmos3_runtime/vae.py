@@ -360,6 +360,14 @@ class TileSpec:
 
 
 Progress = Callable[[int, int], None]  # (units done, total units); raise to stop
+# (stage, done, total) of a generation around its steps: "text" (prompts encoded), "chunk" (transfer chunks begun),
+# "decode" (latent frames decoded); raise to cancel
+StageCallback = Callable[[str, int, int], None]
+
+
+def stage(progress: StageCallback | None, name: str) -> Progress | None:
+    """A (done, total) progress function reporting `name` to `progress`, or None."""
+    return None if progress is None else lambda done, total: progress(name, done, total)
 
 
 class _Ticker:

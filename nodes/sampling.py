@@ -277,10 +277,17 @@ def cache_widgets() -> dict:
     and residual order keep NVIDIA's defaults here (the API, CLI and HTTP routes take them)."""
     return {"cache": (list(CACHES), {"default": "seacache", "tooltip": help_of("cache") + " (threshold 0.35, "
                       "residual order 1, as NVIDIA's framework runs it)"})}  # fmt: skip
+
+
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
-# Request fields -> what a node user sees, for its errors and notes
-SAMPLER_WORDS = {field: widget for widget, field in SAMPLER_FIELDS.items() if field != widget} | {
-    "vae_tile": "tiled decoding (Cosmos3 VAE Decode)"}
+
+
+def words_of(fields: dict, **extra: str) -> dict:
+    """Request fields -> what a node's user sees (its widgets, and `extra` names), for its errors and notes."""
+    return {field: widget for widget, field in fields.items() if field != widget} | extra
+
+
+SAMPLER_WORDS = words_of(SAMPLER_FIELDS, vae_tile="tiled decoding (Cosmos3 VAE Decode)")
 
 
 def sampler_options(widgets: dict) -> dict:

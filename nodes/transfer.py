@@ -19,7 +19,7 @@ from ..cosmos3_runtime.media import save_video
 from ..cosmos3_runtime.request import help_of
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
-from .sampling import auto_help, cache_widgets, seed_widget, size_widgets
+from .sampling import auto_help, cache_widgets, seed_widget, size_widgets, words_of
 
 CONTROLS = "COSMOS3_CONTROLS"
 GIVEN = "off: the images are the control"  # the derive widget's "don't derive" choice
@@ -94,8 +94,7 @@ class Cosmos3WorldScenarioMapControl(ControlNode):
 # Transfer sampler widget -> Request field; 0 means automatic (None) for these.
 TRANSFER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
                    "guidance": "guidance_scale", "control_guidance": "control_guidance", "chunk_frames": "chunk_frames"}  # fmt: skip
-TRANSFER_WORDS = {field: widget for widget, field in TRANSFER_FIELDS.items() if field != widget} | {
-    "control_videos": "controls", "vae_tile": "tiled decoding"}  # Request fields -> what the node shows
+TRANSFER_WORDS = words_of(TRANSFER_FIELDS, control_videos="controls", vae_tile="tiled decoding")
 
 
 class Cosmos3TransferSampler:

@@ -151,7 +151,8 @@ def cmd_reason(args) -> None:
         answer = pipe.reason(args.prompt, images=images, video=video, system_prompt=args.system_prompt,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                              top_k=args.top_k, presence_penalty=args.presence_penalty, seed=args.seed,
-                             thinking=args.thinking, callback=None if args.thinking else stream)  # fmt: skip
+                             thinking=args.thinking, callback=None if args.thinking else stream,
+                             compile=args.compile)  # fmt: skip
         if args.thinking:
             print(f"<think>\n{answer.thinking}\n</think>\n\n{answer.text}")
         else:
@@ -307,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--presence-penalty", type=float, help="[default: 1.5, or 0 with --thinking]")
     p.add_argument("--seed", type=int, default=0, help="[default: 0]")
     p.add_argument("--thinking", action="store_true", help="reason step by step; the thinking is printed first")
+    p.add_argument("--compile", action="store_true", help="decode with a torch.compile'd fixed-shape step (CUDA "
+                   "graphs on a GPU); the first answer pays the compile")  # fmt: skip
     p.set_defaults(run=cmd_reason)
     reason = p
 

@@ -11,6 +11,7 @@ file stores it in.
 """
 
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -37,19 +38,45 @@ class GGUFLinear(nn.Module):
                                    requires_grad=False)  # fmt: skip
         self.bias = linear.bias
         self.qtype, self.in_features, self.out_features = qtype, in_features, out_features
+        self.expanded: torch.Tensor | None = None  # set inside `expanded_once`
 
     def dequantized(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The weight in `dtype` on `device`. Bytes held elsewhere (a host's memory manager that left this layer
         in CPU memory) are copied over quantized, then expanded there."""
         weight = self.weight.to(device, non_blocking=True)
-        return dequantize(weight, self.qtype, (self.out_features, self.in_features)).to(dtype)
+        return dequantize(weight, self.qtype, (self.out_features, self.in_features), dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
-        return F.linear(x, self.dequantized(x.dtype, x.device), bias)
+        weight = self.expanded
+        if weight is None or weight.device != x.device or weight.dtype != x.dtype:
+            weight = self.dequantized(x.dtype, x.device)
+        return F.linear(x, weight, bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
+
+
+def quantized_linears(model: nn.Module, keep=lambda name: True) -> list[GGUFLinear]:
+    """The GGUFLinear layers of `model` whose weight's name `keep` accepts."""
+    return [m for name, m in model.named_modules() if isinstance(m, GGUFLinear) and keep(f"{name}.weight")]
+
+
+def expanded_bytes(layers: list[GGUFLinear], dtype: torch.dtype) -> int:
+    return sum(m.out_features * m.in_features for m in layers) * torch.finfo(dtype).bits // 8
+
+
+@contextmanager
+def expanded_once(layers: list[GGUFLinear], dtype: torch.dtype, device: torch.device):
+    """`layers` expanded to `dtype` on `device` for the block: a loop of many small forwards (the Reasoner's
+    tokens) then dequantizes each weight once, not once per call."""
+    for m in layers:
+        m.expanded = m.dequantized(dtype, device)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.expanded = None
 
 
 def gguf_file(folder: Path, transformer_file: str | Path | None = None) -> Path | None:
@@ -167,7 +194,7 @@ def load_gguf_weights(model: nn.Module, file: GGUFFile, dtype: torch.dtype, devi
         elif qtype in FLOAT_DTYPES:  # one cast from the mapped values, no float32 detour
             state[name] = raw.view(FLOAT_DTYPES[qtype]).reshape(shape).to(device, target, copy=True)
         else:
-            state[name] = dequantize(raw, qtype, shape).to(device, target)
+            state[name] = dequantize(raw.to(device), qtype, shape, target)
     model.load_state_dict(state, strict=False, assign=True)
     model.requires_grad_(False)
     model.eval()

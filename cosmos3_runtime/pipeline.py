@@ -322,7 +322,8 @@ class Cosmos3Pipeline(Planner):
         `options`: max_new_tokens (default 1024), temperature / top_p / top_k / presence_penalty (unset: NVIDIA's
         recommendation, 0.7 / 0.8 / 20 / 1.5, or 0.6 / 0.95 / 20 / 0 with thinking; temperature=0 is greedy),
         seed, thinking (the reply's reasoning comes back separately as `answer.thinking`), callback(new tokens,
-        max_new_tokens, text so far) after every token (raise from it to stop), max_prompt_tokens, check_memory.
+        max_new_tokens, text so far) after every token (raise from it to stop), max_prompt_tokens, check_memory,
+        stop (strings that end the answer), compile (decode with a torch.compile'd fixed-shape step).
         """
         if not isinstance(question, str) or not question.strip():
             raise InputError("no question: pass the question as a non-empty string")

@@ -245,14 +245,16 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return q, k, v, k.shape[1] != q.shape[1]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D].
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D]; `mask` [Nk] bool: the keys to attend to.
 
     Batched 4-D inputs matter: for 3-D ones PyTorch's CPU dispatch falls back to the math kernel,
     which materialises the whole Nq x Nk score matrix (a 30k-token prompt: tens of GB).
     """
     q, k, v, grouped = attention_inputs(q, k, v)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=grouped)
+    mask = None if mask is None else mask.view(1, 1, 1, -1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=grouped)
     return out[0].transpose(0, 1).flatten(1)
 
 

@@ -21,6 +21,17 @@ def test_random_blocks_dequantize_exactly_like_gguf(qtype):
     assert torch.equal(got, torch.from_numpy(expected)), (got - torch.from_numpy(expected)).abs().max()
 
 
+@pytest.mark.parametrize("qtype", QUANTIZED)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_expanding_in_slices_into_the_compute_dtype_rounds_once(qtype, dtype):
+    """A slice of blocks at a time (the last one ragged), written straight in `dtype`: exactly the float32 result
+    rounded once, as the forward used before it expanded the whole weight in float32 then cast it."""
+    raw = torch.from_numpy(random_blocks(qtype, rows=7, values=512))
+    whole = dequantize(raw, qtype, (7, 512))
+    got = dequantize(raw, qtype, (7, 512), dtype, chunk_values=3 * 256)
+    assert got.dtype == dtype and torch.equal(got, whole.to(dtype))
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "F16", "BF16", "F32"])
 def test_weights_written_by_gguf_come_back(qtype):
     """Real weights quantized by the gguf package's writer path (the types it can write), read back here."""

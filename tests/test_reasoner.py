@@ -417,3 +417,107 @@ def test_the_authors_file_is_read_as_text_never_run(tmp_path, monkeypatch):
     monkeypatch.setenv("COSMOS3_UPSAMPLER_TEMPLATES", str(tmp_path / "empty.json"))
     with pytest.raises(InputError, match="no v4.2 upsampler template for t2i, i2v"):
         upsample.templates()
+
+
+@pytest.mark.parametrize("settings", [(0.7, 0.8, 20, 1.5), (0.6, 0.95, 20, 0.0), (1.3, 1.0, 0, 0.5), (0.9, 0.5, 7, -1.0)])
+def test_sampling_candidates_are_transformers_distribution(settings):
+    """Only the top-k candidates leave the device: their probabilities equal transformers' temperature, top-k and
+    top-p warpers over the whole vocabulary (after the presence penalty, which transformers does not have)."""
+    require("transformers", minversion="5.24.0")
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from cosmos3_runtime.reasoner.decoding import Sampling, candidates
+
+    temperature, top_p, top_k, penalty = settings
+    generator = torch.Generator().manual_seed(1)
+    logits = 3 * torch.randn(1000, generator=generator)
+    seen = torch.rand(1000, generator=generator) < 0.1
+    ids, probs = candidates(logits, Sampling(temperature, top_p, top_k, penalty), seen)
+    scores = (logits - penalty * seen.float())[None]
+    for warper in (TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k) if top_k else None, TopPLogitsWarper(top_p)):
+        scores = scores if warper is None else warper(None, scores)
+    expected = scores[0].softmax(-1)
+    ours = torch.zeros(1000).index_put_((ids,), probs)
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-5)
+    assert len(ids) == (top_k or 1000)
+
+
+def test_the_answer_text_grows_by_whole_characters_and_ends_as_one_decode(nano):
+    """The incremental detokenizer: each step's text extends the last, holds no partial character, and the final
+    text equals decoding every id at once (multi-byte characters split over byte tokens, spaces, newlines)."""
+    from cosmos3_runtime.reasoner.decoding import Detokenizer
+
+    reasoner = nano.reasoner
+    text = "Hello wörld — ロボットが箱を持ち上げる 🤖!\n  indented\tτέλος"
+    ids = reasoner.tokenizer.tokenizer.encode(text).ids
+    assert len(ids) > len(text) // 3  # split into many pieces, some inside characters
+    for sequence in (ids, list(np.random.RandomState(0).randint(0, 2000, 60))):
+        detokenizer, previous = Detokenizer(reasoner.decode), ""
+        for token in sequence:
+            now = detokenizer.add(int(token))
+            assert now.startswith(previous) and not now.endswith("\ufffd")  # random ids may hold lone bytes inside
+            assert "\ufffd" not in now or sequence is not ids
+            previous = now
+        assert detokenizer.final() == reasoner.decode([int(t) for t in sequence])
+    assert Detokenizer(reasoner.decode).final() == ""
+
+
+def test_the_fixed_shape_decode_step_equals_the_growing_cache_and_compiles_whole(nano):
+    """decode_step attends over the whole preallocated cache with the unwritten rows masked: the same logits as
+    forward over the filled rows, token by token, and torch.compile captures it in one graph (fullgraph)."""
+    from cosmos3_runtime.reasoner.language import KVCache
+
+    reasoner = nano.reasoner
+    language = reasoner.language
+    prompt, _ = reasoner.prepare(question_messages("Tell me a story.", None, 0, False))
+    tokens = torch.tensor(prompt.ids)
+    compiled = torch.compile(language.decode_step, fullgraph=True, dynamic=False, backend="eager")
+    with torch.inference_mode():
+        dtype = reasoner.head.norm.weight.dtype
+        caches = [KVCache(language.config, len(prompt.ids) + 8, dtype, reasoner.device) for _ in range(2)]
+        for cache in caches:
+            logits = language.forward(language.embed(tokens, reasoner.device), prompt.positions, cache)
+        for _ in range(5):
+            token = int(logits.argmax())
+            x = language.embed(torch.tensor([token]), reasoner.device)
+            position = torch.full((3, 1), caches[0].length + prompt.delta, dtype=torch.long)
+            logits = language.forward(x, position, caches[0])
+            row = torch.tensor([caches[1].length])
+            static = compiled(x, position, row, caches[1].keys, caches[1].values)
+            caches[1].length += 1
+            torch.testing.assert_close(static, logits, atol=1e-5, rtol=1e-5)
+
+
+def test_compile_option_gives_the_same_answer(nano, monkeypatch):
+    """reason(compile=True): the compiled fixed-shape step (torch.compile's eager backend here: inductor's first
+    compile takes minutes on two cores; benchmarks/bench_reason.py times the real one) answers as eager does."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "mode": None, "backend": "eager"}))
+    monkeypatch.setattr(nano.reasoner, "compiled_step", None)
+    eager = nano.reason("Tell me a story.", max_new_tokens=12, temperature=0.0)
+    compiled = nano.reason("Tell me a story.", max_new_tokens=12, temperature=0.0, compile=True)
+    assert compiled.token_ids == eager.token_ids and compiled.text == eager.text
+    sampled = nano.reason("Tell me a story.", max_new_tokens=12, seed=3, compile=True).token_ids
+    assert sampled == nano.reason("Tell me a story.", max_new_tokens=12, seed=3).token_ids
+
+
+def test_a_gguf_text_tower_is_expanded_once_per_answer(tiny_factory, tmp_path, monkeypatch):
+    """Each token would dequantize every quantized text-tower weight again; with memory to spare the Reasoner
+    expands them once per answer, and otherwise per token: the same answer either way."""
+    from cosmos3_runtime import budget
+    from cosmos3_runtime.gguf_convert import convert
+    from cosmos3_runtime.gguf_weights import GGUFLinear
+
+    root = tiny_factory(kind="gated", dtype="float32")
+    convert(root, tmp_path / "nano.gguf", "q8_0")
+    pipe = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32, transformer_file=tmp_path / "nano.gguf")
+    calls = []
+    real = GGUFLinear.dequantized
+    monkeypatch.setattr(GGUFLinear, "dequantized", lambda self, *a: calls.append(self) or real(self, *a))
+    once = ask(pipe, CASES["text"]).token_ids
+    layers = len(set(calls))
+    assert len(calls) == layers > 0  # each layer once, for every token
+    calls.clear()
+    monkeypatch.setattr(budget, "available_bytes", lambda device: 1)
+    assert ask(pipe, CASES["text"], check_memory=False).token_ids == once
+    assert len(calls) == layers * len(once)  # no room: every forward dequantizes again (the prefill and each step)

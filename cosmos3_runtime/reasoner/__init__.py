@@ -19,13 +19,14 @@ import torch
 from .. import budget
 from ..checkpoint import Checkpoint
 from ..errors import CheckpointError, InputError
+from ..gguf_weights import expanded_bytes, expanded_once, quantized_linears
 from ..tokenizer import PromptTokenizer
-from ..transformer import Cosmos3Transformer, linear_layers
+from ..transformer import Cosmos3Transformer, linear_layers, tower_of
 from ..weights import load_weights
 from . import chat, processing, upsample
 from .chat import IMAGE, VIDEO, Prompt
 from .config import EDGE, OMNI, ReasonerConfig, read_config, read_processor
-from .decoding import Sampling, next_token
+from .decoding import Detokenizer, Sampling, next_token
 from .language import KVCache, LanguageModel, ReasonerHead, head_key_mapper
 from .processing import VisionInput, prepare_image, prepare_video, sample_indices
 from .upsample import Upsampled
@@ -35,6 +36,7 @@ from .vision_qwen import QwenVisionTower
 DEFAULT_MAX_NEW_TOKENS = 1024
 MAX_NEW_TOKENS = 32768
 DEFAULT_MAX_PROMPT_TOKENS = 32768
+STATIC_ROWS = 256  # a compiled decode step's cache length is a multiple of this
 DEFAULT_VIDEO_FPS = 24.0  # a clip's rate when nobody says (as the reference processors assume)
 ADVICE = ("ask with fewer or smaller images, a shorter clip or a lower sample_fps, fewer max_new_tokens, or "
           "check_memory=False to skip this check")  # fmt: skip
@@ -146,6 +148,7 @@ class Reasoner:
         added = tokenizer.tokenizer.get_added_tokens_decoder().values()
         self.special_texts = tuple(t.content for t in added if t.special)  # never accepted inside user text
         self.end_ids = {tokenizer.eos_id, *config.end_token_ids}
+        self.compiled_step = None  # made on the first answer with compile=True
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, tower: Cosmos3Transformer, device: torch.device, dtype: torch.dtype,
@@ -229,28 +232,54 @@ class Reasoner:
     def answer(self, messages: list[dict], images=(), videos=(), *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                sampling: Sampling | None = None, seed: int = 0, thinking: bool = False,
                callback: AnswerCallback | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-               check_memory: bool = True, keep_logits: bool = False, stop=()) -> Answer:  # fmt: skip
+               check_memory: bool = True, keep_logits: bool = False, stop=(), compile: bool = False) -> Answer:  # fmt: skip
         """Answer the last user turn of `messages` (see `Cosmos3Pipeline.reason` for the arguments). `stop`: up to
-        four strings that end the answer where one first appears (it is cut before it)."""
+        four strings that end the answer where one first appears (it is cut before it). `compile`: decode with the
+        fixed-shape step compiled by torch.compile (the first answer pays the compile)."""
         check_max_new_tokens(max_new_tokens)
         stop = check_stop(stop)
         sampling = sampling or Sampling.resolve(thinking)
         prompt, media = self.prepare(messages, images, videos, thinking, max_prompt_tokens)
         dtype = self.head.norm.weight.dtype
+        needed = self.memory_estimate(len(prompt.ids), max_new_tokens, media, dtype)
+        expanded = self._expanded_tower(needed, dtype)
         if check_memory:
-            budget.check(self.memory_estimate(len(prompt.ids), max_new_tokens, media, dtype), self.device, ADVICE)
+            budget.check(needed, self.device, ADVICE)
+        with expanded_once(expanded, dtype, self.device):
+            return self._answer(prompt, media, max_new_tokens, sampling, seed, thinking, callback, keep_logits, stop,
+                                compile)  # fmt: skip
 
+    def _expanded_tower(self, needed: budget.Estimate, dtype: torch.dtype) -> list:
+        """The GGUF layers of the text tower to expand once for this answer: all of them when their expanded size
+        fits beside the answer's other needs (each token would otherwise dequantize the whole tower again, about
+        the tower's bf16 size in memory traffic per token), else none (dequantized per token, in bounded slices)."""
+        layers = quantized_linears(self.language.tower, lambda name: tower_of(name) == "text tower")
+        extra = expanded_bytes(layers, dtype)
+        available = budget.available_bytes(self.device)
+        if not layers or (available is not None and needed.total + extra > available):
+            return []
+        needed.parts["GGUF text tower expanded"] = extra
+        return layers
+
+    def _answer(self, prompt, media, max_new_tokens, sampling, seed, thinking, callback, keep_logits, stop,
+                compile) -> Answer:  # fmt: skip
         started = time.perf_counter()
         ids = torch.tensor(prompt.ids, dtype=torch.long)
         x = self.language.embed(ids, self.device)
         deepstack = self._insert_media(x, prompt, media)
-        cache = KVCache(self.language.config, len(prompt.ids) + max_new_tokens, x.dtype, self.device)
+        rows = len(prompt.ids) + max_new_tokens
+        if compile:  # cache lengths in steps of STATIC_ROWS: answers of similar length reuse one compiled step
+            rows = -(-rows // STATIC_ROWS) * STATIC_ROWS
+        cache = KVCache(self.language.config, rows, x.dtype, self.device)
         logits = self.language.forward(x, prompt.positions, cache, deepstack)
         prefill = time.perf_counter() - started
 
+        step = self._compiled_step() if compile else None
         generator = torch.Generator("cpu").manual_seed(int(seed))
-        seen = torch.zeros(logits.numel(), dtype=torch.bool)
+        seen = torch.zeros(logits.numel(), dtype=torch.bool, device=logits.device)
         generated, kept = [], []
+        shown = Detokenizer(self.decode) if callback is not None or stop else None
+        longest_stop = max(map(len, stop), default=0)
         decode_started = time.perf_counter()
         while True:
             if keep_logits:
@@ -259,19 +288,27 @@ class Reasoner:
             generated.append(token)
             seen[token] = True
             finish = "stop" if token in self.end_ids else "length" if len(generated) == max_new_tokens else None
-            if callback is not None or stop:
-                text = self.decode(generated)
-                cut = min((text.find(s) for s in stop if s in text), default=-1)
+            if shown is not None:
+                before = len(shown.text)
+                text = shown.add(token)
+                if finish:  # with a trailing partial character, as decoding every id at once gives it
+                    text = shown.final()
+                window = max(0, before - longest_stop)  # a stop string ends in the new text, or it was found before
+                cut = min((text.find(s, window) for s in stop if s in text[window:]), default=-1)
                 if cut >= 0:
                     text, finish = text[:cut], "stop"
-                if callback is not None:  # mid-answer, a character still missing bytes or a stop string still
-                    shown = text if finish else _without_partial(text.rstrip("\ufffd"), stop)  # forming: held back
-                    callback(len(generated), max_new_tokens, shown)
+                if callback is not None:  # mid-answer, a stop string still forming is held back
+                    callback(len(generated), max_new_tokens, text if finish else _without_partial(text, stop))
             if finish:
                 break
             position = torch.full((3, 1), cache.length + prompt.delta, dtype=torch.long)
             x = self.language.embed(torch.tensor([token]), self.device)
-            logits = self.language.forward(x, position, cache)
+            if step is None:
+                logits = self.language.forward(x, position, cache)
+            else:
+                row = torch.tensor([cache.length], device=self.device)
+                logits = step(x, position.to(self.device), row, cache.keys, cache.values).clone()
+                cache.length += 1
         decode = time.perf_counter() - decode_started
 
         text = text if stop else self.decode(generated)
@@ -279,6 +316,14 @@ class Reasoner:
         if thinking:
             reasoning, text = split_thinking(text)
         return Answer(text, reasoning, generated, prompt.ids, finish, prefill, decode, kept if keep_logits else None)
+
+    def _compiled_step(self):
+        """`LanguageModel.decode_step` compiled once per Reasoner (CUDA graphs on a GPU), recompiled only for a new
+        cache length bucket."""
+        if self.compiled_step is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self.compiled_step = torch.compile(self.language.decode_step, fullgraph=True, dynamic=False, mode=mode)
+        return self.compiled_step
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.tokenizer.decode([i for i in ids if i not in self.end_ids], skip_special_tokens=True)

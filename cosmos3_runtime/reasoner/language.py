@@ -2,7 +2,9 @@
 
 The generator never needs the last layer's query, output projection and MLP, the final norm or the
 output head, so it does not load them; `ReasonerHead` holds exactly those. Decoding keeps a K/V cache
-per layer: the prompt is run once (prefill), then one token per step.
+per layer: the prompt is run once (prefill), then one token per step: `forward` over the cache's filled rows,
+or `decode_step`, whose shapes never change (the whole preallocated cache, the rows not yet written masked)
+so that torch.compile captures it once and CUDA graphs can replay it.
 
 Norms run in the Llama/Qwen form (w * normed.to(dtype)) for both families, as the reference Reasoner
 does; the generator's Edge text tower uses the Nemotron form on the same gains for its K/V.
@@ -61,8 +63,9 @@ class KVCache:
 
     def __init__(self, config: TransformerConfig, length: int, dtype: torch.dtype, device: torch.device):
         shape = (config.num_hidden_layers, length, config.num_key_value_heads, config.head_dim)
-        self.keys = torch.empty(shape, dtype=dtype, device=device)
-        self.values = torch.empty(shape, dtype=dtype, device=device)
+        # zeros, not empty: the fixed-shape step multiplies the masked rows' values by 0, and 0 x NaN is NaN
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0  # tokens stored
 
 
@@ -83,13 +86,28 @@ class LanguageModel:
 
         `deepstack`: (mask [L] of visual positions, features per early layer), added after those layers.
         """
+        start, end = cache.length, cache.length + x.shape[0]
+        logits = self._layers(x, positions, cache.keys, cache.values, slice(start, end), deepstack)
+        cache.length = end
+        return logits
+
+    def decode_step(self, x: torch.Tensor, positions: torch.Tensor, row: torch.Tensor, keys: torch.Tensor,
+                    values: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """One token x [1, H] at positions [3, 1], its K/V written at cache row `row` ([1] on the device) of the
+        caches' `keys` / `values`; it attends to rows up to its own. -> fp32 logits [V]."""
+        return self._layers(x, positions, keys, values, row, None)
+
+    def _layers(self, x, positions, keys, values, rows, deepstack) -> torch.Tensor:
+        """Run the tower and head; `rows` is a slice of cache rows (attending to the rows before its end) or a
+        one-row tensor (attending to the whole cache, later rows masked)."""
         c = self.config
         A, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         if self.inv_freq is None or self.inv_freq.device != x.device:
             self.inv_freq = inverse_frequencies(D, c.rope_theta, device=x.device)
         cos, sin = mrope_cos_sin(positions.to(x.device), self.inv_freq, c.rope_axes_dim, x.dtype)
-        start, n = cache.length, x.shape[0]
-        end = start + n
+        n = x.shape[0]
+        static = isinstance(rows, torch.Tensor)
+        mask = torch.arange(keys.shape[1], device=x.device) <= rows if static else None
         for i, layer in enumerate(self.tower.layers):
             attn = layer.self_attn
             own = self.head if not layer.text_output else None  # the last layer's query side lives in the head
@@ -97,14 +115,17 @@ class LanguageModel:
             q = (own or attn).to_q(h).view(n, A, D)
             k, v = attn.to_k(h).view(n, K, D), attn.to_v(h).view(n, K, D)
             q, k = rms_norm((own or attn).norm_q, q), rms_norm(attn.norm_k, k)
-            cache.keys[i, start:end] = apply_rope(k, cos, sin)
-            cache.values[i, start:end] = v
-            out = attention(apply_rope(q, cos, sin), cache.keys[i, :end], cache.values[i, :end], causal=n > 1)
+            if static:
+                keys[i].index_copy_(0, rows, apply_rope(k, cos, sin))
+                values[i].index_copy_(0, rows, v)
+                out = attention(apply_rope(q, cos, sin), keys[i], values[i], mask=mask)
+            else:
+                keys[i, rows], values[i, rows] = apply_rope(k, cos, sin), v
+                out = attention(apply_rope(q, cos, sin), keys[i, : rows.stop], values[i, : rows.stop], causal=n > 1)
             x = x + (own or attn).to_out(out)
             x = x + (own or layer).mlp(rms_norm((own or layer).post_attention_layernorm, x))
             if deepstack is not None and i < len(deepstack[1]):
                 mask, features = deepstack
                 x = x.clone()
                 x[mask] += features[i].to(x.device, x.dtype)
-        cache.length = end
         return self.head.lm_head(rms_norm(self.head.norm, x[-1:]))[0].float()

@@ -4,9 +4,9 @@
   and visits the compute device only while a prompt is encoded. Its per-layer K/V stay on the compute
   device, so sampling never needs it: results are bit-identical.
 - Block swap: the media pathway of `count` layers lives in (pinned) CPU memory. Each one is copied to
-  the compute device just before its layer runs, the next one already on its way on a side stream
-  (CUDA) while the current layer computes, and dropped right after: at most two swapped layers are on
-  the compute device at any time. Same weights, same kernels: bit-identical results.
+  the compute device just before its layer runs, into one of two device buffers used in turn, the next
+  one already on its way on a side stream (CUDA) while the current layer computes: two swapped layers
+  are on the compute device at any time. Same weights, same kernels: bit-identical results.
 
 Both work through the transformer's layer hook (`Cosmos3Transformer.streamer`), so they also serve
 as the seam where a host (ComfyUI) plugs in its own weight streaming.
@@ -66,71 +66,99 @@ class TextOffload:
 
 
 class BlockSwap:
-    """Streams the media-pathway weights of the first `count` layers from CPU memory, one layer ahead."""
+    """Streams the media-pathway weights of the first `count` layers from CPU memory, one layer ahead.
 
-    def __init__(self, model: nn.Module, count: int):
+    On a GPU the swapped layers share two device buffers, filled in turn on a side stream: layer k's weights
+    go into buffer k % 2 once the layer that used that buffer before has finished (an event recorded after
+    it ran), so the device holds exactly two swapped layers' weights however far the CPU runs ahead (freeing
+    per-layer copies instead left them to the allocator's stream bookkeeping, and reserved memory grew toward
+    the swapped layers' total). The CPU copies are pinned once, here, so every copy over is asynchronous."""
+
+    def __init__(self, model: nn.Module, count: int, pin: bool | None = None):
         self.model = weakref.ref(model)  # the model holds this streamer: no reference cycle
         self.swapped = list(range(min(count, len(model.layers))))
+        pin = torch.cuda.is_available() if pin is None else pin
         self.home: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}
         for i in self.swapped:
             pairs = []
             for p in _parameters(model, "media tower", i):
-                p.data = p.data.to("cpu")
+                p.data = p.data.to("cpu").pin_memory() if pin else p.data.to("cpu")
                 pairs.append((p, p.data))
             self.home[i] = pairs
+        self.slot = {layer: n % 2 for n, layer in enumerate(self.swapped)}
+        self.filled: list[int | None] = [None, None]  # the layer each buffer holds for its coming or current run
+        self.buffers: list[list[torch.Tensor] | None] = [None, None]  # per buffer: one tensor per parameter
+        self.copied: list = [None, None]  # CUDA events: the copy into each buffer finished
+        self.released: list = [None, None]  # CUDA events: the last layer to read each buffer finished
         self.stream: torch.cuda.Stream | None = None  # made on first use on a GPU
-        self.ready: dict[int, torch.cuda.Event | None] = {}  # layers copied (or being copied) to the device
         self.most_resident = 0  # the largest number of swapped layers on the device at once (for tests)
+
+    STREAMED = ("cuda",)  # device types with streams and events (tests add a virtual one)
 
     @property
     def device(self) -> torch.device:
         """Where the rest of the model runs (it follows the model when it moves)."""
         return self.model().device
 
+    def _buffers(self, s: int, i: int, device: torch.device) -> list[torch.Tensor]:
+        """Buffer s, made (or remade, should a layer's parameters differ in shape or type) for layer i."""
+        homes = [cpu for _, cpu in self.home[i]]
+        held = self.buffers[s]
+        if held is None or [(b.shape, b.dtype, b.device) for b in held] != [(h.shape, h.dtype, device) for h in homes]:
+            held = self.buffers[s] = [torch.empty_like(h, device=device) for h in homes]
+        return held
+
     def _fetch(self, i: int) -> None:
-        if i in self.ready:
+        s = self.slot[i]
+        if self.filled[s] == i:
             return
         device = self.device
-        if device.type != "cuda":
+        if device.type not in self.STREAMED:
             for p, cpu in self.home[i]:
                 p.data = cpu.to(device)
-            self.ready[i] = None
-        else:  # pinned CPU copies, copied on a side stream while the current layer computes
+        else:
             if self.stream is None or self.stream.device != device:
                 self.stream = torch.cuda.Stream(device)
-            self.home[i] = [(p, cpu if cpu.is_pinned() else cpu.pin_memory()) for p, cpu in self.home[i]]
+            buffers = self._buffers(s, i, device)
             with torch.cuda.stream(self.stream):
-                for p, cpu in self.home[i]:
-                    p.data = cpu.to(device, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self.stream)
-            self.ready[i] = event
-        self.most_resident = max(self.most_resident, len(self.ready))
+                if self.released[s] is not None:
+                    self.stream.wait_event(self.released[s])  # the buffer's last reader has run
+                for buffer, (_, cpu) in zip(buffers, self.home[i]):
+                    buffer.copy_(cpu, non_blocking=True)
+                self.copied[s] = torch.cuda.Event()
+                self.copied[s].record(self.stream)
+        self.filled[s] = i
+        self.most_resident = max(self.most_resident, len(self.resident()))
 
     def before(self, i: int) -> None:
         """Layer i is about to run: its weights on the device, the next swapped layer's on their way."""
         if i not in self.home:
             return
         self._fetch(i)
-        event = self.ready[i]
-        if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
-            for p, _ in self.home[i]:
-                p.data.record_stream(torch.cuda.current_stream(self.device))  # not reused before the layer ran
+        s = self.slot[i]
+        if self.buffers[s] is not None and self.device.type in self.STREAMED:
+            torch.cuda.current_stream(self.device).wait_event(self.copied[s])
+            for (p, _), buffer in zip(self.home[i], self.buffers[s]):
+                p.data = buffer
         later = [j for j in self.swapped if j > i]
         if later:
             self._fetch(later[0])
 
     def after(self, i: int) -> None:
-        """Layer i has run: back to its CPU copy (the device memory is freed)."""
+        """Layer i has run: its parameters point at their CPU copies again, and its buffer is free once the
+        kernels queued so far have run."""
         if i not in self.home:
             return
+        s = self.slot[i]
+        if self.device.type in self.STREAMED:
+            self.released[s] = torch.cuda.Event()
+            self.released[s].record(torch.cuda.current_stream(self.device))
         for p, cpu in self.home[i]:
             p.data = cpu
-        self.ready.pop(i, None)
+        self.filled[s] = None
 
     def held(self) -> list[nn.Parameter]:
         return [p for pairs in self.home.values() for p, _ in pairs]
 
     def resident(self) -> list[int]:
-        return sorted(self.ready)
+        return sorted(i for i in self.filled if i is not None)

@@ -188,11 +188,15 @@ def return_freed_memory_soon(delay_s: float = 1.0) -> None:
 
 
 def empty_cache() -> None:
+    """Device memory back to the driver, and the pinned CPU memory a released model's block swap or text offload
+    held back to the system (PyTorch keeps freed pinned blocks cached; ComfyUI's own emptying leaves them)."""
     mm = _comfy("comfy.model_management")
     if mm is not None:
         mm.soft_empty_cache()
     elif torch.cuda.is_available():
         torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.accelerator.empty_host_cache()
 
 
 class ManagedPart(torch.nn.Module):

@@ -140,3 +140,86 @@ def test_the_scaled_fp8_matmul_path(tiny_factory):
          for p in (upcast, fast)]  # fmt: skip
     relative = (v[1] - v[0]).abs() / v[0].abs().max()
     assert 0 < relative.mean() < 0.02 and relative.max() < 0.1, (relative.mean(), relative.max())
+
+
+class RecordedCuda:
+    """torch.cuda's streams and events as a log, so that the block swap's GPU path runs with the CPU as its device."""
+
+    def __init__(self):
+        self.log, self.current = [], "compute"
+        recorded = self
+
+        class Stream:
+            def __init__(self, device):
+                self.device, self.name = device, "side"
+
+            def wait_event(self, event):
+                recorded.log.append((self.name, "wait", event.name))
+
+        class Event:
+            count = 0
+
+            def __init__(self):
+                Event.count += 1
+                self.name = f"e{Event.count}"
+
+            def record(self, stream):
+                recorded.log.append((stream.name, "record", self.name))
+
+        self.Stream, self.Event = Stream, Event
+        self.compute = Stream(None)
+        self.compute.name = "compute"
+
+    def current_stream(self, device=None):
+        return self.compute if self.current == "compute" else self.side
+
+    def stream(self, stream):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def using():
+            self.side, self.current = stream, stream.name
+            yield
+            self.current = "compute"
+
+        return using()
+
+
+def test_block_swap_fills_two_device_buffers_in_turn_after_their_last_reader(tiny_factory, monkeypatch):
+    """The GPU path with streams and events recorded: two buffers for any number of swapped layers; a copy into a
+    buffer waits for the event recorded after the layer that read it last; a layer waits for its copy."""
+    from cosmos3_runtime import offload
+
+    root = tiny_factory(kind="edge", overrides={"num_hidden_layers": 4})
+    pipe = cosmos3_runtime.load(root, dtype="fp32", device="cpu", blocks_to_swap=4)
+    swap = pipe.block_swap
+    cuda = RecordedCuda()
+    monkeypatch.setattr(offload.torch, "cuda", cuda)
+    monkeypatch.setattr(offload.BlockSwap, "STREAMED", ("cpu",))
+    homes = {home.untyped_storage()._cdata for _, home in [pair for pairs in swap.home.values() for pair in pairs]}
+    copies = []
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, non_blocking=False: copies.append(
+        (cuda.current, src.untyped_storage()._cdata in homes, non_blocking)) or self)  # fmt: skip
+    storages, waits = {}, []
+    for forward in range(2):
+        for i in range(4):
+            swap.before(i)
+            storages.setdefault(i, {p.data.untyped_storage()._cdata for p, _ in swap.home[i]})
+            waits.append(list(cuda.log))
+            assert not storages[i] & homes  # the layer runs on a device buffer
+            swap.after(i)
+            assert all(p.data_ptr() == home.data_ptr() for p, home in swap.home[i])
+    assert storages[0] == storages[2] and storages[1] == storages[3] and not storages[0] & storages[1]
+    assert len(copies) == 8 * len(swap.home[0]) and all(c == ("side", True, True) for c in copies)  # home -> buffer,
+    # asynchronous, on the side stream
+    log = cuda.log
+    copied = [e for s, what, e in log if s == "side" and what == "record"]
+    released = [e for s, what, e in log if s == "compute" and what == "record"]
+    assert len(copied) == 8 and len(released) == 8  # a copy and a release per layer per forward
+    for k in range(2, 8):  # the copy of the k-th swapped run waits for the release after run k - 2
+        at = log.index(("side", "record", copied[k]))
+        assert ("side", "wait", released[k - 2]) in log[:at]
+        assert log.index(("side", "wait", released[k - 2])) > log.index(("compute", "record", released[k - 2]))
+    for k in range(8):  # each layer waits for its own copy before running
+        assert ("compute", "wait", copied[k]) in waits[k]
+    assert swap.most_resident == 2 and pipe.block_swap.buffers[0] is not None

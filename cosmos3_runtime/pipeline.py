@@ -26,7 +26,8 @@ from .sound import SoundTrack, load_sound_tokenizer
 from .step_cache import StepCache
 from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
-from .transformer import Cosmos3Transformer, TextKV, checkpoint_key_mapper, linear_layers
+from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
+                          linear_layers)
 from . import reasoner as reasoning
 from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, stage
 from .weights import load_weights, read_headers
@@ -405,6 +406,7 @@ class Cosmos3Pipeline(Planner):
                              "parts='all' to generate")  # fmt: skip
         r = Request.build(request, **options)
         s, cond_ids, uncond_ids = self.check(prompt, r)
+        self.transformer.media_block = compiled_media_block() if r.compile else DecoderLayer.media
         if parallel is not None and (r.sound or r.action is not None):
             raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
         cache = None if s.cache is None else StepCache(s.cache)

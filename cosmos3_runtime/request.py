@@ -163,6 +163,8 @@ class Request:
                                     "runs in full again; higher skips more (0: never skips)", type=float)  # fmt: skip
     cache_residual_order: int = option(1, "SeaCache: how a skipped pass extrapolates the stored residuals: 0 reuses "
                                        "the last, 1 linear, 2 quadratic", type=int)  # fmt: skip
+    compile: bool = option(False, "compile the transformer's media block with torch.compile (one compile serves "
+                           "every layer): the first run pays the compile, and once more at a new size")  # fmt: skip
 
     def __post_init__(self):
         set_ = object.__setattr__  # frozen: normalise in place once

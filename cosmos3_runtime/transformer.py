@@ -442,6 +442,7 @@ class Cosmos3Transformer(nn.Module):
         last = config.num_hidden_layers - 1
         self.layers = nn.ModuleList(DecoderLayer(config, i < last, media) for i in range(config.num_hidden_layers))
         self.streamer = None  # optional: .before(i) / .after(i) around media layer i (block swap, host streaming)
+        self.media_block = DecoderLayer.media  # how a media layer runs: `compiled_media_block()` swaps in its compiled form
         if not media:
             return
         self.norm_moe_gen = make_norm(config, H)
@@ -597,7 +598,7 @@ class Cosmos3Transformer(nn.Module):
             for i, (layer, k, v) in enumerate(zip(self.layers, text.keys, text.values)):
                 if self.streamer is not None:
                     self.streamer.before(i)
-                hidden = layer.media(hidden, cos, sin, k, v, shards)
+                hidden = self.media_block(layer, hidden, cos, sin, k, v, shards)
                 if self.streamer is not None:
                     self.streamer.after(i)
             return hidden
@@ -633,6 +634,14 @@ class Cosmos3Transformer(nn.Module):
 
 
 MEDIA_PATHWAY = ("_moe_gen", "self_attn.add_", "self_attn.to_add_out", "self_attn.norm_added_")
+
+
+@functools.cache
+def compiled_media_block(backend: str = "inductor"):
+    """`DecoderLayer.media` compiled by torch.compile, made once per process. Every layer shares it: the layers'
+    parameters are the graph's inputs, not constants, so one compile serves the whole stack (recompiled once when
+    the token counts change, then with dynamic shapes)."""
+    return torch.compile(DecoderLayer.media, backend=backend)
 
 
 def tower_of(name: str) -> str:

@@ -216,7 +216,7 @@ class Cosmos3Sampler:
                 "media": ("COSMOS3_MEDIA", {"tooltip": "an image (image-to-video) or clip (video-to-video)"}),
                 "action": ("COSMOS3_ACTION", {"tooltip": "an action run (Cosmos3 Action): sets size, frames and "
                            "conditioning"}),  # fmt: skip
-                **cache_widgets(),
+                **speed_widgets(),
             },
         }
 
@@ -228,9 +228,9 @@ class Cosmos3Sampler:
                         widgets, SAMPLER_WORDS)  # fmt: skip
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
-               schedule=None, media=None, action=None, cache="seacache"):  # fmt: skip
+               schedule=None, media=None, action=None, cache="seacache", compile=False):  # fmt: skip
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
-                       guidance_interval=guidance_interval, seed=seed, sound=sound, cache=cache)  # fmt: skip
+                       guidance_interval=guidance_interval, seed=seed, sound=sound, cache=cache, compile=compile)  # fmt: skip
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
         progress = None
@@ -269,14 +269,17 @@ class Cosmos3Sampler:
 # Sampler widget -> Request field; 0 means "automatic" (None) for the numeric ones.
 SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
                   "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
-                  "sound": "sound", "cache": "cache"}  # fmt: skip
+                  "sound": "sound", "cache": "cache", "compile": "compile"}  # fmt: skip
 
 
-def cache_widgets() -> dict:
-    """The step cache's switch, optional (API prompts and workflows made before it run with SeaCache on). Its threshold
-    and residual order keep NVIDIA's defaults here (the API, CLI and HTTP routes take them)."""
+def speed_widgets() -> dict:
+    """The step cache's switch and compile, optional (API prompts and workflows made before them run with SeaCache
+    on, uncompiled). The cache's threshold and residual order keep NVIDIA's defaults here (the API, CLI and HTTP
+    routes take them)."""
     return {"cache": (list(CACHES), {"default": "seacache", "tooltip": help_of("cache") + " (threshold 0.35, "
-                      "residual order 1, as NVIDIA's framework runs it)"})}  # fmt: skip
+                      "residual order 1, as NVIDIA's framework runs it)"}),
+            "compile": ("BOOLEAN", {"default": False, "tooltip": help_of("compile") + " (ComfyUI's TorchCompileModel "
+                        "does this for the core MODEL path)"})}  # fmt: skip
 
 
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")

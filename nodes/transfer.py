@@ -19,7 +19,7 @@ from ..cosmos3_runtime.media import save_video
 from ..cosmos3_runtime.request import help_of
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
-from .sampling import auto_help, cache_widgets, seed_widget, size_widgets, words_of
+from .sampling import auto_help, seed_widget, size_widgets, speed_widgets, words_of
 
 CONTROLS = "COSMOS3_CONTROLS"
 GIVEN = "off: the images are the control"  # the derive widget's "don't derive" choice
@@ -135,7 +135,7 @@ class Cosmos3TransferSampler:
                 "schedule": ("COSMOS3_SCHEDULE", {"tooltip": "steps and flow shift (default: the authors' 50 steps, "
                              "shift 10)"}),  # fmt: skip
                 "control_guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("control_guidance_interval")}),
-                **cache_widgets(),
+                **speed_widgets(),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
@@ -147,7 +147,7 @@ class Cosmos3TransferSampler:
 
     def sample(self, model, text, controls, width, height, frames, fps, guidance, control_guidance, chunk_frames,
                chunk_overlap_frames, seed, schedule=None, control_guidance_interval="auto", cache="seacache",
-               node_id=None):  # fmt: skip
+               compile=False, node_id=None):  # fmt: skip
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
                        control_guidance=control_guidance, chunk_frames=chunk_frames)  # fmt: skip
         options = {field: widgets[name] or None for name, field in TRANSFER_FIELDS.items()}
@@ -165,7 +165,7 @@ class Cosmos3TransferSampler:
 
         with services.widget_words(TRANSFER_WORDS):
             request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
-                                    chunk_overlap_frames=chunk_overlap_frames, seed=seed, cache=cache,
+                                    chunk_overlap_frames=chunk_overlap_frames, seed=seed, cache=cache, compile=compile,
                                     control_guidance_interval=control_guidance_interval)  # fmt: skip
             with model.use(memory_required=model.memory_needed(text["prompt"], request)) as pipe:
                 result = pipe.generate(text["prompt"], request, callback=on_step, progress=on_stage)

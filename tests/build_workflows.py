@@ -48,6 +48,7 @@ SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuide
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
                 "Cosmos3ActionPlot", "VAEDecode", "PreviewAny")  # fmt: skip
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
+ROW_GAP = 16  # between the two rows of groups (the transfer workflows' tall samplers need the height)
 MEDIA_NODES_ON_TOP = 4  # more input-media nodes than this: the prompt moves to the bottom row
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
@@ -135,7 +136,7 @@ def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list
                                                         row_bottom - y + GROUP_TITLE + 16],
                            "color": GROUP_COLORS[stage], "font_size": 22, "flags": {}})  # fmt: skip
             x += 2 * 16
-        y = row_bottom + GAP + GROUP_TITLE + 16
+        y = row_bottom + ROW_GAP + GROUP_TITLE + 16
     return placed, groups
 
 

@@ -251,3 +251,25 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.strip().splitlines()[-1]) < 256  # MiB
+
+
+def test_compile_runs_one_compiled_media_block_for_every_layer(pipe, monkeypatch):
+    """compile=True: every media layer goes through one torch.compile'd block (the eager backend here, so the result
+    is bit-equal; benchmarks/bench_cache.py times inductor), captured once for the stack, not once per layer; the
+    next request without it runs uncompiled."""
+    from torch._dynamo.utils import counters
+
+    from cosmos3_runtime import pipeline
+    from cosmos3_runtime.transformer import DecoderLayer, compiled_media_block
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(pipeline, "compiled_media_block", lambda: compiled_media_block("eager"))
+    request = dict(width=64, height=48, num_frames=5, steps=2, seed=1, output="latents", guidance_scale=1.0)
+    plain = pipe.generate("a cat", **request).latents
+    compiled = pipe.generate("a cat", **request, compile=True).latents
+    assert torch.equal(compiled, plain)
+    assert counters["stats"]["unique_graphs"] == 1  # one capture served every layer and step
+    assert pipe.transformer.media_block is not DecoderLayer.media
+    pipe.generate("a cat", **request)
+    assert pipe.transformer.media_block is DecoderLayer.media

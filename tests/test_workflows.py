@@ -208,7 +208,8 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3TextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template", "duration_template",
                               "json_captions"],
         "Cosmos3Scheduler": ["schedule", "steps", "flow_shift"],
-        "Cosmos3Sampler": ["width", "height", "frames", "fps", "guidance", "guidance_interval", "seed", "sound", "cache"],
+        "Cosmos3Sampler": ["width", "height", "frames", "fps", "guidance", "guidance_interval", "seed", "sound", "cache",
+                           "compile"],
         "Cosmos3VAEDecode": ["tiled", "tile_size", "tile_overlap"],
         "Cosmos3VAEEncode": [],
         "Cosmos3ImageToVideo": [],
@@ -235,7 +236,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3SegmentationControl": [],
         "Cosmos3WorldScenarioMapControl": [],
         "Cosmos3TransferSampler": ["width", "height", "frames", "fps", "guidance", "control_guidance", "chunk_frames",
-                                   "chunk_overlap_frames", "seed", "control_guidance_interval", "cache"],
+                                   "chunk_overlap_frames", "seed", "control_guidance_interval", "cache", "compile"],
         "Cosmos3APIChat": ["key", "choice"],
         "Cosmos3Reason": ["question", "system_prompt", "max_new_tokens", "thinking", "seed", "video_fps", "sample_fps"],
         "Cosmos3ReasonSampling": ["temperature", "top_p", "top_k", "presence_penalty"],
@@ -247,7 +248,8 @@ def test_widget_order_of_our_nodes(pack):
 def test_sampler_widgets_values_carry_the_seed_control(registry):
     workflow = load_json(ROOT / "workflows" / "cosmos3_edge_t2v.json")
     sampler = next(n for n in workflow["nodes"] if n["type"] == "Cosmos3Sampler")
-    assert sampler["widgets_values"][-4:] == [42, "fixed", False, "seacache"]  # seed, its control, sound, cache
+    assert sampler["widgets_values"][-5:] == [42, "fixed", False, "seacache", False]  # seed, its control, sound, cache,
+    # compile
 
 
 def test_a_shifted_widget_is_caught(registry):

@@ -142,6 +142,25 @@ def test_the_scaled_fp8_matmul_path(tiny_factory):
     assert 0 < relative.mean() < 0.02 and relative.max() < 0.1, (relative.mean(), relative.max())
 
 
+def test_linears_reading_one_input_quantize_it_once(tiny_factory, monkeypatch):
+    """fp8_scaled: q, k and v (and an MLP's gate and up) read one tensor, quantized once; the result is bit-equal
+    to quantizing it for each linear."""
+    from cosmos3_runtime import quantize
+
+    root = tiny_factory(kind="gated", size="small")
+    pipe = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8_scaled")
+    calls = []
+    real = quantize.quantize_rows
+    monkeypatch.setattr(quantize, "quantize_rows", lambda rows: calls.append(rows.shape) or real(rows))
+    latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
+    text = pipe.transformer.encode_text(torch.arange(40) % 500)
+    shared = pipe.transformer(latents, torch.tensor(900), text).vision
+    scaled_layers = pipe.transformer.config.num_hidden_layers - 2
+    assert len(calls) == 4 * scaled_layers  # q/k/v, out, gate/up, down: not 7 a layer
+    monkeypatch.setattr(quantize.SharedQuantized, "__call__", lambda self, x: real(x.reshape(-1, x.shape[-1])))
+    assert torch.equal(pipe.transformer(latents, torch.tensor(900), text).vision, shared)
+
+
 class RecordedCuda:
     """torch.cuda's streams and events as a log, so that the block swap's GPU path runs with the CPU as its device."""
 

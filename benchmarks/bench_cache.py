@@ -1,13 +1,17 @@
-"""SeaCache against the cache off, at 35 steps, in one run: forwards skipped, wall time, and how far the result moves.
+"""SeaCache against the cache off, at 35 steps, in one run: forwards skipped, wall time, and how far the result moves;
+then compile (Request.compile: the media block through torch.compile's inductor) against eager.
 
-    python benchmarks/bench_cache.py                 # CPU, about 5 minutes: T2V, I2V, transfer, sound
+    python benchmarks/bench_cache.py                 # CPU, about 7 minutes: T2V, I2V, transfer, sound; compile
+    python benchmarks/bench_cache.py --only compile  # the compile table alone
 
 Each case generates twice from the same seed, SeaCache on (NVIDIA's defaults: threshold 0.35, residual order 1)
 and off, on the "small" random checkpoints (6 layers, width 512) at 256x256, 17 frames, fp32, latents only (a
 transfer decodes its chunks). Figures: the layer-stack runs the cache skipped (of every guidance pass of every
 step), the wall-time ratio on/off, and the relative mean difference of the result (latents; a transfer's frames)
 from the uncached run. Random weights make the velocity field smoother than a trained model's, so the share
-skipped here says little about real checkpoints; the ratio of time saved to forwards skipped does. Not a test.
+skipped here says little about real checkpoints; the ratio of time saved to forwards skipped does. The compile
+table times T2V with the cache off: eager, the first compiled run (the compile included) and the next one, at the
+same size. Not a test.
 """
 
 import argparse
@@ -44,29 +48,56 @@ def cases(folder: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=35)
+    parser.add_argument("--only", choices=("cache", "compile"), help="one of the two tables")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only != "compile":
+            cache_table(Path(tmp), args.steps)
+        if args.only != "cache":
+            compile_table(Path(tmp), args.steps)
+
+
+def compile_table(folder: Path, steps: int) -> None:
+    root = make_tiny_checkpoint(folder / "compile", kind="gated", size="small")
+    pipe = cosmos3_runtime.load(root, device="cpu", dtype="fp32")
+    options = dict(SIZE, steps=steps, seed=3, negative_prompt="blurry", cache="off", output="latents")
+    print(f"\ncompile vs eager: T2V, the same checkpoint and size, {steps} steps, cache off")
+    print("| run | time | vs eager | result vs eager (relative mean difference) |")
+    print("|---|---|---|---|")
+    pipe.generate("a red ball rolls past a blue box", **{**options, "steps": 2})  # warm-up, prompts cached
+    runs = {}
+    for name, compiled in (("eager", False), ("compiled, first run (compiles)", True), ("compiled, next run", True)):
+        start = time.perf_counter()
+        result = pipe.generate("a red ball rolls past a blue box", compile=compiled, **options)
+        runs[name] = (time.perf_counter() - start, result.latents)
+    t_eager, eager = runs["eager"]
+    for name, (seconds, latents) in runs.items():
+        moved = ((latents - eager).abs().mean() / eager.abs().mean()).item()
+        print(f"| {name} | {seconds:.1f} s | {seconds / t_eager:.2f}x | {moved:.2e} |", flush=True)
+
+
+def cache_table(folder: Path, steps: int) -> None:
     print(f"SeaCache vs off: 'small' random checkpoints, {SIZE['width']}x{SIZE['height']}x{SIZE['num_frames']}, "
-          f"{args.steps} steps, fp32 on {torch.get_num_threads()} CPU threads")  # fmt: skip
+          f"{steps} steps, fp32 on {torch.get_num_threads()} CPU threads")  # fmt: skip
     print("| case | forwards skipped | time on / off | result vs off (relative mean difference) |")
     print("|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, (root, extra) in cases(Path(tmp)).items():
-            pipe = cosmos3_runtime.load(root, device="cpu", dtype="fp32")
-            options = dict(SIZE, steps=args.steps, seed=3, negative_prompt="blurry", **extra)
-            pipe.generate("a red ball rolls past a blue box", **{**options, "steps": 2})  # warm-up, prompts cached
-            runs = {}
-            for cache in ("off", "seacache"):
-                start = time.perf_counter()
-                result = pipe.generate("a red ball rolls past a blue box", cache=cache, **options)
-                runs[cache] = (time.perf_counter() - start, result)
-            (t_off, off), (t_on, on) = runs["off"], runs["seacache"]
-            ran, skipped = (int(w) for w in on.cache.split(": ")[1].replace(" forwards run,", "").split()[:2])
-            a, b = (on.latents, off.latents) if off.latents is not None else (on.frames, off.frames)
-            moved = ((a - b).abs().mean() / b.abs().mean()).item()
-            print(f"| {name} | {skipped} of {ran + skipped} | {t_on / t_off:.2f}x ({t_on:.1f} / {t_off:.1f} s) "
-                  f"| {moved:.4f} |", flush=True)  # fmt: skip
+    for name, (root, extra) in cases(folder).items():
+        pipe = cosmos3_runtime.load(root, device="cpu", dtype="fp32")
+        options = dict(SIZE, steps=steps, seed=3, negative_prompt="blurry", **extra)
+        pipe.generate("a red ball rolls past a blue box", **{**options, "steps": 2})  # warm-up, prompts cached
+        runs = {}
+        for cache in ("off", "seacache"):
+            start = time.perf_counter()
+            result = pipe.generate("a red ball rolls past a blue box", cache=cache, **options)
+            runs[cache] = (time.perf_counter() - start, result)
+        (t_off, off), (t_on, on) = runs["off"], runs["seacache"]
+        ran, skipped = (int(w) for w in on.cache.split(": ")[1].replace(" forwards run,", "").split()[:2])
+        a, b = (on.latents, off.latents) if off.latents is not None else (on.frames, off.frames)
+        moved = ((a - b).abs().mean() / b.abs().mean()).item()
+        print(f"| {name} | {skipped} of {ran + skipped} | {t_on / t_off:.2f}x ({t_on:.1f} / {t_off:.1f} s) "
+              f"| {moved:.4f} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_quant.py                 # all of it: about 4 minutes and 6 GB of disk on a CPU
     python benchmarks/bench_quant.py --skip-released # only the small-config part (seconds)
+    python benchmarks/bench_quant.py --dequant-only  # only part 3 (about a minute)
 
 1. Released shapes (random bf16 weights, the converter's own files): the transformer's weight bytes per
    type against bf16, for Nano and Edge. A checkpoint of two layers at the released widths is written and
@@ -12,6 +13,10 @@
    "small", 6 layers): one-forward relative error against bf16 (mean and max over
    the output), the latent difference after 4 steps, and CPU seconds per step against bf16 (fp32 compute
    for both; the bf16 weights are the reference).
+3. Dequantization per forward, before and after it ran in slices straight into the compute dtype: one Nano
+   layer's media linears (q, k, v, out, gate, up, down at the released widths) expanded to bf16, as the whole
+   weight in float32 then cast (before) and a slice at a time into bf16 (after): CPU seconds, and the peak bytes
+   of the temporaries beyond the bf16 result (counted op by op on the meta device).
 Not a test: numbers depend on the machine.
 """
 
@@ -150,11 +155,46 @@ def small(tmp: Path) -> None:
         print(f"{label:8} {mean:13.4f} {peak:12.4f} {end:15.4f} {seconds:8.3f} {seconds / ref_time:7.2f}")
 
 
+def dequant_per_forward() -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gguf_files import random_blocks
+    from virtual_device import VirtualDevice
+
+    from cosmos3_runtime.gguf_dequant import dequantize
+
+    c = RELEASED["nano"]
+    H, I, A, K, D = (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"],
+                     c["head_dim"])  # fmt: skip
+    shapes = [(A * D, H), (K * D, H), (K * D, H), (H, A * D), (I, H), (I, H), (H, I)]
+    ways = {"before: float32, then cast": lambda raw, q, shape: dequantize(raw, q, shape, chunk_values=raw.numel() * 256).bfloat16(),
+            "after: slices into bf16": lambda raw, q, shape: dequantize(raw, q, shape, torch.bfloat16)}  # fmt: skip
+    print("\nDequantization of one Nano layer's media linears into bf16 (per layer per forward)")
+    print(f"{'type':6} {'way':28} {'CPU seconds':>11} {'temporaries peak':>17}")
+    for qtype in ("Q8_0", "Q4_0", "Q4_K", "Q6_K"):
+        raws = [torch.from_numpy(random_blocks(qtype, rows, cols)) for rows, cols in shapes]
+        for name, way in ways.items():
+            way(raws[0], qtype, shapes[0])  # warm-up
+            start = time.perf_counter()
+            for raw, shape in zip(raws, shapes):
+                way(raw, qtype, shape)
+            seconds = time.perf_counter() - start
+            peak = 0
+            for raw, shape in zip(raws, shapes):
+                with VirtualDevice() as virtual:
+                    way(raw.to("meta"), qtype, shape)
+                peak = max(peak, virtual.peak - shape[0] * shape[1] * 2)  # beyond the bf16 result
+            print(f"{qtype:6} {name:28} {seconds:11.3f} {peak / GIB:14.3f} GiB", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-released", action="store_true", help="only the small-config measurements")
+    parser.add_argument("--dequant-only", action="store_true", help="only the dequantization per forward")
     parser.add_argument("--variants", nargs="+", default=list(RELEASED), choices=list(RELEASED))
     args = parser.parse_args()
+    dequant_per_forward()
+    if args.dequant_only:
+        return
     one_linear()
     with tempfile.TemporaryDirectory() as tmp:
         small(Path(tmp))

@@ -5,9 +5,11 @@ image processor at the released pixel bounds, so a 448x448 image is 196 tokens),
 tests check that). transformers is given exactly the prompt ids and pixel values our processors make (the
 tests check those equal its processors'), so it needs no torchvision here. Each side runs in a fresh
 process: prefill is timed as one forward over the prompt, decode as tokens per second after it; peak
-memory is resident memory counted from just before the answer (Linux /proc). Not a test.
+memory is resident memory counted from just before the answer (Linux /proc). "ours, compiled" decodes with
+reason(compile=True) (the fixed-shape step through inductor), timed after a first answer that compiles it (its
+time is shown). Not a test.
 
-    python benchmarks/bench_reason.py [--family omni|edge] [--size 448] [--tokens 64] [--threads 2]
+    python benchmarks/bench_reason.py [--family omni|edge] [--size 448] [--tokens 64 512 2048] [--threads 2]
     python benchmarks/bench_reason.py --released-sizes   # bytes of load(parts="reasoner") vs the full load
 
 --released-sizes builds the models on the meta device at the released Nano and Edge shapes (what the loaders
@@ -31,11 +33,17 @@ from cosmos3_runtime.reasoner.chat import question_messages
 args = json.loads({args!r})
 image = np.random.default_rng(0).integers(0, 256, (args["size"], args["size"], 3), dtype=np.uint8)
 question = "Describe the scene and say what the robot should do next."
-if {which!r} == "ours":
+compile_s = None
+if {which!r}.startswith("ours"):
+    compiled = {which!r} == "ours, compiled"
     pipe = cosmos3_runtime.load({ckpt!r}, device="cpu", dtype=torch.float32, parts="reasoner")
     pipe.reason("Hi", max_new_tokens=2, temperature=0.0)  # warm-up (text only: the image's memory is counted)
+    if compiled:  # the first compiled answer pays the compile (the same cache-length bucket as the timed one)
+        start = time.perf_counter()
+        pipe.reason(question, images=[image], max_new_tokens=args["tokens"], temperature=0.0, compile=True)
+        compile_s = time.perf_counter() - start
     peak = PeakMemory()
-    answer = pipe.reason(question, images=[image], max_new_tokens=args["tokens"], temperature=0.0)
+    answer = pipe.reason(question, images=[image], max_new_tokens=args["tokens"], temperature=0.0, compile=compiled)
     ids, prefill, decode = answer.token_ids, answer.prefill_seconds, answer.decode_seconds
 else:
     from transformers import AutoModelForImageTextToText
@@ -57,7 +65,7 @@ else:
         total = time.perf_counter() - start
     ids = out[0, len(prompt.ids):].tolist()
     decode = total - prefill
-print(json.dumps({{"ids": ids, "prefill_s": prefill, "decode_s": decode, "peak_mb": peak.mb()}}))
+print(json.dumps({{"ids": ids, "prefill_s": prefill, "decode_s": decode, "peak_mb": peak.mb(), "compile_s": compile_s}}))
 """
 
 
@@ -93,7 +101,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=("omni", "edge"), default="omni")
     parser.add_argument("--size", type=int, default=448, help="image side in pixels [default: 448]")
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens [default: 64]")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[64, 512, 2048], help="new tokens, one run "
+                        "each [default: 64 512 2048]")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--released-sizes", action="store_true", help="only count bytes at the released shapes")
     args = parser.parse_args()
@@ -108,21 +117,22 @@ def main() -> None:
         config = json.loads((ckpt / "preprocessor_config.json").read_text())  # the released pixel bounds, not the tiny's
         config["size"] = {"shortest_edge": 256 * 256, "longest_edge": 4096 * 4096}
         (ckpt / "preprocessor_config.json").write_text(json.dumps(config))
-        results = {}
-        for which in ("ours", "transformers"):
-            code = CHILD.format(threads=args.threads, args=json.dumps(vars(args)), which=which, ckpt=str(ckpt))
-            results[which] = run_child(code, which)
-    ours, ref = results["ours"], results["transformers"]
-    same = ours["ids"] == ref["ids"]
-    print(f"{args.family}, {args.size}x{args.size} image, {len(ours['ids'])} new tokens, {args.threads} threads; "
-          f"same ids: {same}")
-    for name, r in results.items():
-        rate = (len(r["ids"]) - 1) / r["decode_s"]
-        print(f"  {name:12s} prefill {r['prefill_s'] * 1000:7.1f} ms  decode {rate:7.1f} tokens/s  "
-              f"peak {r['peak_mb']:7.1f} MB")
-    ours_rate, ref_rate = ((len(r["ids"]) - 1) / r["decode_s"] for r in (ours, ref))
-    print(f"ratios (ours / transformers): prefill time {ours['prefill_s'] / ref['prefill_s']:.2f}x, decode speed "
-          f"{ours_rate / ref_rate:.2f}x, peak memory {ours['peak_mb'] / max(ref['peak_mb'], 1e-9):.2f}x")
+        print(f"{args.family}, {args.size}x{args.size} image, greedy, {args.threads} threads")
+        print("| new tokens | run | prefill | decode | vs transformers | peak | same ids |")
+        print("|---|---|---|---|---|---|---|")
+        for tokens in args.tokens:
+            results = {}
+            for which in ("transformers", "ours", "ours, compiled"):
+                options = json.dumps({**vars(args), "tokens": tokens})
+                code = CHILD.format(threads=args.threads, args=options, which=which, ckpt=str(ckpt))
+                results[which] = run_child(code, which)
+            ref = results["transformers"]
+            ref_rate = (len(ref["ids"]) - 1) / ref["decode_s"]
+            for name, r in results.items():
+                rate = (len(r["ids"]) - 1) / r["decode_s"]
+                compile_note = f" (first answer {r['compile_s']:.0f} s)" if r["compile_s"] else ""
+                print(f"| {len(r['ids'])} | {name}{compile_note} | {r['prefill_s'] * 1000:.0f} ms | {rate:.0f} tokens/s "
+                      f"| {rate / ref_rate:.2f}x | {r['peak_mb']:.0f} MB | {r['ids'] == ref['ids']} |", flush=True)
 
 
 if __name__ == "__main__":

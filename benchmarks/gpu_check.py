@@ -19,7 +19,10 @@ Kernels and speed (random weights in the released shapes; tiny ones with --devic
 2k-token bf16 and fp32 attention; one Edge forward at 832x480x81 under torch.profiler (the SDPA kernel, and the time
 split into matmuls, attention and the rest); one Edge generate at 832x480x81, 3 steps with CFG, timed per stage
 (text, steps, VAE decode) and extrapolated to 35 steps; the bench_memory table (bf16, fp8, fp8_scaled, GGUF,
-offload_text, blocks_to_swap: seconds per step, peak allocated and reserved memory), and Nano's where the GPU has room.
+offload_text, blocks_to_swap: seconds per step, peak allocated and reserved memory), and Nano's where the GPU has room;
+the memory block swap reserves (12 Edge layers, 10 swapped, against held whole); GGUF dequantization of one Nano
+layer before and after it ran in slices into bf16; the Reasoner's tokens per second eager, compiled (CUDA graphs)
+and with a GGUF text tower; the VAE decode with cuDNN autotuning and channels-last 3-D against the default.
 """
 
 import argparse
@@ -354,6 +357,132 @@ def check_generate_stages(c: Check) -> None:
           f"35 steps: {text + 35 * step + decode:.0f} s without SeaCache{peak}")  # fmt: skip
 
 
+def check_block_swap_memory(c: Check) -> None:
+    """Block swap bounds what the allocator reserves, not only what Python points at: the Edge stack with 10 of its
+    layers swapped reserves at least 80 % of 8 layers' media weights less than the stack held whole."""
+    if c.device.type != "cuda":
+        raise Skip("reserved memory is the CUDA allocator's figure (the swap's order of copies and events is tested "
+                   "on the CPU: tests/test_low_vram.py)")  # fmt: skip
+    from cosmos3_runtime.offload import BlockSwap
+    from cosmos3_runtime.transformer import tower_of
+
+    config = TransformerConfig(**{**RELEASED["edge"], "num_hidden_layers": 12})
+    latents = torch.randn(1, 48, 11, 30, 52, device=c.device)  # 832x480x41
+    reserved, seconds = {}, {}
+    for swap in (0, 10):
+        model = random_model(config, str(c.device))
+        if swap:
+            model.streamer = BlockSwap(model, swap)  # the swapped layers to pinned CPU memory
+            torch.cuda.empty_cache()  # their device copies freed, not kept in the allocator's cache
+        layer_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                          if n.startswith("layers.1.") and tower_of(n) == "media tower")  # fmt: skip
+        with torch.inference_mode():
+            text = model.encode_text(torch.arange(300) % config.vocab_size, c.device)
+            model(latents, torch.tensor(900), text)  # warm-up
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            model(latents, torch.tensor(900), text)
+            torch.cuda.synchronize()
+        seconds[swap], reserved[swap] = time.perf_counter() - start, torch.cuda.max_memory_reserved()
+        del model, text
+        torch.cuda.empty_cache()
+    saved = reserved[0] - reserved[10]
+    c.row("block swap, reserved memory", saved >= 0.8 * 8 * layer_bytes,
+          f"12 Edge layers at 832x480x41: {reserved[0] / 2**30:.2f} GiB reserved whole, {reserved[10] / 2**30:.2f} GiB "
+          f"with 10 swapped (saved {saved / layer_bytes:.1f} layers' media weights of 8 possible); forward "
+          f"{seconds[0]:.2f} s whole, {seconds[10]:.2f} s swapped")  # fmt: skip
+
+
+def check_gguf_dequant(c: Check) -> None:
+    """One Nano layer's media linears expanded to bf16 on the device: the whole weight in float32 then cast (the
+    old way) against slices straight into bf16."""
+    if importlib.util.find_spec("gguf") is None:
+        raise Skip("the gguf package is not installed")
+    from gguf_files import random_blocks
+
+    from cosmos3_runtime.gguf_dequant import dequantize
+
+    r = RELEASED["nano"]
+    H, I, A, K, D = (r["hidden_size"], r["intermediate_size"], r["num_attention_heads"], r["num_key_value_heads"],
+                     r["head_dim"])  # fmt: skip
+    shapes = [(A * D, H), (K * D, H), (K * D, H), (H, A * D), (I, H), (I, H), (H, I)] if c.full else [(256, 512)] * 3
+    figures = []
+    for qtype in ("Q8_0", "Q4_K"):
+        raws = [torch.from_numpy(random_blocks(qtype, rows, cols)).to(c.device) for rows, cols in shapes]
+        times = {}
+        for name, chunk in (("before", 1 << 40), ("after", None)):
+            def expand():
+                for raw, shape in zip(raws, shapes):
+                    if chunk:
+                        dequantize(raw, qtype, shape, chunk_values=chunk).bfloat16()
+                    else:
+                        dequantize(raw, qtype, shape, torch.bfloat16)
+
+            expand()
+            c.sync()
+            if c.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            expand()
+            c.sync()
+            peak = torch.cuda.max_memory_allocated() / 2**20 if c.device.type == "cuda" else 0
+            times[name] = (time.perf_counter() - start, peak)
+        figures.append(f"{qtype} {times['before'][0] * 1000:.1f} -> {times['after'][0] * 1000:.1f} ms, peak "
+                       f"{times['before'][1]:.0f} -> {times['after'][1]:.0f} MiB")
+    c.row("GGUF dequantization per layer", True, "; ".join(figures))
+
+
+def check_reasoner_decoding(c: Check) -> None:
+    """Tokens per second of the Reasoner (the tiny Nano-layout checkpoint) eager, compiled (CUDA graphs on a GPU)
+    and with its text tower in GGUF Q8_0 (expanded once per answer); the compiled answer equals the eager one."""
+    root = tiny(c, kind="gated")
+    pipe = cosmos3_runtime.load(root, device=c.device, dtype="bf16", parts="reasoner")
+    ask = dict(max_new_tokens=128 if c.full else 16, temperature=0.0)
+    pipe.reason("Tell me a story.", **ask)  # warm-up
+    eager = pipe.reason("Tell me a story.", **ask)
+    start = time.perf_counter()
+    pipe.reason("Tell me a story.", **ask, compile=True)
+    compile_s = time.perf_counter() - start
+    compiled = pipe.reason("Tell me a story.", **ask, compile=True)
+    rate = lambda a: len(a.token_ids) / a.decode_seconds
+    figure = (f"eager {rate(eager):.0f} tokens/s, compiled {rate(compiled):.0f} tokens/s (first answer "
+              f"{compile_s:.0f} s)")  # fmt: skip
+    ok = compiled.token_ids == eager.token_ids
+    if importlib.util.find_spec("gguf") is not None:
+        from cosmos3_runtime.gguf_convert import convert
+
+        path = c.folder / "reasoner-q8_0.gguf"
+        convert(root, path, "q8_0")
+        quantized = cosmos3_runtime.load(root, device=c.device, dtype="bf16", transformer_file=path)
+        quantized.reason("Tell me a story.", **ask)
+        figure += f", GGUF Q8_0 text tower {rate(quantized.reason('Tell me a story.', **ask)):.0f} tokens/s"
+    c.row("Reasoner decoding", ok, figure + ("" if ok else "; the compiled answer differs from the eager one"))
+
+
+def check_vae_layouts(c: Check) -> None:
+    """The VAE decode of a 480p chunk (released widths) with cuDNN autotuning and channels-last 3-D, each against
+    the default, to decide whether the pack should turn them on."""
+    if c.device.type != "cuda":
+        raise Skip("cuDNN autotuning and channels-last 3-D are CUDA settings")
+    pipe = released_pipeline(c, TransformerConfig(**{**RELEASED["edge"], "num_hidden_layers": 2}))
+    latents = torch.randn(1, 48, 6, 30, 52, device=c.device)  # 832x480x21
+    times = {}
+    for name in ("default", "cudnn.benchmark", "channels_last_3d"):
+        torch.backends.cudnn.benchmark = name == "cudnn.benchmark"
+        vae = pipe.vae.to(memory_format=torch.channels_last_3d) if name == "channels_last_3d" else pipe.vae
+        pipe.vae = vae
+        pipe.decode(latents)  # warm-up (and autotuning)
+        c.sync()
+        start = time.perf_counter()
+        pipe.decode(latents)
+        c.sync()
+        times[name] = time.perf_counter() - start
+    torch.backends.cudnn.benchmark = False
+    c.row("VAE decode layouts, 832x480x21", True, ", ".join(f"{k} {v:.2f} s ({v / times['default']:.2f}x)"
+                                                          for k, v in times.items()))  # fmt: skip
+
+
 def check_speed_table(c: Check) -> None:
     bench = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--measure", "--no-table", "--steps", "2",
              "--device", str(c.device.type)]  # fmt: skip
@@ -378,7 +507,9 @@ CHECKS = [
     ("bf16", check_bf16), ("low VRAM", check_low_vram), ("fp8", check_fp8), ("fp8_scaled", check_fp8_scaled),
     ("GGUF", check_gguf), ("host placement", check_host_placement), ("transfer", check_transfer),
     ("Reasoner", check_reasoner), ("attention kernels", check_attention_kernels), ("profile", check_profile),
-    ("generate stages", check_generate_stages), ("speed table", check_speed_table),
+    ("generate stages", check_generate_stages), ("block swap memory", check_block_swap_memory),
+    ("GGUF dequantization", check_gguf_dequant), ("Reasoner decoding", check_reasoner_decoding),
+    ("VAE layouts", check_vae_layouts), ("speed table", check_speed_table),
 ]  # fmt: skip
 
 

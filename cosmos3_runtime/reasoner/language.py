@@ -116,8 +116,8 @@ class LanguageModel:
             k, v = attn.to_k(h).view(n, K, D), attn.to_v(h).view(n, K, D)
             q, k = rms_norm((own or attn).norm_q, q), rms_norm(attn.norm_k, k)
             if static:
-                keys[i].index_copy_(0, rows, apply_rope(k, cos, sin))
-                values[i].index_copy_(0, rows, v)
+                keys[i, rows] = apply_rope(k, cos, sin)
+                values[i, rows] = v
                 out = attention(apply_rope(q, cos, sin), keys[i], values[i], mask=mask)
             else:
                 keys[i, rows], values[i, rows] = apply_rope(k, cos, sin), v

@@ -39,6 +39,7 @@ def cmd_generate(args) -> None:
     options["image"] = read_image(args.image) if args.image else None
     options["video"] = read_video(args.video) if args.video else None
     options["control_videos"], source_fps = read_controls(args.control_videos) if args.control_videos else (None, None)
+    options["keyframes"] = read_keyframes(args.keyframes) if args.keyframes else None
     if source_fps and options["fps"] is None:  # keep the source's timing; the authors' 30 is --fps 30
         options["fps"] = source_fps
     tensors_out = check_output(args.output).suffix.lower() == LATENT_TYPE
@@ -181,6 +182,24 @@ def read_controls(specs: list[str]) -> tuple[dict, float | None]:
             rate = rate or video_header(path)[1]
         controls[hint] = derive(hint, frames, preset) if preset else frames
     return controls, rate
+
+
+def read_keyframes(specs: list[str]) -> dict:
+    """--keyframe FRAME=FILE (repeatable): {frame: an image, or a clip's frames}."""
+    keyframes = {}
+    for spec in specs:
+        frame, _, path = spec.partition("=")
+        try:
+            frame = int(frame)
+        except ValueError:
+            frame = None
+        if frame is None or not path:
+            raise InputError(f"--keyframe {spec!r} must be FRAME=FILE, e.g. 0=start.png or -1=end.png (an image or a "
+                             "video file; negative frames count from the end)")  # fmt: skip
+        if frame in keyframes:
+            raise InputError(f"--keyframe {frame} is given twice")
+        keyframes[frame] = read_image(path) if Path(path).suffix.lower() in IMAGE_TYPES else read_video(path)
+    return keyframes
 
 
 def low_vram_options(args) -> dict:

@@ -15,7 +15,7 @@ import torch
 
 from .errors import InputError
 from .request import SPATIAL_FACTOR
-from .transfer import latent_frames as chunk_latent_frames
+from .chunks import latent_frames as chunk_latent_frames
 from .transformer import grouped_kv_native
 
 GIB = 1024**3
@@ -61,11 +61,12 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)  # fmt: skip
     h, w = s.height // SPATIAL_FACTOR, s.width // SPATIAL_FACTOR
-    plan = s.transfer  # a transfer holds one chunk at a time, its controls beside it in the sequence
-    latent_frames = s.latent_frames if plan is None else chunk_latent_frames(plan.chunk)
+    chunks = s.chunks  # a chunked run holds one chunk at a time (a transfer its controls beside it in the sequence)
+    latent_frames = s.latent_frames if chunks is None else chunk_latent_frames(chunks.chunk)
+    controls = 0 if s.transfer is None else len(s.transfer.hints)
     latent = config.latent_channel * latent_frames * h * w
     p = config.latent_patch_size
-    media_tokens = latent_frames * -(-h // p) * -(-w // p) * (1 if plan is None else 1 + len(plan.hints))
+    media_tokens = latent_frames * -(-h // p) * -(-w // p) * (1 + controls)
     mlp_width = I * (3 if config.hidden_act == "silu" else 2)  # gate, up and product / up and its square
     per_token = (3 * H + mlp_width + (2 * A + 4 * K) * D) * b  # hidden, residual, normed; MLP; q, k, v, out
     longest_text = max(cond_tokens, uncond_tokens)
@@ -79,13 +80,13 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
         "media tower": media_tokens * per_token + (longest_text + media_tokens) * 2 * kv_heads * D * b,
         "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
     }
-    if plan is not None:  # a control's pixels for one chunk, on the device while it is encoded
-        parts["control window"] = 3 * plan.chunk * s.height * s.width * b
+    if controls:  # a control's pixels for one chunk, on the device while it is encoded
+        parts["control window"] = 3 * chunks.chunk * s.height * s.width * b
     if vae_config is not None:
         tile_px = tile.size * SPATIAL_FACTOR if tile is not None else None
         th, tw = (min(s.height, tile_px), min(s.width, tile_px)) if tile_px else (s.height, s.width)
         parts["VAE decode"] = int(DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b)
-        frames = s.num_frames if plan is None else plan.chunk  # a transfer moves each decoded chunk to the CPU
+        frames = s.num_frames if chunks is None else chunks.chunk  # each decoded chunk goes to the CPU
         parts["decoded frames"] = 3 * frames * s.height * s.width * (b + 2 * 4)  # the decode's output, two fp32 copies
     return Estimate(parts)
 

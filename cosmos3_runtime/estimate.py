@@ -42,14 +42,14 @@ def duration(seconds: float) -> str:
 
 def generation(transformer_config, vae_config, s, cond_tokens: int, decode: bool, dtype: torch.dtype,
                device: torch.device) -> Estimate:  # fmt: skip
-    """The estimate of a request resolved to settings `s` (a transfer counts its chunks and controls)."""
+    """The estimate of a request resolved to settings `s` (a chunked run counts its chunks, a transfer its controls)."""
     plan = s.transfer
-    latent_frames = s.latent_frames if plan is None else 1 + (plan.chunk - 1) // 4
+    latent_frames = s.latent_frames if s.chunks is None else 1 + (s.chunks.chunk - 1) // 4
     h, w = s.height // SPATIAL_FACTOR, s.width // SPATIAL_FACTOR
     contexts = 0 if plan is None else len(plan.hints)
     forward = forward_flops(transformer_config, (latent_frames, h, w), cond_tokens, contexts, dtype)
     passes = 1 + (s.guidance_scale != 1.0) + (plan is not None and plan.control_guidance != 1.0)
-    chunks = 1 if plan is None else plan.count
+    chunks = 1 if s.chunks is None else s.chunks.count
     forwards = s.steps * passes * chunks
     decoded = chunks * decode_flops(vae_config, latent_frames, h, w, dtype) if decode and vae_config else 0.0
     matmul, convolution = rates(device, dtype, vae_config.decoder_dim if vae_config else 32)

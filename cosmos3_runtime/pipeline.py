@@ -1,16 +1,17 @@
 """Loading a Cosmos3 checkpoint, and generating images and videos with it."""
 
+import json
 import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from . import budget, transfer
+from . import budget, chunks, keyframes, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError
@@ -180,10 +181,8 @@ class Planner:
     def variant(self) -> Variant:
         return self.checkpoint.variant
 
-    def check(self, prompt: str, r: Request) -> tuple[Settings, list[int], list[int]]:
+    def check(self, prompt, r: Request) -> tuple[Settings, list[int], list[int]]:
         """`prepare`, then the memory check (unless the request turns it off): what `generate` refuses up front."""
-        if not isinstance(prompt, str):
-            raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
         s, cond_ids, uncond_ids = self.prepare(prompt, r)
         if r.check_memory:
             budget.check(self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)), self.device)
@@ -204,20 +203,31 @@ class Planner:
             ids.append(encoded)
         return tuple(ids)
 
-    def prepare(self, prompt: str, r: Request) -> tuple[Settings, list[int], list[int]]:
-        """Resolved settings and the (cond, uncond) token ids of a request."""
+    def prepare(self, prompt, r: Request) -> tuple[Settings, list[int], list[int]]:
+        """Resolved settings and the (cond, uncond) token ids of a request. A long video given a prompt per chunk
+        (`prompt_list`) keeps each chunk's ids in `Settings.chunk_ids` and returns the longest as the cond ids."""
+        prompts = prompt_list(prompt)
         s = resolve_settings(self.variant, r)
-        prompt_options = PromptOptions(s.num_frames, s.height, s.width, s.fps, s.use_system_prompt,
+        frames = s.num_frames if s.chunks is None else s.chunks.chunk  # each chunk's prompt states its own duration
+        prompt_options = PromptOptions(frames, s.height, s.width, s.fps, s.use_system_prompt,
                                        r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
+        if len(prompts) > 1 and (s.chunks is None or s.transfer is not None or len(prompts) != s.chunks.count):
+            count = "one window" if s.chunks is None or s.transfer is not None else f"{s.chunks.count} chunks"
+            raise InputError(f"{len(prompts)} prompts were given for {count}: give one prompt, or one per chunk of a "
+                             "long video (set the frame count and chunk_frames for as many chunks)")  # fmt: skip
         system = prompt_options.system_prompt
+        negative = negative_text(s.negative_prompt, prompt_options)
         if s.transfer is not None:  # verbatim, under the transfer system prompt
-            texts, system = (prompt, s.negative_prompt), transfer.SYSTEM_PROMPT if s.use_system_prompt else None
+            texts, system = [(prompts[0], s.negative_prompt)], transfer.SYSTEM_PROMPT if s.use_system_prompt else None
         elif s.action is not None:  # the structured action caption; the negative prompt as given
-            texts = (action_prompt(prompt, s.action.view_point, s.num_frames, s.fps, s.height, s.width),
-                     s.negative_prompt)  # fmt: skip
+            texts = [(action_prompt(prompts[0], s.action.view_point, s.num_frames, s.fps, s.height, s.width),
+                      s.negative_prompt)]  # fmt: skip
         else:
-            texts = (positive_text(prompt, prompt_options), negative_text(s.negative_prompt, prompt_options))
-        return (s, *self.token_ids(texts, system, r.max_sequence_length, r.max_prompt_tokens))
+            texts = [(positive_text(p, prompt_options), negative) for p in prompts]
+        ids = [self.token_ids(t, system, r.max_sequence_length, r.max_prompt_tokens) for t in texts]
+        if len(ids) > 1:
+            s.chunk_ids = [cond for cond, _ in ids]
+        return s, max((cond for cond, _ in ids), key=len), ids[0][1]
 
     def memory_needed(self, prompt: str, request: Request) -> int:
         """Bytes a generation would need beyond the weights (the estimate `generate` checks), without running it."""
@@ -228,6 +238,23 @@ class Planner:
         decode = r.output == "frames" and self.vae_config is not None
         return budget.estimate(self.transformer_config, self.vae_config if decode else None, s, cond_tokens,
                                uncond_tokens, self.dtype, r.vae_tile, self.device)  # fmt: skip
+
+
+def prompt_list(prompt) -> list[str]:
+    """The prompt(s) of a request: a string, or one per chunk of a long video, as a list of strings or a string
+    holding a JSON list of strings (a JSON object stays one structured caption)."""
+    if isinstance(prompt, str) and prompt.lstrip().startswith("["):
+        try:
+            parsed = json.loads(prompt)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, list):
+            prompt = parsed
+    prompts = list(prompt) if isinstance(prompt, (list, tuple)) else [prompt]
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise InputError(f"prompt must be a string, or a list of strings (one per chunk of a long video), got "
+                         f"{prompt!r:.80}")  # fmt: skip
+    return prompts
 
 
 class Cosmos3Pipeline(Planner):
@@ -420,6 +447,11 @@ class Cosmos3Pipeline(Planner):
             self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
             frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress, cache)
             return Generation(None, frames, s, cache=cache and cache.report())
+        if s.chunks is not None:
+            if self.vae is None:
+                raise InputError("a long video decodes each chunk to start the next from its last frames; load the "
+                                 "pipeline with its VAE")  # fmt: skip
+            return self._long_video(s, r, cond_ids, uncond_ids, callback, parallel, progress, cache)
 
         shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
                  s.width // SPATIAL_FACTOR)  # fmt: skip
@@ -458,6 +490,48 @@ class Cosmos3Pipeline(Planner):
             result.actions = action_track.actions()
         return result
 
+    def _long_video(self, s: Settings, r: Request, cond_ids, uncond_ids, callback, parallel, progress,
+                    cache) -> Generation:  # fmt: skip
+        """A video longer than one window, chunk by chunk (`s.chunks`): the first as a plain run of its length, each
+        later one a video-to-video run on the decoded last frames of the one before; one noise generator throughout,
+        each chunk's own prompt where one per chunk was given. The frames are the chunks' own decodes, stitched; the
+        latents, the chunks' latents without those the overlap held (decoding them at once gives the same length)."""
+        p: chunks.Chunks = s.chunks
+        generator = torch.Generator("cpu").manual_seed(int(r.seed))
+        prompts = s.chunk_ids or [cond_ids] * p.count
+        kept_latents, kept_frames, previous = [], [], None
+        for k in range(p.count):
+            if progress is not None:
+                progress("chunk", k + 1, p.count)
+            seed = p.seed_frames(k)
+            held = chunks.latent_frames(seed)
+            chunk = replace(s, num_frames=p.chunk, chunks=None,
+                            condition_frames=s.condition_frames if k == 0 else tuple(range(held)))  # fmt: skip
+            shape = (1, self.transformer.config.latent_channel, chunk.latent_frames, s.height // SPATIAL_FACTOR,
+                     s.width // SPATIAL_FACTOR)  # fmt: skip
+            clean, mask = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self, previous, seed, shape)
+            noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+            latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
+            guidance = CFG(prompts[k], uncond_ids, s.guidance_scale, s.guidance_interval)
+            self._encode_prompts(prompts[k], uncond_ids, chunk, parallel, progress)
+
+            def on_step(step, total, denoised, k=k):
+                if callback is not None:
+                    callback(k * total + step, p.count * total, denoised)
+
+            latents = self._denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, (), cache)
+            kept_latents.append(latents[:, :, held:].cpu())
+            if k + 1 < p.count or r.output == "frames":  # the next chunk starts from these frames
+                previous = self.vae.decode(self.vae.denormalize(latents), tile=r.vae_tile,
+                                           progress=stage(progress, "decode")).float()  # fmt: skip
+                kept_frames.append(previous[:, :, seed:].cpu())  # the device holds one chunk at a time
+        latents = torch.cat(kept_latents, dim=2)[:, :, : s.latent_frames]
+        frames = None
+        if r.output == "frames":
+            video = torch.cat(kept_frames, dim=2)[:, :, : p.total]
+            frames = (video / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0)
+        return Generation(latents, frames, s, cache=cache and cache.report())
+
     @torch.inference_mode()
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
         """Sound latents [sound_dim, T_s] -> waveform [channels, samples] float32 in [-1, 1] on the CPU.
@@ -486,6 +560,9 @@ class Cosmos3Pipeline(Planner):
             shape = tuple(encoded.shape)
         elif r.condition_latents is not None:  # already encoded (a ComfyUI LATENT): raw VAE latents
             encoded = self._latent_condition(r.condition_latents, s, shape, r.condition_video_keep)
+        elif r.keyframes is not None:  # the reference clip assembled in pixels, up to the last locked latent
+            encoded = self.encode_pixels(keyframes.reference(keyframes.place(r.keyframes, s.num_frames), s.height,
+                                                             s.width))  # fmt: skip
         else:
             if s.mode == "i2v":
                 pixels = preprocess_image(r.image, s.height, s.width).unsqueeze(2)  # [1, 3, 1, H, W]

@@ -22,6 +22,7 @@ SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
 CACHES = ("seacache", "off")
 OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
+LONGEST_WINDOW = 201  # frames generated in one window by default; longer videos run in chunks (NVIDIA lists <= 200 at 720p)
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
 MAX_SIZE = 8192  # pixels per side: far above anything Cosmos3 was trained on, below int32 index trouble
 
@@ -150,10 +151,17 @@ class Request:
                                             "control guidance (auto: the model authors' 1.5; seg 2, wsm 3)", type=float)  # fmt: skip
     control_guidance_interval: Any = option("auto", "transfer: timesteps where control guidance applies: auto or off "
                                             "(every step), or LOW,HIGH")  # fmt: skip
-    chunk_frames: int | None = option(None, "transfer: frames per chunk, rounded up to 1 + 4k (auto: the whole clip up "
-                                      "to 93 frames, 101 for a world-scenario map alone)", type=int)  # fmt: skip
-    chunk_overlap_frames: int | None = option(None, "transfer: frames each chunk takes from the end of the previous one "
-                                              "(auto: 1)", type=int)  # fmt: skip
+    chunk_frames: int | None = option(None, "transfer and long videos: frames per chunk, rounded up to 1 + 4k (auto: "
+                                      "transfer: the whole clip up to 93 frames, 101 for a world-scenario map alone; "
+                                      f"video: one window up to {LONGEST_WINDOW} frames, else chunks of 93)", type=int)  # fmt: skip
+    chunk_overlap_frames: int | None = option(None, "transfer and long videos: frames each chunk takes from the end of "
+                                              "the previous one, generated again there and kept once (auto: 1; a long "
+                                              "video's are 1 + 4k: whole latent frames)", type=int)  # fmt: skip
+    keyframes: Any = option(None, "keyframes held in the video (first-last frame to video, or any frame): {frame: image "
+                            "or clip}, negative frames counting from the end (-1: the last; a clip there ends on it). "
+                            "A still holds the latent frame that holds its frame (4 frames), a clip every latent frame "
+                            "it covers. CLI: --keyframe FRAME=FILE, an image or a video file (repeatable)",
+                            flag="--keyframe", action="append")  # fmt: skip
     check_memory: bool = option(True, "estimate the memory a request needs and refuse it when the device does not "
                                 "have it")  # fmt: skip
     cache: str = option("seacache", "step cache: seacache (NVIDIA's SeaCache, as their framework runs Cosmos3: a "
@@ -203,11 +211,20 @@ class Request:
             raise InputError("give one of an image (image-to-video), a video or condition latents (video-to-video)")
         if self.action is not None and (self.image is not None or self.video is not None):
             raise InputError("an action run takes its observation from the ActionRequest (its image or video)")
+        if self.keyframes is not None:
+            given = [name for name in ("image", "video", "condition_latents", "condition_frame_indexes", "action",
+                                       "control_videos") if getattr(self, name) is not None]  # fmt: skip
+            if given:
+                raise InputError(f"keyframes set the conditioning themselves; they do not combine with {', '.join(given)} "
+                                 "(a first frame is the keyframe at 0)")  # fmt: skip
+        if self.chunk_frames is not None and self.chunk_frames < 1:
+            raise InputError(f"chunk_frames must be at least 1, got {self.chunk_frames}")
+        if self.chunk_overlap_frames is not None and self.chunk_overlap_frames < 0:
+            raise InputError(f"chunk_overlap_frames must be 0 or more, got {self.chunk_overlap_frames}")
         if self.control_videos is not None:
             self._check_transfer()
-        elif any(getattr(self, name) is not None for name in ("control_guidance", "chunk_frames", "chunk_overlap_frames")):
-            raise InputError("control_guidance, chunk_frames and chunk_overlap_frames are transfer options: give "
-                             "control_videos too")  # fmt: skip
+        elif self.control_guidance is not None:
+            raise InputError("control_guidance is a transfer option: give control_videos too")
 
     def _check_transfer(self) -> None:
         from .transfer import canonical
@@ -221,10 +238,6 @@ class Request:
         if self.output != "frames":
             raise InputError("transfer decodes every chunk to start the next one from it, so it returns frames, not "
                              "latents (output='frames')")  # fmt: skip
-        if self.chunk_frames is not None and self.chunk_frames < 1:
-            raise InputError(f"chunk_frames must be at least 1, got {self.chunk_frames}")
-        if self.chunk_overlap_frames is not None and self.chunk_overlap_frames < 0:
-            raise InputError(f"chunk_overlap_frames must be 0 or more, got {self.chunk_overlap_frames}")
         if self.control_guidance is not None and not self.control_guidance >= 0:
             raise InputError(f"control_guidance must be 0 or more (1: no control guidance), got {self.control_guidance}")
 

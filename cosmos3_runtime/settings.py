@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import transfer
+from . import chunks, keyframes, transfer
 from .checkpoint import Variant
 from .errors import InputError
 from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
-from .request import TEMPORAL_FACTOR, Request
+from .request import LONGEST_WINDOW, TEMPORAL_FACTOR, Request
 from .schedulers import FLOW_MATCH_EULER
 from .step_cache import CacheConfig
 
@@ -49,11 +49,13 @@ class Settings:
     guidance_interval: tuple[float, float] | None
     negative_prompt: str
     use_system_prompt: bool
-    mode: str  # "t2i", "t2v", "i2v", "v2v"
+    mode: str  # "t2i", "t2v", "i2v", "v2v", "keyframes" (and an action run's mode, "transfer")
     condition_frames: tuple[int, ...]  # conditioned latent frames
     notes: list[str] = field(default_factory=list)
     action: Any = None  # the ActionRequest with its preset's values filled in (action runs)
     transfer: Any = None  # the transfer.Plan (transfer runs): controls and chunks
+    chunks: Any = None  # the chunks.Chunks of a run made in chunks (a transfer's plan, a long video), else None
+    chunk_ids: Any = None  # a long video with a prompt per chunk: each chunk's token ids (else one prompt serves all)
     cache: CacheConfig | None = None  # the step cache (None: off)
 
     @property
@@ -78,10 +80,12 @@ def resolve(variant: Variant, request: Request) -> Settings:
     requested_frames = DEFAULT_FRAMES if r.num_frames is None else int(r.num_frames)
     is_image = requested_frames == 1  # defaults follow the request; the mode follows the rounded count
     kind = "image" if is_image else "video"
+    if r.keyframes is not None:  # checked at the requested count: -1 must be the last frame
+        keyframes.place(r.keyframes, requested_frames)
     num_frames = round_frames(requested_frames)
     if num_frames != requested_frames:
         notes.append(f"num_frames {requested_frames} rounded to {num_frames} (frame counts are 1 + 4k)")
-    if num_frames == 1 and (r.has_image or r.has_video):
+    if num_frames == 1 and (r.has_image or r.has_video or r.keyframes is not None):
         raise InputError("num_frames is 1 (text-to-image): image and video conditioning need a video (num_frames >= 5)")
 
     if r.sound:
@@ -142,8 +146,32 @@ def resolve(variant: Variant, request: Request) -> Settings:
         notes=notes,
         action=r.action,
         cache=_cache(r, len(condition_frames) < 1 + (num_frames - 1) // TEMPORAL_FACTOR, notes),
+        chunks=_long_video(r, num_frames, notes, applied),
     )
     return _report(settings, applied)
+
+
+DEFAULT_CHUNK = 93  # frames per chunk of a long video (the chunk NVIDIA's servers make transfers in)
+
+
+def _long_video(r: Request, num_frames: int, notes: list[str], applied: list[str]) -> chunks.Chunks | None:
+    """The chunks of a video longer than one window (or than an explicit chunk_frames), else None."""
+    if num_frames == 1 or (r.chunk_frames is None and num_frames <= LONGEST_WINDOW):
+        return None
+    plan = chunks.plan(num_frames, r.chunk_frames, r.chunk_overlap_frames, DEFAULT_CHUNK, 1, notes, "long video")
+    if plan.count == 1:
+        return None
+    refused = [what for what, given in (("sound", r.sound), ("keyframes", r.keyframes is not None),
+                                        ("an action", r.action is not None)) if given]  # fmt: skip
+    if refused:
+        raise InputError(f"{num_frames} frames run in {plan.count} chunks of {plan.chunk}, and {refused[0]} is made "
+                         f"in one window: lower the frame count to {plan.chunk} or less (or raise chunk_frames)")  # fmt: skip
+    if (plan.overlap - 1) % TEMPORAL_FACTOR:
+        raise InputError(f"a long video's chunk_overlap_frames must be 1 + 4k (whole latent frames carried from chunk to "
+                         f"chunk), got {plan.overlap}: use {1 + TEMPORAL_FACTOR * max(0, (plan.overlap - 1) // 4)}")  # fmt: skip
+    applied.append(f"long video: {num_frames} frames in {plan.count} chunks of {plan.chunk}, each after the first "
+                 f"continuing from the last {plan.overlap} frame{'s' * (plan.overlap > 1)} of the one before")  # fmt: skip
+    return plan
 
 
 def _cache(r: Request, noisy_video: bool, notes: list[str]) -> CacheConfig | None:
@@ -191,7 +219,7 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         guidance_scale=guidance if r.guidance_scale is None else float(r.guidance_scale), flow_shift=shift,
         schedule=schedule, guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
         negative_prompt=r.negative_prompt or "", use_system_prompt=r.use_system_prompt is not False,
-        mode="transfer", condition_frames=(), notes=notes, transfer=plan, cache=_cache(r, True, notes),
+        mode="transfer", condition_frames=(), notes=notes, transfer=plan, chunks=plan, cache=_cache(r, True, notes),
     )  # fmt: skip
 
 
@@ -271,6 +299,8 @@ def _guidance_interval(value, is_image: bool) -> tuple[float, float] | None:
 def _mode(r: Request, is_image: bool, latent_frames: int) -> tuple[str, tuple[int, ...]]:
     if is_image:
         return "t2i", ()
+    if r.keyframes is not None:
+        return "keyframes", keyframes.locked(keyframes.place(r.keyframes, 1 + (latent_frames - 1) * TEMPORAL_FACTOR))
     if r.has_image:
         return "i2v", (0,)
     if r.has_video:

@@ -19,14 +19,14 @@ The scheduler restarts every chunk; one noise generator runs through all of them
 under the transfer system prompt: no templates, no caption metadata.
 """
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
 
+from . import chunks
 from .conditioning import frame_size, frame_count, preprocess_video
 from .errors import InputError
-from .request import TEMPORAL_FACTOR, in_interval
+from .request import in_interval
 from .vae import stage
 
 HINTS = ("edge", "blur", "depth", "seg", "wsm")  # also the order the controls take in the sequence
@@ -77,32 +77,13 @@ def canonical(control_videos) -> dict:
     return {hint: control_videos[hint] for hint in HINTS if hint in control_videos}
 
 
-def round_up_frames(n: int) -> int:
-    """Smallest 1 + 4k not below n."""
-    return 1 if n <= 1 else math.ceil((n - 1) / TEMPORAL_FACTOR) * TEMPORAL_FACTOR + 1
-
-
 @dataclass(frozen=True)
-class Plan:
-    """What a transfer does: its controls (in sequence order) and the chunk geometry."""
+class Plan(chunks.Chunks):
+    """What a transfer does: its chunks, its controls (in sequence order) and their guidance."""
 
-    hints: tuple[str, ...]
-    total: int  # output frames
-    chunk: int  # pixel frames per chunk (1 + 4k)
-    overlap: int  # frames each later chunk takes from the previous one
-    stride: int  # frames between chunk starts
-    count: int  # chunks
-    control_guidance: float
-    control_interval: tuple[float, float] | None
-
-    @property
-    def padded(self) -> int:
-        """Frames every control is padded to."""
-        return max(self.total, self.chunk)
-
-    def window(self, k: int) -> tuple[int, int]:
-        start = k * self.stride
-        return start, min(start + self.chunk, self.total)
+    hints: tuple[str, ...] = ()
+    control_guidance: float = 1.0
+    control_interval: tuple[float, float] | None = None
 
 
 def plan(controls: dict, num_frames, chunk_frames, overlap, control_guidance, control_interval, notes: list) -> Plan:
@@ -111,30 +92,14 @@ def plan(controls: dict, num_frames, chunk_frames, overlap, control_guidance, co
     total = max(1, min(first, num_frames) if num_frames is not None else first)
     if num_frames is not None and num_frames > first:
         notes.append(f"transfer: num_frames {num_frames} capped at the control clip's {first} frames")
-    wsm_alone = tuple(controls) == ("wsm",)
-    if chunk_frames is None:  # short clips are one chunk of their own length
-        chunk = min(round_up_frames(total), WSM_CHUNK if wsm_alone else DEFAULT_CHUNK)
-    else:
-        chunk = round_up_frames(chunk_frames)
-        if chunk != chunk_frames:
-            notes.append(f"transfer: chunk_frames {chunk_frames} rounded up to {chunk} (chunks are 1 + 4k frames)")
-    chunk = 1 if total == 1 else chunk
-    overlap = DEFAULT_OVERLAP if overlap is None else int(overlap)
-    if overlap < 0:
-        raise InputError(f"chunk_overlap_frames must be 0 or more, got {overlap}")
-    if total <= chunk:
-        stride, count = chunk, 1
-    else:
-        stride = chunk - overlap
-        if stride <= 0:
-            raise InputError(f"chunk_overlap_frames {overlap} must be smaller than chunk_frames {chunk}")
-        count = 1 + math.ceil((total - chunk) / stride)
+    default_chunk = WSM_CHUNK if tuple(controls) == ("wsm",) else DEFAULT_CHUNK  # short clips: one chunk of their own
+    geometry = chunks.plan(total, chunk_frames, overlap, default_chunk, DEFAULT_OVERLAP, notes, "transfer")
     for hint, clip in controls.items():
         frames = frame_count(clip)
-        if frames < max(total, chunk):
-            notes.append(f"transfer: control {hint!r} has {frames} frames, reflect-padded to {max(total, chunk)}")
+        if frames < geometry.padded:
+            notes.append(f"transfer: control {hint!r} has {frames} frames, reflect-padded to {geometry.padded}")
     scale = recommended(tuple(controls))[1] if control_guidance is None else float(control_guidance)
-    return Plan(tuple(controls), total, chunk, overlap, stride, count, scale, control_interval)
+    return Plan(**vars(geometry), hints=tuple(controls), control_guidance=scale, control_interval=control_interval)
 
 
 def summary(p: Plan) -> str:
@@ -213,25 +178,16 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
     pixels = control_pixels(r.control_videos, p, s.height, s.width, pipe.transformer.dtype)
     generator = torch.Generator("cpu").manual_seed(int(r.seed))
     steps = s.steps
-    chunks, previous = [], None
+    stitched, previous = [], None
     for k in range(p.count):
         if progress is not None:
             progress("chunk", k + 1, p.count)
         start, end = p.window(k)
         controls = [pipe.encode_pixels(reflect_pad(c[:, :, start:end], p.chunk)) for c in pixels]
-        seed = 0 if previous is None else min(p.overlap, previous.shape[2], p.chunk)
-        chunk = replace(s, num_frames=p.chunk, condition_frames=tuple(range(latent_frames(seed))))
+        seed = p.seed_frames(k)
+        chunk = replace(s, num_frames=p.chunk, condition_frames=tuple(range(chunks.latent_frames(seed))))
         shape = (1, pipe.transformer.config.latent_channel, chunk.latent_frames, *controls[0].shape[3:])
-        clean = mask = None
-        if seed:  # the previous chunk's last frames, the last repeated up to whole latent frames (causal VAE)
-            held = latent_frames(seed)
-            covered = TEMPORAL_FACTOR * (held - 1) + 1
-            target = previous[:, :, -seed:][:, :, :covered].to(vae.dtype)
-            target = torch.cat([target, target[:, :, -1:].expand(-1, -1, covered - target.shape[2], -1, -1)], dim=2)
-            clean = torch.zeros(shape, dtype=torch.float32, device=pipe.device)
-            clean[:, :, :held] = pipe.encode_pixels(target)
-            mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=pipe.device)
-            mask[:held] = 1.0
+        clean, mask = chunks.seed(pipe, previous, seed, shape) if seed else (None, None)
         noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(pipe.device)
         latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
         guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
@@ -243,11 +199,6 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
 
         latents = pipe._denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, cache=cache)
         previous = vae.decode(vae.denormalize(latents), tile=r.vae_tile, progress=stage(progress, "decode")).float()
-        chunks.append((previous if k == 0 else previous[:, :, seed:]).cpu())  # the device holds one chunk at a time
-    video = torch.cat(chunks, dim=2)[:, :, : p.total]
+        stitched.append(previous[:, :, seed:].cpu())  # the device holds one chunk at a time
+    video = torch.cat(stitched, dim=2)[:, :, : p.total]
     return (video / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()
-
-
-def latent_frames(pixel_frames: int) -> int:
-    """Latent frames that hold the first `pixel_frames` frames (0 for none)."""
-    return 0 if pixel_frames <= 0 else (pixel_frames - 1) // TEMPORAL_FACTOR + 1

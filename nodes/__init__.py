@@ -11,8 +11,8 @@ from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmo
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
 from .reasoning import Cosmos3Reason, Cosmos3ReasonSampling, Cosmos3UpsamplePrompt
-from .sampling import (Cosmos3ImageToVideo, Cosmos3LatentToVideo, Cosmos3Sampler, Cosmos3Scheduler, Cosmos3TextEncode,
-                       Cosmos3VideoToVideo)  # fmt: skip
+from .sampling import (Cosmos3ImageToVideo, Cosmos3Keyframes, Cosmos3LatentToVideo, Cosmos3Sampler, Cosmos3Scheduler,
+                       Cosmos3TextEncode, Cosmos3VideoToVideo)  # fmt: skip
 from .transfer import (Cosmos3BlurControl, Cosmos3DepthControl, Cosmos3EdgeControl, Cosmos3SegmentationControl,
                        Cosmos3TransferSampler, Cosmos3WorldScenarioMapControl)  # fmt: skip
 from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
@@ -32,6 +32,7 @@ NODE_CLASS_MAPPINGS = {
     "Cosmos3VAEEncode": Cosmos3VAEEncode,
     "Cosmos3ImageToVideo": Cosmos3ImageToVideo,
     "Cosmos3VideoToVideo": Cosmos3VideoToVideo,
+    "Cosmos3Keyframes": Cosmos3Keyframes,
     "Cosmos3JSONCaption": Cosmos3JSONCaption,
     "Cosmos3DefaultNegativePrompt": Cosmos3DefaultNegativePrompt,
     "Cosmos3SoundDecode": Cosmos3SoundDecode,
@@ -67,6 +68,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Cosmos3VAEEncode": "Cosmos3 VAE Encode",
     "Cosmos3ImageToVideo": "Cosmos3 Image to Video",
     "Cosmos3VideoToVideo": "Cosmos3 Video to Video",
+    "Cosmos3Keyframes": "Cosmos3 Keyframes (first-last frame)",
     "Cosmos3JSONCaption": "Cosmos3 JSON Caption",
     "Cosmos3DefaultNegativePrompt": "Cosmos3 Default Negative Prompt",
     "Cosmos3SoundDecode": "Cosmos3 Sound Decode",

@@ -4,8 +4,10 @@ Size, frame count and fps are set once, on the sampler (0 = the checkpoint varia
 reach the prompt's metadata, the latent size and, through the decode node's fps output, the video.
 """
 
+from ..cosmos3_runtime import keyframes
 from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, Variant
-from ..cosmos3_runtime.errors import reworded
+from ..cosmos3_runtime.errors import InputError, reworded
+from ..cosmos3_runtime.pipeline import prompt_list
 from ..cosmos3_runtime.prompts import parse_caption
 from ..cosmos3_runtime.request import (CACHES, KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
                                        parse_frame_indexes)  # fmt: skip
@@ -66,6 +68,9 @@ class Cosmos3TextEncode:
         kind = "JSON caption" if json_captions and parse_caption(prompt) is not None else "prose"
         text = {"prompt": prompt, "negative_prompt": negative_prompt,
                 **prompt_options(system_prompt, resolution_template, duration_template, json_captions)}  # fmt: skip
+        shots = prompt_list(prompt)
+        if len(shots) > 1:
+            kind = f"{len(shots)} prompts, one per chunk of a long video"
         return {"ui": {"text": [f"prompt read as {kind}"]}, "result": (text,)}
 
 
@@ -186,6 +191,68 @@ class Cosmos3LatentToVideo(ClipCondition):
         return self.media(samples["samples"], condition_frames, keep)
 
 
+class Cosmos3Keyframes:
+    DESCRIPTION = ("First-last frame (and any-frame) to video: images or clips held at frames of the video. A still "
+                   "holds the latent frame that holds its frame (4 frames), a clip every latent frame it covers; the "
+                   "rest is generated. Connect it to the sampler's media; its frame count is the sampler's.")  # fmt: skip
+    CATEGORY = "cosmos3/conditioning"
+    RETURN_TYPES = ("COSMOS3_MEDIA",)
+    RETURN_NAMES = ("media",)
+    FUNCTION = "condition"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "frames": ("INT", {"default": 81, "min": 5, "max": 4097, "step": 4, "tooltip": "frames of the video, "
+                           "1 + 4k (the sampler's frames stays 0 or says the same)"}),  # fmt: skip
+            },
+            "optional": {
+                "start": ("IMAGE", {"tooltip": "the first frame (one image) or the opening clip (an IMAGE batch)"}),
+                "end": ("IMAGE", {"tooltip": "the last frame (one image) or the closing clip (an IMAGE batch)"}),
+                "middle": ("IMAGE", {"tooltip": "stills in between, one per frame number in middle_frames"}),
+                "middle_frames": ("STRING", {"default": "", "tooltip": "the frames the middle images are held at, "
+                                  "e.g. 40, 80 (negative: from the end)"}),  # fmt: skip
+            },
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, frames, middle_frames=""):
+        return services.validation(lambda: (parse_middle_frames(middle_frames), keyframes.check_frames(frames)),
+                                   middle_frames)  # fmt: skip
+
+    def condition(self, frames, start=None, end=None, middle=None, middle_frames=""):
+        at = parse_middle_frames(middle_frames)
+        given = {} if start is None else {0: still_or_clip(start)}
+        if middle is not None:
+            if len(at) != middle.shape[0]:
+                raise InputError(f"middle has {middle.shape[0]} image(s) and middle_frames names {len(at)} frame(s); "
+                                 "give one frame number per image")  # fmt: skip
+            given.update({f: middle[i : i + 1] for i, f in enumerate(at)})
+        if end is not None:
+            given[-1] = still_or_clip(end)
+        if not given:
+            raise InputError("Cosmos3 Keyframes needs at least one keyframe: connect start, end or middle")
+        placed = keyframes.place(given, frames)
+        locked = keyframes.locked(placed)
+        report = [f"{frames} frames, {1 + (frames - 1) // 4} latent frames; held: {', '.join(map(str, locked))}",
+                  *(k.describe() for k in placed)]  # fmt: skip
+        return {"ui": {"text": report}, "result": ({"keyframes": given, "num_frames": frames},)}
+
+
+def still_or_clip(images):
+    """An IMAGE batch: one image is a still, several a clip."""
+    return images if images.shape[0] > 1 else images[:1]
+
+
+def parse_middle_frames(text: str) -> list[int]:
+    parts = [p for p in str(text).replace(",", " ").split() if p]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise InputError(f"middle_frames {text!r} must be frame numbers like 40, 80") from None
+
+
 class Cosmos3Sampler:
     DESCRIPTION = ("Generates Cosmos3 latents: text-to-image (frames = 1), text-to-video, image- or video-to-video, "
                    "and actions with an action input.")  # fmt: skip
@@ -217,7 +284,11 @@ class Cosmos3Sampler:
                 "action": ("COSMOS3_ACTION", {"tooltip": "an action run (Cosmos3 Action): sets size, frames and "
                            "conditioning"}),  # fmt: skip
                 **speed_widgets(),
+                "chunk_frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": auto_help("chunk_frames")}),
+                "chunk_overlap_frames": ("INT", {"default": 1, "min": 1, "max": 61, "step": 4,
+                                         "tooltip": help_of("chunk_overlap_frames")}),  # fmt: skip
             },
+            "hidden": {"node_id": "UNIQUE_ID"},
         }
 
     @classmethod
@@ -228,9 +299,13 @@ class Cosmos3Sampler:
                         widgets, SAMPLER_WORDS)  # fmt: skip
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
-               schedule=None, media=None, action=None, cache="seacache", compile=False):  # fmt: skip
+               schedule=None, media=None, action=None, cache="seacache", compile=False, chunk_frames=0,
+               chunk_overlap_frames=1, node_id=None):  # fmt: skip
+        media = dict(media or {})
+        frames = media_frames(frames, media.pop("num_frames", None))
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
-                       guidance_interval=guidance_interval, seed=seed, sound=sound, cache=cache, compile=compile)  # fmt: skip
+                       guidance_interval=guidance_interval, seed=seed, sound=sound, cache=cache, compile=compile,
+                       chunk_frames=chunk_frames, chunk_overlap_frames=chunk_overlap_frames)  # fmt: skip
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
         progress = None
@@ -240,12 +315,16 @@ class Cosmos3Sampler:
             progress = progress or services.Progress(total)
             progress.update(step, denoised)
 
+        def on_stage(stage, done, total):
+            if stage == "chunk":
+                services.progress_text(f"chunk {done} of {total}", node_id)
+
         with services.widget_words(SAMPLER_WORDS):
-            request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **(media or {}),
+            request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **media,
                                     action=action, output="latents")  # fmt: skip
             # ComfyUI makes room for the run itself, not only for the weights
             with model.use(memory_required=model.memory_needed(prompt, request)) as pipe:
-                result = pipe.generate(prompt, request, callback=on_step)
+                result = pipe.generate(prompt, request, callback=on_step, progress=on_stage)
                 raw = pipe.raw_latents(result.latents)  # ComfyUI's LATENT holds the VAE's own latents
         s = result.settings
         report = [f"{s.mode}: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps",
@@ -269,7 +348,8 @@ class Cosmos3Sampler:
 # Sampler widget -> Request field; 0 means "automatic" (None) for the numeric ones.
 SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
                   "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
-                  "sound": "sound", "cache": "cache", "compile": "compile"}  # fmt: skip
+                  "sound": "sound", "cache": "cache", "compile": "compile", "chunk_frames": "chunk_frames",
+                  "chunk_overlap_frames": "chunk_overlap_frames"}  # fmt: skip
 
 
 def speed_widgets() -> dict:
@@ -282,7 +362,15 @@ def speed_widgets() -> dict:
                         "does this for the core MODEL path)"})}  # fmt: skip
 
 
-ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance")
+ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance", "chunk_frames")
+
+
+def media_frames(widget: int, from_media: int | None) -> int:
+    """The sampler's frame count: its widget, or the media's (Cosmos3 Keyframes sets one) when the widget is 0."""
+    if from_media is None or widget in (0, from_media):
+        return from_media or widget
+    raise InputError(f"the sampler's frames is {widget} and its keyframes are placed in {from_media} frames; set "
+                     "frames to 0 (or the same number) on the sampler")  # fmt: skip
 
 
 def words_of(fields: dict, **extra: str) -> dict:

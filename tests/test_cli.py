@@ -254,7 +254,7 @@ REFUSED_VALUES = [  # each refused value's message names the flag that was used,
     (["--frames", "0"], "--frames must be at least 1"),
     (["--guidance-interval", "sometimes"], "--guidance-interval 'sometimes'"),
     (["--condition-frames", "x"], "--condition-frames 'x' must be latent frame numbers"),
-    (["--chunk-frames", "5"], "--control-guidance, --chunk-frames and --chunk-overlap-frames are transfer options"),
+    (["--control-guidance", "2"], "--control-guidance is a transfer option"),
     (["--width", "4096", "--height", "4096"], "decode tiled (--tile), or shorten the prompt (--no-check-memory skips"),
     (["--max-prompt-tokens", "3"], "more than --max-prompt-tokens 3"),
 ]

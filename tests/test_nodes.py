@@ -242,6 +242,22 @@ def test_image_and_video_conditioning_nodes(nodes):
         nodes.Cosmos3VideoToVideo().condition(torch.rand(6, 48, 64, 3), "first two", "first")
 
 
+def test_keyframes_node_reports_the_held_latents_and_sets_the_frame_count(nodes):
+    model, _, _ = load(nodes)
+    start, end = torch.rand(1, 48, 64, 3), torch.rand(5, 48, 64, 3)
+    out = nodes.Cosmos3Keyframes().condition(17, start=start, end=end, middle=torch.rand(1, 48, 64, 3), middle_frames="8")
+    (media,) = out["result"]
+    assert out["ui"]["text"][0] == "17 frames, 5 latent frames; held: 0, 2, 3, 4"
+    assert "a 5-frame clip at frames 12-16: latents 3-4" in out["ui"]["text"]
+    latent, messages = sample(nodes, model, text(nodes), frames=0, media=media)  # the sampler takes their count
+    assert messages[0].startswith("keyframes") and latent["samples"].shape[2] == 5
+    with pytest.raises(nodes.vae.InputError, match="frames is 9 and its keyframes are placed in 17"):
+        sample(nodes, model, text(nodes), frames=9, media=media)
+    with pytest.raises(nodes.vae.InputError, match="2 image\\(s\\) and middle_frames names 1"):
+        nodes.Cosmos3Keyframes().condition(17, middle=torch.rand(2, 48, 64, 3), middle_frames="8")
+    assert "1 + 4k" in nodes.Cosmos3Keyframes.VALIDATE_INPUTS(18)
+
+
 def test_scheduler_node_and_guidance_interval_parsing(nodes):
     model, _, _ = load(nodes)
     schedule, _ = nodes.Cosmos3Scheduler().build("checkpoint", 3, 0.0)

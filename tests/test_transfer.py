@@ -206,7 +206,7 @@ REFUSED = [  # request options, words of the message
     ({"control_videos": {"edge": clip(5, 0)}, "chunk_overlap_frames": -1}, "chunk_overlap_frames must be 0 or more"),
     ({"control_videos": {"edge": clip(5, 0)}, "control_guidance": -1.0}, "control_guidance must be 0 or more"),
     ({"control_videos": {"edge": clip(5, 0)}, "control_guidance_interval": "low"}, "control_guidance_interval 'low'"),
-    ({"control_guidance": 2.0}, "transfer options: give control_videos too"),
+    ({"control_guidance": 2.0}, "a transfer option: give control_videos too"),
 ]  # fmt: skip
 
 

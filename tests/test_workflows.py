@@ -65,7 +65,13 @@ def small(prompt: dict) -> dict:
     for node in prompt.values():
         if node["class_type"] == "Cosmos3Sampler":
             frames = node["inputs"]["frames"]
-            node["inputs"].update(width=64, height=48, frames=1 if frames == 1 else 13)
+            media = node["inputs"].get("media")
+            keyframes = media is not None and prompt[media[0]]["class_type"] == "Cosmos3Keyframes"  # their count (below)
+            node["inputs"].update(width=64, height=48, frames=0 if keyframes else 1 if frames == 1 else 13)
+            if node["inputs"].get("chunk_frames"):  # a long video: 13 frames in three chunks of 5
+                node["inputs"]["chunk_frames"] = 5
+        if node["class_type"] == "Cosmos3Keyframes":
+            node["inputs"]["frames"] = 13
         if node["class_type"] == "Cosmos3Scheduler":
             node["inputs"]["steps"] = min(node["inputs"]["steps"], 3) or 3
         if node["class_type"] == "Cosmos3Action":
@@ -209,7 +215,8 @@ def test_widget_order_of_our_nodes(pack):
                               "json_captions"],
         "Cosmos3Scheduler": ["schedule", "steps", "flow_shift"],
         "Cosmos3Sampler": ["width", "height", "frames", "fps", "guidance", "guidance_interval", "seed", "sound", "cache",
-                           "compile"],
+                           "compile", "chunk_frames", "chunk_overlap_frames"],
+        "Cosmos3Keyframes": ["frames", "middle_frames"],
         "Cosmos3VAEDecode": ["tiled", "tile_size", "tile_overlap"],
         "Cosmos3VAEEncode": [],
         "Cosmos3ImageToVideo": [],
@@ -248,8 +255,8 @@ def test_widget_order_of_our_nodes(pack):
 def test_sampler_widgets_values_carry_the_seed_control(registry):
     workflow = load_json(ROOT / "workflows" / "cosmos3_edge_t2v.json")
     sampler = next(n for n in workflow["nodes"] if n["type"] == "Cosmos3Sampler")
-    assert sampler["widgets_values"][-5:] == [42, "fixed", False, "seacache", False]  # seed, its control, sound, cache,
-    # compile
+    assert sampler["widgets_values"][-7:] == [42, "fixed", False, "seacache", False, 0, 1]  # seed, its control, sound,
+    # cache, compile, chunk frames and overlap
 
 
 def test_a_shifted_widget_is_caught(registry):

@@ -1,0 +1,85 @@
+"""Clips longer than one forward pass, made in chunks: the geometry, and how each chunk after the first is seeded.
+
+A chunk is `chunk` pixel frames (1 + 4k); chunk k starts `stride = chunk - overlap` frames after chunk k - 1, so
+its first `overlap` frames are the last ones of its predecessor, decoded and encoded again as its conditioning
+(the Wan VAE is causal: a chunk's first latent must be its own first frame, alone). Every chunk is generated
+whole; the stitched clip keeps the first chunk and each later one without its overlap, cut to `total` frames.
+Transfer and long videos share this.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+from .request import TEMPORAL_FACTOR
+
+
+def round_up_frames(n: int) -> int:
+    """Smallest 1 + 4k not below n."""
+    return 1 if n <= 1 else math.ceil((n - 1) / TEMPORAL_FACTOR) * TEMPORAL_FACTOR + 1
+
+
+def latent_frames(pixel_frames: int) -> int:
+    """Latent frames that hold the first `pixel_frames` frames (0 for none)."""
+    return 0 if pixel_frames <= 0 else (pixel_frames - 1) // TEMPORAL_FACTOR + 1
+
+
+@dataclass(frozen=True)
+class Chunks:
+    total: int  # output frames
+    chunk: int  # pixel frames per chunk (1 + 4k)
+    overlap: int  # frames each later chunk takes from the previous one
+    stride: int  # frames between chunk starts
+    count: int  # chunks
+
+    @property
+    def padded(self) -> int:
+        """Frames the chunks span (the last one generated whole)."""
+        return max(self.total, self.chunk)
+
+    def window(self, k: int) -> tuple[int, int]:
+        start = k * self.stride
+        return start, min(start + self.chunk, self.total)
+
+    def seed_frames(self, k: int) -> int:
+        """Frames chunk k takes from its predecessor (0 for the first)."""
+        return 0 if k == 0 else min(self.overlap, self.chunk)
+
+
+def plan(total: int, chunk_frames: int | None, overlap: int | None, default_chunk: int, default_overlap: int,
+         notes: list[str], what: str) -> Chunks:  # fmt: skip
+    """The chunks of `total` frames: `chunk_frames` rounded up to 1 + 4k (None: `default_chunk`, or the whole clip when
+    it is shorter); `overlap` None: `default_overlap`. `what` names the run in notes ("transfer", "long video")."""
+    if chunk_frames is None:
+        chunk = min(round_up_frames(total), default_chunk)
+    else:
+        chunk = round_up_frames(chunk_frames)
+        if chunk != chunk_frames:
+            notes.append(f"{what}: chunk_frames {chunk_frames} rounded up to {chunk} (chunks are 1 + 4k frames)")
+    chunk = 1 if total == 1 else chunk
+    overlap = default_overlap if overlap is None else int(overlap)
+    if overlap < 0:
+        raise InputError(f"chunk_overlap_frames must be 0 or more, got {overlap}")
+    if total <= chunk:
+        return Chunks(total, chunk, overlap, chunk, 1)
+    stride = chunk - overlap
+    if stride <= 0:
+        raise InputError(f"chunk_overlap_frames {overlap} must be smaller than chunk_frames {chunk}")
+    return Chunks(total, chunk, overlap, stride, 1 + math.ceil((total - chunk) / stride))
+
+
+def seed(pipe, previous: torch.Tensor, frames: int, shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(clean latents, mask [T, 1, 1]) of a chunk of latent `shape` seeded by the last `frames` frames of the previous
+    chunk's decoded pixels [1, 3, T, H, W] in [-1, 1]: they are encoded again as its first latent frames, the last
+    frame repeated up to whole latent frames (the causal VAE's first latent holds one frame, each next one four)."""
+    held = latent_frames(frames)
+    covered = TEMPORAL_FACTOR * (held - 1) + 1
+    target = previous[:, :, -frames:][:, :, :covered].to(pipe.vae.dtype)
+    target = torch.cat([target, target[:, :, -1:].expand(-1, -1, covered - target.shape[2], -1, -1)], dim=2)
+    clean = torch.zeros(shape, dtype=torch.float32, device=pipe.device)
+    clean[:, :, :held] = pipe.encode_pixels(target)
+    mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=pipe.device)
+    mask[:held] = 1.0
+    return clean, mask

@@ -240,9 +240,10 @@ class WorkerPool:
             raise cancelled
         return result
 
-    def generate(self, prompt: str, request: Request | None = None, *, callback=None, **options):
+    def generate(self, prompt: str, request: Request | None = None, *, callback=None, progress=None, **options):
         """Same arguments and result as `Cosmos3Pipeline.generate` (latents only, decode them with `decode`; a
-        transfer's frames, which it decodes chunk by chunk)."""
+        transfer's frames, which it decodes chunk by chunk). `callback` hears every step of every chunk; the stages
+        around them (`progress`: prompts, chunks begun, decode) stay inside the workers."""
         options.pop("parallel", None)
         request = Request.build(request, **options)  # a bad request fails here, in the caller
         if request.control_videos is None:

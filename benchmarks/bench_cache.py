@@ -80,7 +80,7 @@ def compile_table(folder: Path, steps: int) -> None:
 
 def cache_table(folder: Path, steps: int) -> None:
     print(f"SeaCache vs off: 'small' random checkpoints, {SIZE['width']}x{SIZE['height']}x{SIZE['num_frames']}, "
-          f"{steps} steps, fp32 on {torch.get_num_threads()} CPU threads")  # fmt: skip
+          f"{steps} steps, fp32 on {torch.get_num_threads()} CPU threads")
     print("| case | forwards skipped | time on / off | result vs off (relative mean difference) |")
     print("|---|---|---|---|")
     for name, (root, extra) in cases(folder).items():
@@ -97,7 +97,7 @@ def cache_table(folder: Path, steps: int) -> None:
         a, b = (on.latents, off.latents) if off.latents is not None else (on.frames, off.frames)
         moved = ((a - b).abs().mean() / b.abs().mean()).item()
         print(f"| {name} | {skipped} of {ran + skipped} | {t_on / t_off:.2f}x ({t_on:.1f} / {t_off:.1f} s) "
-              f"| {moved:.4f} |", flush=True)  # fmt: skip
+              f"| {moved:.4f} |", flush=True)
 
 
 if __name__ == "__main__":

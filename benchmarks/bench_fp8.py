@@ -73,7 +73,7 @@ def measure(kind: str, folder: Path) -> None:
                 module.scaled = policy(name, layer_class(name, n), n)
         pipe._text_cache.clear()  # the text tower's K/V depend on the policy too
         errors = [((pipe.generate("a cat walks", seed=s, **REQUEST).latents - e).abs().mean() / e.abs().mean()).item()
-                  for s, e in zip(SEEDS, expected)]  # fmt: skip
+                  for s, e in zip(SEEDS, expected)]
         error = sum(errors) / len(errors)
         base = base or error
         print(f"| {label} | {error:.4f} | {error / base:.2f}x |", flush=True)

@@ -65,7 +65,7 @@ print(json.dumps(result))
 
 def run(which: str, checkpoint: Path, args, out: Path) -> dict:
     payload = json.dumps({"prompt": args.prompt, "width": args.width, "height": args.height, "frames": args.frames,
-                          "steps": args.steps})  # fmt: skip
+                          "steps": args.steps})
     code = CHILD.format(threads=args.threads, args=payload, which=which, ckpt=str(checkpoint), out=str(out))
     return run_child(code, which)
 
@@ -93,7 +93,7 @@ def main() -> None:
         latents = {name: torch.load(Path(tmp) / f"{name}.pt") for name in results}
     ours, ref = results["ours"], results["diffusers"]
     print(f"small gated checkpoint (hidden 512, 6 layers), {args.width}x{args.height}x{args.frames}, {args.steps} "
-          f"steps, CFG 4 (2 forwards per step), {ours['text_tokens']}-token prompt, fp32 CPU, {args.threads} threads")  # fmt: skip
+          f"steps, CFG 4 (2 forwards per step), {ours['text_tokens']}-token prompt, fp32 CPU, {args.threads} threads")
     print(f"{'':10}{'s/step':>10}{'total s':>10}{'peak RSS MiB':>14}")
     for name, r in results.items():
         print(f"{name:10}{r['step_s']:10.3f}{r['total_s']:10.2f}{r['peak_mb']:14.0f}")

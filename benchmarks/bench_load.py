@@ -1,7 +1,8 @@
 """Load time and peak memory of our loader next to diffusers' `from_pretrained`, in one run.
 
 Each load runs in a fresh Python process, and peak resident memory is counted from just before the
-load (Linux /proc), so the numbers are comparable; the script prints both and their ratio. Not a test: numbers depend on the machine.
+load (Linux /proc), so the numbers are comparable; the script prints both and their ratio. Not a test: numbers depend
+on the machine.
 
     python benchmarks/bench_load.py [--size small] [--dtype bf16] [--repeats 3]
 """

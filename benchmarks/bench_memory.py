@@ -9,7 +9,8 @@ speed of a GGUF layer depends on its type and shape, not its values) and text + 
   counted from the model's parameters on the meta device under that option's placement, plus the
   activations of the request from the runtime's own estimate (`budget.estimate`).
 - Measured (`--measure`, CUDA): peak `torch.cuda.max_memory_allocated` (and `max_memory_reserved`, what the
-  caching allocator holds: what other programs cannot use) and time per step (both CFG forwards) with random bf16 weights in the released shapes, each option against the default from
+  caching allocator holds: what other programs cannot use) and time per step (both CFG forwards) with random bf16
+  weights in the released shapes, each option against the default from
   the same run. A CPU cannot tell compute from offload memory, so `--measure` on CPU only times the
   options on a reduced depth (`--layers`) and says so.
 Not a test: numbers depend on the machine.
@@ -82,9 +83,9 @@ def computed_weights(config: TransformerConfig, option: dict) -> int:
 def activations(config: TransformerConfig, size: tuple[int, int, int], text_tokens: int = 300) -> int:
     width, height, frames = size
     settings = SimpleNamespace(width=width, height=height, num_frames=frames, latent_frames=1 + (frames - 1) // 4,
-                               guidance_scale=4.0, transfer=None)  # fmt: skip
+                               guidance_scale=4.0, transfer=None)
     return budget.estimate(config, VAEConfig(latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48), settings,
-                           text_tokens, text_tokens, torch.bfloat16, tile=None).total  # fmt: skip
+                           text_tokens, text_tokens, torch.bfloat16, tile=None).total
 
 
 def computed_table(swap: int) -> None:
@@ -130,12 +131,12 @@ def random_model(config: TransformerConfig, device: str, gguf: str | None = None
 
 
 def measure(variant: str, device: str, swap: int, layers: int | None, size, steps: int, only=(),
-            total_steps: int = 35) -> None:  # fmt: skip
+            total_steps: int = 35) -> None:
     raw = dict(RELEASED[variant])
     if device == "cpu":
         raw["num_hidden_layers"] = layers or 2
         print(f"CPU: one device holds everything, so memory per device cannot be measured here; timing only, "
-              f"{raw['num_hidden_layers']} layers")  # fmt: skip
+              f"{raw['num_hidden_layers']} layers")
     config = TransformerConfig(**raw)
     w, h, f = size
     latents = torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device=device)

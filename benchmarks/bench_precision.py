@@ -58,18 +58,18 @@ def vae() -> None:
     reference = pixels(fp32.decode(fp32.denormalize(z)))
     seconds = time.perf_counter() - start
     print(f"VAE, {sum(p.numel() for p in fp32.parameters()) / 1e6:.0f} M parameters, 9 frames of 128x128 "
-          f"(fp32 decode {seconds:.1f} s on this CPU)")  # fmt: skip
+          f"(fp32 decode {seconds:.1f} s on this CPU)")
     print("| variant | decoded frames PSNR against fp32 |")
     print("|---|---|")
     print(f"| bf16 VAE (statistics in fp32, as loaded) | {psnr(pixels(bf16.decode(bf16.denormalize(z))), reference):.1f} dB |")
     low_stats = (z.to(BF16) / (1 / torch.tensor(config.latents_std, dtype=BF16)).view(1, -1, 1, 1, 1)
-                 + torch.tensor(config.latents_mean, dtype=BF16).view(1, -1, 1, 1, 1))  # fmt: skip
+                 + torch.tensor(config.latents_mean, dtype=BF16).view(1, -1, 1, 1, 1))
     print(f"| bf16 VAE, statistics in bf16 (diffusers) | {psnr(pixels(bf16.decode(low_stats)), reference):.1f} dB |")
     frames = torch.rand(1, 3, 9, 128, 128, generator=g) * 2 - 1
     exact = fp32.normalize(fp32.encode(frames))
     low = bf16.normalize(bf16.encode(frames.to(BF16)))
     print(f"\nVAE encode, bf16 against fp32: relative mean error of the latents "
-          f"{((low - exact).abs().mean() / exact.abs().mean()).item():.4f}")  # fmt: skip
+          f"{((low - exact).abs().mean() / exact.abs().mean()).item():.4f}")
 
 
 @torch.no_grad()
@@ -89,7 +89,7 @@ def sound() -> None:
     reference = fp32.decode(z)
     seconds = time.perf_counter() - start
     print(f"\nSound tokenizer decoder, {sum(p.numel() for p in fp32.parameters()) / 1e6:.0f} M parameters, one second at "
-          f"48 kHz (fp32 decode {seconds:.1f} s on this CPU)")  # fmt: skip
+          f"48 kHz (fp32 decode {seconds:.1f} s on this CPU)")
     print("| variant | waveform SNR against fp32 |")
     print("|---|---|")
     print(f"| bf16 | {snr(reference, bf16.decode(z).float()):.1f} dB |")

@@ -7,7 +7,8 @@
 1. Released shapes (random bf16 weights, the converter's own files): the transformer's weight bytes per
    type against bf16, for Nano and Edge. A checkpoint of two layers at the released widths is written and
    converted; its non-layer tensors, its first layer times all but one layer and its last layer give the
-   whole model (every layer has the first one's shapes, the last one without its unread text tail). Also the peak RSS of converting that checkpoint against
+   whole model (every layer has the first one's shapes, the last one without its unread text tail). Also the peak RSS
+   of converting that checkpoint against
    the import baseline and its largest tensor, and of loading the file against loading the bf16 one.
 2. One Gaussian linear layer per type (the error each type starts from), then the small config (tiny.py's
    "small", 6 layers): one-forward relative error against bf16 (mean and max over
@@ -45,7 +46,7 @@ RELEASED = {  # transformer widths of the released checkpoints (bench_memory.py 
                  intermediate_size=12288, vocab_size=151936, rope_axes_dim=[24, 20, 20]),
     "edge": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                  intermediate_size=9216, vocab_size=131072, rope_axes_dim=[24, 20, 20]),
-}  # fmt: skip
+}
 GIB = 2**30
 # VmHWM: this process image's peak RSS (ru_maxrss would carry over the forking parent's peak through exec)
 PEAK = "import re, sys; print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]) * 1024, file=sys.stderr)"
@@ -54,7 +55,7 @@ PEAK = "import re, sys; print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/sel
 def peak_rss(code: str) -> tuple[int, int]:
     """(peak RSS after the imports, peak RSS at the end) of `code` run in a fresh process, in bytes."""
     script = f"import sys; sys.path.insert(0, {str(ROOT)!r})\nimport torch, gguf, cosmos3_runtime, " \
-             f"cosmos3_runtime.gguf_convert\n{PEAK}\n{code}\n{PEAK}"  # fmt: skip
+             f"cosmos3_runtime.gguf_convert\n{PEAK}\n{code}\n{PEAK}"
     err = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
     numbers = [int(line) for line in err.split() if line.isdigit()]
     return numbers[0], numbers[-1]
@@ -90,7 +91,7 @@ def released(name: str, tmp: Path) -> None:
     largest = max(bf16.values())
     total = layer_bytes(bf16, layers)
     print(f"\n{name} at released widths ({layers} layers, random weights): transformer bf16 {total / GIB:.2f} GiB; "
-          f"largest tensor {largest / GIB:.2f} GiB")  # fmt: skip
+          f"largest tensor {largest / GIB:.2f} GiB")
     print(f"{'type':8} {'GiB':>8} {'x bf16':>8} {'convert peak RSS over imports':>30}")
     for qtype, (entries, rss) in sizes.items():
         n = layer_bytes(entries, layers)
@@ -101,7 +102,7 @@ def released(name: str, tmp: Path) -> None:
     base_q, peak_q = peak_rss(load.format(str(root), f", transformer_file={str(gguf_path)!r}"))
     print(f"load peak RSS over imports (two layers): bf16 {(peak_bf16 - base_bf16) / GIB:.2f} GiB, {WRITABLE[-1]} "
           f"{(peak_q - base_q) / GIB:.2f} GiB ({(peak_q - base_q) / (peak_bf16 - base_bf16):.2f}x; the BF16 "
-          "embedding dominates a two-layer file)")  # fmt: skip
+          "embedding dominates a two-layer file)")
     shutil.rmtree(root)
     gguf_path.unlink()
 
@@ -164,10 +165,11 @@ def dequant_per_forward() -> None:
 
     c = RELEASED["nano"]
     H, I, A, K, D = (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"],
-                     c["head_dim"])  # fmt: skip
+                     c["head_dim"])
     shapes = [(A * D, H), (K * D, H), (K * D, H), (H, A * D), (I, H), (I, H), (H, I)]
-    ways = {"before: float32, then cast": lambda raw, q, shape: dequantize(raw, q, shape, chunk_values=raw.numel() * 256).bfloat16(),
-            "after: slices into bf16": lambda raw, q, shape: dequantize(raw, q, shape, torch.bfloat16)}  # fmt: skip
+    ways = {"before: float32, then cast":
+            lambda raw, q, shape: dequantize(raw, q, shape, chunk_values=raw.numel() * 256).bfloat16(),
+            "after: slices into bf16": lambda raw, q, shape: dequantize(raw, q, shape, torch.bfloat16)}
     print("\nDequantization of one Nano layer's media linears into bf16 (per layer per forward)")
     print(f"{'type':6} {'way':28} {'CPU seconds':>11} {'temporaries peak':>17}")
     for qtype in ("Q8_0", "Q4_0", "Q4_K", "Q6_K"):

@@ -1,7 +1,8 @@
 """Reasoner speed and memory: ours next to transformers 5.24.0's `generate`, on the same inputs, in one run.
 
 The same random checkpoint (the "small" text tower, 512 wide and 6 layers, with the tiny vision tower; the
-image processor at the released pixel bounds, so a 448x448 image is 196 tokens), one image and a question, greedy decoding of --tokens new tokens (both sides produce the same ids: the parity
+image processor at the released pixel bounds, so a 448x448 image is 196 tokens), one image and a question, greedy
+decoding of --tokens new tokens (both sides produce the same ids: the parity
 tests check that). transformers is given exactly the prompt ids and pixel values our processors make (the
 tests check those equal its processors'), so it needs no torchvision here. Each side runs in a fresh
 process: prefill is timed as one forward over the prompt, decode as tokens per second after it; peak
@@ -81,7 +82,7 @@ def released_sizes() -> None:
 
     edge = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                 intermediate_size=9216, vocab_size=131072, hidden_act="relu2", backbone_type=EDGE_BACKBONE,
-                qk_norm_for_text=False, use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8)  # fmt: skip
+                qk_norm_for_text=False, use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8)
     families = {"Nano": (TransformerConfig(), QwenVisionTower, QwenVisionConfig()),
                 "Edge": (TransformerConfig(**edge), EdgeVisionTower, EdgeVisionConfig())}
     gib = lambda *modules: sum(p.numel() for m in modules for p in m.parameters()) * 2 / 2**30  # bf16
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--family", choices=("omni", "edge"), default="omni")
     parser.add_argument("--size", type=int, default=448, help="image side in pixels [default: 448]")
     parser.add_argument("--tokens", type=int, nargs="+", default=[64, 512, 2048], help="new tokens, one run "
-                        "each [default: 64 512 2048]")  # fmt: skip
+                        "each [default: 64 512 2048]")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--released-sizes", action="store_true", help="only count bytes at the released shapes")
     args = parser.parse_args()
@@ -113,7 +114,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = make_tiny_checkpoint(Path(tmp) / "bench", kind="gated" if args.family == "omni" else "edge",
-                                    size="small", dtype="float32")  # fmt: skip
+                                    size="small", dtype="float32")
         config = json.loads((ckpt / "preprocessor_config.json").read_text())  # the released pixel bounds, not the tiny's
         config["size"] = {"shortest_edge": 256 * 256, "longest_edge": 4096 * 4096}
         (ckpt / "preprocessor_config.json").write_text(json.dumps(config))

@@ -20,7 +20,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-            intermediate_size=1024, rope_axes_dim=[12, 10, 10])  # fmt: skip
+            intermediate_size=1024, rope_axes_dim=[12, 10, 10])
 
 
 def comfyui_with_the_pack():
@@ -29,7 +29,7 @@ def comfyui_with_the_pack():
 
     args.cpu = not torch.cuda.is_available()
     spec = importlib.util.spec_from_file_location("cosmos3_bench", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])  # fmt: skip
+                                                  submodule_search_locations=[str(ROOT)])
     pack = importlib.util.module_from_spec(spec)
     sys.modules["cosmos3_bench"] = pack
     spec.loader.exec_module(pack)
@@ -55,7 +55,7 @@ def main() -> None:
     model, _ = nodes.Cosmos3CoreModel().build(handle)
     positive, negative = nodes.Cosmos3CoreTextEncode().encode(
         "A robotic arm picks up a red cube and places it on a blue cube.", "blurry, static", "auto", True, True, True,
-        24.0)  # fmt: skip
+        24.0)
     _, sigmas = nodes.Cosmos3Scheduler().build("unipc", options.steps, 0.0, model=handle)
     latent = torch.zeros(1, 48, 9, 30, 52)  # 832x480, 33 frames
     transformer, forwards = handle.pipeline.transformer, []
@@ -81,7 +81,7 @@ def main() -> None:
         diff = (out - plain).abs()
         print(f"{name}:  {n} forwards ({1 - n / plain_n:.0%} skipped), {seconds:.2f} s = {seconds / plain_s:.2f}x the "
               f"plain run; final latents differ by {diff.max():.3g} max, {diff.mean():.3g} mean (plain's mean |x|: "
-              f"{plain.abs().mean():.3g})")  # fmt: skip
+              f"{plain.abs().mean():.3g})")
 
 
 if __name__ == "__main__":

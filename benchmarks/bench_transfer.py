@@ -66,9 +66,9 @@ print(json.dumps(dict(chunk_s=statistics.median(chunks), chunks=len(chunks), tot
 
 def run(which: str, checkpoint: Path, args, out: Path) -> dict:
     payload = json.dumps({"width": args.width, "height": args.height, "frames": args.frames, "chunk": args.chunk,
-                          "steps": args.steps, "hints": args.hints.split(",")})  # fmt: skip
+                          "steps": args.steps, "hints": args.hints.split(",")})
     code = CHILD.format(threads=args.threads, args=payload, which=which, ckpt=str(checkpoint), out=str(out),
-                        tests=str(ROOT / "tests"))  # fmt: skip
+                        tests=str(ROOT / "tests"))
     return run_child(code, which)
 
 
@@ -95,7 +95,7 @@ def main() -> None:
     ours, ref = results["ours"], results["diffusers"]
     print(f"small gated checkpoint (hidden 512, 6 layers), {args.width}x{args.height}, {args.frames} frames in "
           f"{ours['chunks']} chunks of {args.chunk}, controls {args.hints}, {args.steps} steps, guidance 3 and "
-          f"control guidance 1.5 (3 forwards per step), fp32 CPU, {args.threads} threads")  # fmt: skip
+          f"control guidance 1.5 (3 forwards per step), fp32 CPU, {args.threads} threads")
     print(f"{'':10}{'s/chunk':>10}{'total s':>10}{'peak RSS MiB':>14}")
     for name, r in results.items():
         print(f"{name:10}{r['chunk_s']:10.2f}{r['total_s']:10.2f}{r['peak_mb']:14.0f}")

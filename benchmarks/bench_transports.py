@@ -26,7 +26,7 @@ from websockets.sync.client import connect
 
 # the pack's msgpack-numpy codec (a module without imports of the pack, loaded by path)
 _spec = importlib.util.spec_from_file_location("msgpack_numpy", Path(__file__).resolve().parents[1] / "nodes" / "serving"
-                                               / "msgpack_numpy.py")  # fmt: skip
+                                               / "msgpack_numpy.py")
 codec = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(codec)
 packb, unpackb = codec.packb, codec.unpackb
@@ -37,13 +37,13 @@ PARAMETERS = {"action_horizon": 8, "num_inference_steps": 2, "seed": 1}
 
 def sglang_request() -> dict:
     return {"input": {"task": "pick up the cup", "observation": {"image": IMAGE, "domain_name": "droid_lerobot"}},
-            "parameters": {**PARAMETERS, "height": 256}}  # fmt: skip
+            "parameters": {**PARAMETERS, "height": 256}}
 
 
 def droid_observation() -> dict:
     return {"observation/exterior_image_1_left": IMAGE, "observation/wrist_image_left": IMAGE,
             "observation/joint_position": np.zeros(7), "observation/gripper_position": np.zeros(1),
-            "prompt": "pick up the cup", **PARAMETERS}  # fmt: skip
+            "prompt": "pick up the cup", **PARAMETERS}
 
 
 def execution_ms(url: str, prompt_id: str) -> float:
@@ -80,7 +80,7 @@ def chat(url: str, model: str):
     body = {"model": model, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What is on the table?"}]}]}
     request = urllib.request.Request(f"{url}/cosmos3/v1/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+                                     {"Content-Type": "application/json"})
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=600) as response:
         raw = response.read()
@@ -116,7 +116,7 @@ def main() -> None:
         "openpi websocket": websocket(args.url, "/cosmos3/openpi/policy", droid_observation(), args.requests,
                                       lambda a: a["prompt_id"]),
         "chat completions (image data URL, 8 tokens)": [chat(args.url, model) for _ in range(args.requests)],
-    }  # fmt: skip
+    }
     print(f"{args.requests} requests each, 224x224 observation, medians in ms")
     print("| transport | round trip | ComfyUI execution | transport overhead |")
     print("|---|---|---|---|")

@@ -45,7 +45,7 @@ print(json.dumps(dict(seconds=seconds, peak_mb=peak)))
 def run(which: str, tiled: bool, checkpoint: Path, args, out_path: Path) -> dict:
     code = CHILD.format(which=which, tiled=tiled, ckpt=str(checkpoint), out_path=str(out_path),
                         latent_frames=1 + (args.frames - 1) // 4, h=args.height // 16, w=args.width // 16,
-                        tile=args.tile, overlap=args.overlap)  # fmt: skip
+                        tile=args.tile, overlap=args.overlap)
     return run_child(code, f"{which} decode")
 
 
@@ -69,7 +69,7 @@ def main() -> None:
         checkpoint = Path(tmp)
         write_vae(checkpoint / "vae", vae_config(0, args.base_dim, args.decoder_dim), seed=0, dtype=torch.float32)
         print(f"decoding {args.width}x{args.height}x{args.frames} with a Wan 2.2-structured VAE "
-              f"(decoder width {args.decoder_dim}), fp32 on CPU; tiles {args.tile * 16}px, overlap {args.overlap * 16}px")  # fmt: skip
+              f"(decoder width {args.decoder_dim}), fp32 on CPU; tiles {args.tile * 16}px, overlap {args.overlap * 16}px")
         results, outputs = {}, {}
         for which in ("ours", "diffusers"):
             for tiled in (False, True):

@@ -52,11 +52,11 @@ from cosmos3_runtime.vae import WanVAE  # noqa: E402
 
 # SeaCache off where precision is compared: a skip decided differently in bf16 and fp32 is not a precision error
 REQUEST = dict(width=128, height=96, num_frames=9, steps=4, seed=3, output="latents", negative_prompt="blurry",
-               cache="off")  # fmt: skip
+               cache="off")
 # Bounds: 2.5 times what `--device cpu` measured for the same comparison (bf16 on the CPU against fp32; the README
 # lists those figures), rounded up: a GPU's bf16 kernels round differently, not 2.5 times worse.
 BOUNDS = {"bf16": 0.075, "fp8": 0.22, "fp8_scaled": 0.41, "q8_0": 0.11, "q4_0": 0.5, "transfer": 0.009,
-          "reasoner": 0.03}  # fmt: skip
+          "reasoner": 0.03}
 
 
 class Skip(Exception):
@@ -169,7 +169,7 @@ def check_fp8_scaled(c: Check) -> None:
     if not scaled_fp8_available(c.device):
         raise Skip(f"no scaled fp8 matmuls on {c.device} (compute capability 9.0+)")
     latents = cosmos3_runtime.load(tiny(c), device=c.device, dtype="bf16", quantize="fp8_scaled").generate(
-        "a cat", **REQUEST).latents  # fmt: skip
+        "a cat", **REQUEST).latents
     error = relative(latents, baseline(c))
     c.row("fp8_scaled", error < BOUNDS["fp8_scaled"], f"relative mean difference to bf16 {error:.4f}")
 
@@ -189,13 +189,13 @@ def check_gguf(c: Check) -> None:
         same = torch.equal(swapped.generate("a cat", **REQUEST).latents, latents)
         error = relative(latents, baseline(c))
         c.row(f"GGUF {qtype} (and with 3 blocks swapped)", error < BOUNDS[qtype] and same,
-              f"relative mean difference to bf16 {error:.4f}, swap bit-identical={same}")  # fmt: skip
+              f"relative mean difference to bf16 {error:.4f}, swap bit-identical={same}")
         left = [m for m in quantized.transformer.modules() if isinstance(m, GGUFLinear)][::2]
         for m in left:  # as ComfyUI's memory manager leaves layers it cannot fit: in CPU memory
             m.weight.data = m.weight.data.cpu()
         same = torch.equal(quantized.generate("a cat", **REQUEST).latents, latents)
         c.row(f"GGUF {qtype} layers left in CPU memory run from there", same,
-              f"{len(left)} layers in CPU memory, bit-identical={same}")  # fmt: skip
+              f"{len(left)} layers in CPU memory, bit-identical={same}")
 
 
 def check_host_placement(c: Check) -> None:
@@ -216,19 +216,19 @@ def check_host_placement(c: Check) -> None:
     same = torch.equal(outputs[0].vision, outputs[1].vision) and torch.equal(outputs[0].action, outputs[1].action)
     where = outputs[1].vision.device
     c.row("small modules in CPU memory, linears on the device", same and where.type == c.device.type,
-          f"ran on {where}, bit-identical to the model wholly on the device={same}")  # fmt: skip
+          f"ran on {where}, bit-identical to the model wholly on the device={same}")
 
 
 def check_transfer(c: Check) -> None:
     root = tiny(c, kind="gated")
     controls = {"edge": torch.rand(9, 96, 128, 3), "depth": torch.rand(9, 96, 128, 3)}
     options = dict(width=128, height=96, steps=4, seed=3, chunk_frames=5, control_videos=controls, guidance_scale=3.0,
-                   cache="off")  # fmt: skip
+                   cache="off")
     cpu = cosmos3_runtime.load(root, device="cpu", dtype="fp32").generate("a cat", **options).frames
     gpu = cosmos3_runtime.load(root, device=c.device, dtype="bf16").generate("a cat", **options).frames
     error = (gpu - cpu).abs().mean().item()
     c.row("transfer, two controls over two chunks", error < BOUNDS["transfer"],
-          f"mean abs difference of the frames {error:.4f}")  # fmt: skip
+          f"mean abs difference of the frames {error:.4f}")
 
 
 def check_reasoner(c: Check) -> None:
@@ -242,7 +242,7 @@ def check_reasoner(c: Check) -> None:
         error = (gpu.logits[0] - cpu.logits[0]).abs().max().item() / cpu.logits[0].abs().max().item()
         c.row(f"Reasoner ({kind})", same >= 1 and error < BOUNDS["reasoner"],
               f"first {same} of 8 tokens equal, first-step logits relative max difference {error:.4f}, "
-              f"{gpu.prefill_seconds * 1000:.0f} ms prefill, {len(gpu.token_ids) / gpu.decode_seconds:.0f} tokens/s")  # fmt: skip
+              f"{gpu.prefill_seconds * 1000:.0f} ms prefill, {len(gpu.token_ids) / gpu.decode_seconds:.0f} tokens/s")
 
 
 # --- kernels and speed at released shapes ------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def check_reasoner(c: Check) -> None:
 
 def kernels(profile) -> list[str]:
     return sorted({e.name for e in profile.events() if "attention" in e.name.lower() or "fmha" in e.name.lower()
-                   or "flash" in e.name.lower()})  # fmt: skip
+                   or "flash" in e.name.lower()})
 
 
 def check_attention_kernels(c: Check) -> None:
@@ -307,7 +307,7 @@ def check_profile(c: Check) -> None:
     names = kernels(p)
     c.row(f"Edge forward {w}x{h}x{f} ({config.num_hidden_layers} layers), profiled", not any("math" in n for n in names),
           f"{seconds * 1000:.0f} ms; " + ", ".join(f"{k} {v / total:.0%}" for k, v in split.items()) +
-          f"; SDPA: {', '.join(names)}")  # fmt: skip
+          f"; SDPA: {', '.join(names)}")
 
 
 def released_pipeline(c: Check, config: TransformerConfig):
@@ -330,7 +330,7 @@ def check_generate_stages(c: Check) -> None:
     config, (w, h, f) = released_edge(c)
     pipe = released_pipeline(c, config)
     request = cosmos3_runtime.Request(width=w, height=h, num_frames=f, steps=3, guidance_scale=5.0, output="latents",
-                                      cache="off")  # every step runs in full  # fmt: skip
+                                      cache="off")  # every step runs in full
     _, cond, uncond = pipe.prepare("A robot arm stacks two cubes.", request)
     c.sync()
     start = time.perf_counter()
@@ -354,7 +354,7 @@ def check_generate_stages(c: Check) -> None:
     peak = f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if c.device.type == "cuda" else ""
     c.row(f"Edge generate {w}x{h}x{f}, stages", True,
           f"text {text:.2f} s, first step {steps[0]:.2f} s, step {step:.2f} s, VAE decode {decode:.2f} s; "
-          f"35 steps: {text + 35 * step + decode:.0f} s without SeaCache{peak}")  # fmt: skip
+          f"35 steps: {text + 35 * step + decode:.0f} s without SeaCache{peak}")
 
 
 def check_block_swap_memory(c: Check) -> None:
@@ -362,7 +362,7 @@ def check_block_swap_memory(c: Check) -> None:
     layers swapped reserves at least 80 % of 8 layers' media weights less than the stack held whole."""
     if c.device.type != "cuda":
         raise Skip("reserved memory is the CUDA allocator's figure (the swap's order of copies and events is tested "
-                   "on the CPU: tests/test_low_vram.py)")  # fmt: skip
+                   "on the CPU: tests/test_low_vram.py)")
     from cosmos3_runtime.offload import BlockSwap
     from cosmos3_runtime.transformer import tower_of
 
@@ -375,7 +375,7 @@ def check_block_swap_memory(c: Check) -> None:
             model.streamer = BlockSwap(model, swap)  # the swapped layers to pinned CPU memory
             torch.cuda.empty_cache()  # their device copies freed, not kept in the allocator's cache
         layer_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                          if n.startswith("layers.1.") and tower_of(n) == "media tower")  # fmt: skip
+                          if n.startswith("layers.1.") and tower_of(n) == "media tower")
         with torch.inference_mode():
             text = model.encode_text(torch.arange(300) % config.vocab_size, c.device)
             model(latents, torch.tensor(900), text)  # warm-up
@@ -391,7 +391,7 @@ def check_block_swap_memory(c: Check) -> None:
     c.row("block swap, reserved memory", saved >= 0.8 * 8 * layer_bytes,
           f"12 Edge layers at 832x480x41: {reserved[0] / 2**30:.2f} GiB reserved whole, {reserved[10] / 2**30:.2f} GiB "
           f"with 10 swapped (saved {saved / layer_bytes:.1f} layers' media weights of 8 possible); forward "
-          f"{seconds[0]:.2f} s whole, {seconds[10]:.2f} s swapped")  # fmt: skip
+          f"{seconds[0]:.2f} s whole, {seconds[10]:.2f} s swapped")
 
 
 def check_gguf_dequant(c: Check) -> None:
@@ -405,7 +405,7 @@ def check_gguf_dequant(c: Check) -> None:
 
     r = RELEASED["nano"]
     H, I, A, K, D = (r["hidden_size"], r["intermediate_size"], r["num_attention_heads"], r["num_key_value_heads"],
-                     r["head_dim"])  # fmt: skip
+                     r["head_dim"])
     shapes = [(A * D, H), (K * D, H), (K * D, H), (H, A * D), (I, H), (I, H), (H, I)] if c.full else [(256, 512)] * 3
     figures = []
     for qtype in ("Q8_0", "Q4_K"):
@@ -447,7 +447,7 @@ def check_reasoner_decoding(c: Check) -> None:
     compiled = pipe.reason("Tell me a story.", **ask, compile=True)
     rate = lambda a: len(a.token_ids) / a.decode_seconds
     figure = (f"eager {rate(eager):.0f} tokens/s, compiled {rate(compiled):.0f} tokens/s (first answer "
-              f"{compile_s:.0f} s)")  # fmt: skip
+              f"{compile_s:.0f} s)")
     ok = compiled.token_ids == eager.token_ids
     if importlib.util.find_spec("gguf") is not None:
         from cosmos3_runtime.gguf_convert import convert
@@ -480,12 +480,12 @@ def check_vae_layouts(c: Check) -> None:
         times[name] = time.perf_counter() - start
     torch.backends.cudnn.benchmark = False
     c.row("VAE decode layouts, 832x480x21", True, ", ".join(f"{k} {v:.2f} s ({v / times['default']:.2f}x)"
-                                                          for k, v in times.items()))  # fmt: skip
+                                                          for k, v in times.items()))
 
 
 def check_speed_table(c: Check) -> None:
     bench = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--measure", "--no-table", "--steps", "2",
-             "--device", str(c.device.type)]  # fmt: skip
+             "--device", str(c.device.type)]
     options = ["default", "fp8", "offload_text", "blocks_to_swap=8"]
     if scaled_fp8_available(c.device):
         options.append("fp8_scaled")
@@ -500,7 +500,7 @@ def check_speed_table(c: Check) -> None:
         c.log.write(done.stderr)
         c.row(f"speed table, {variant}", done.returncode == 0,
               f"bench_memory.py exited with {done.returncode}" + ("" if done.returncode == 0 else
-                                                                   f": {done.stderr.strip().splitlines()[-1:]}"))  # fmt: skip
+                                                                   f": {done.stderr.strip().splitlines()[-1:]}"))
 
 
 CHECKS = [
@@ -510,7 +510,7 @@ CHECKS = [
     ("generate stages", check_generate_stages), ("block swap memory", check_block_swap_memory),
     ("GGUF dequantization", check_gguf_dequant), ("Reasoner decoding", check_reasoner_decoding),
     ("VAE layouts", check_vae_layouts), ("speed table", check_speed_table),
-]  # fmt: skip
+]
 
 
 def main() -> int:

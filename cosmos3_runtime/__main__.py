@@ -16,7 +16,7 @@ from .errors import Cosmos3Error, InputError, reworded
 from .gguf_convert import WRITABLE, convert, describe_types
 from .controls import derive
 from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions,
-                    save_wav, video_header)  # fmt: skip
+                    save_wav, video_header)
 from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, read_clip
 from .parallel import init_from_env
 from .pipeline import load, open_gguf, planner
@@ -29,7 +29,7 @@ from .weights import stored_bytes
 
 def cmd_make_tiny(args) -> None:
     root = make_tiny_checkpoint(args.folder, kind=args.kind, size=args.size, distilled=args.distilled,
-                                sound=args.sound, action=args.action)  # fmt: skip
+                                sound=args.sound, action=args.action)
     print(f"wrote a random {args.size} {args.kind} checkpoint to {root}")
 
 
@@ -55,7 +55,7 @@ def cmd_generate(args) -> None:
             video=options.pop("video"), view_point=args.view_point, preset=args.preset,
             state=read_array(args.state, "state") if args.state else None,
             stats=read_json(Path(args.action_stats)) if args.action_stats else None,
-        )  # fmt: skip
+        )
     request = Request.build(**options, output="latents" if latents_only else "frames")
     parallel, device = None, args.device
     if args.sp > 1 or args.cfg_parallel:
@@ -65,15 +65,15 @@ def cmd_generate(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.checkpoint is None:
             say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
-                "the output is noise.")  # fmt: skip
+                "the output is noise.")
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind or ("gated" if args.control_videos else "edge"))
         plan = planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only)
         s, cond_ids, _ = plan.check(args.prompt, request)
         if main and plan.device.type == "cpu":
             guess = estimate.generation(plan.transformer_config, plan.vae_config, s, len(cond_ids), not latents_only,
-                                        plan.dtype, plan.device)  # fmt: skip
+                                        plan.dtype, plan.device)
             say(f"on the CPU this takes {guess.describe()}" + ("; --frames 17 --width 256 --height 256 --steps 8 "
-                "is a quick look" if guess.seconds > 600 else ""))  # fmt: skip
+                "is a quick look" if guess.seconds > 600 else ""))
         pipe = load(args.checkpoint, device=device, dtype=args.dtype, vae_dtype=args.vae_dtype, **low_vram_options(args))
         say(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
         report = Report(say)
@@ -81,7 +81,7 @@ def cmd_generate(args) -> None:
         s = result.settings
         say(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
             f"({s.schedule}), guidance {s.guidance_scale:g}" + (transfer_summary(s.transfer) if s.transfer else "")
-            + (f"; {result.cache}" if result.cache else ""))  # fmt: skip
+            + (f"; {result.cache}" if result.cache else ""))
         if not main:
             return
         if tensors_out:
@@ -138,12 +138,12 @@ def cmd_reason(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.checkpoint is None:
             print("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); the answer "
-                  "is gibberish.", file=sys.stderr)  # fmt: skip
+                  "is gibberish.", file=sys.stderr)
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind)
         root = resolve(args.checkpoint, components=("transformer", "tokenizer", "reasoner"))
         video = read_clip(args.video, args.sample_fps, root) if args.video else None
         pipe = load(root, device=args.device, dtype=args.dtype, parts="reasoner", offload_text=args.offload_text,
-                    quantize=args.quantize)  # fmt: skip
+                    quantize=args.quantize)
 
         def stream(count, total, text, shown=[0]):
             print(text[shown[0] :], end="", flush=True)
@@ -153,7 +153,7 @@ def cmd_reason(args) -> None:
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                              top_k=args.top_k, presence_penalty=args.presence_penalty, seed=args.seed,
                              thinking=args.thinking, callback=None if args.thinking else stream,
-                             compile=args.compile)  # fmt: skip
+                             compile=args.compile)
         if args.thinking:
             print(f"<think>\n{answer.thinking}\n</think>\n\n{answer.text}")
         else:
@@ -195,7 +195,7 @@ def read_keyframes(specs: list[str]) -> dict:
             frame = None
         if frame is None or not path:
             raise InputError(f"--keyframe {spec!r} must be FRAME=FILE, e.g. 0=start.png or -1=end.png (an image or a "
-                             "video file; negative frames count from the end)")  # fmt: skip
+                             "video file; negative frames count from the end)")
         if frame in keyframes:
             raise InputError(f"--keyframe {frame} is given twice")
         keyframes[frame] = read_image(path) if Path(path).suffix.lower() in IMAGE_TYPES else read_video(path)
@@ -221,17 +221,17 @@ def cmd_info(args) -> None:
     print(f"variant:    {checkpoint.variant.describe()}")
     print(f"backbone:   hidden {config.hidden_size}, {config.num_hidden_layers} layers, heads "
           f"{config.num_attention_heads} (kv {config.num_key_value_heads}) x {config.head_dim}, "
-          f"MLP {config.intermediate_size} ({config.hidden_act}), vocab {config.vocab_size}")  # fmt: skip
+          f"MLP {config.intermediate_size} ({config.hidden_act}), vocab {config.vocab_size}")
     print(f"parameters: {total / 1e6:,.1f}M used for generation ("
           + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in towers.items()) + ")")
     print("in memory:  " + ", ".join(f"{name} {total * size / 2**30:,.2f} GiB"
-                                     for name, size in (("bf16", 2), ("fp8", 1), ("fp32", 4))))  # fmt: skip
+                                     for name, size in (("bf16", 2), ("fp8", 1), ("fp32", 4))))
     gguf = open_gguf(checkpoint, args.transformer_file)
     if gguf is not None:
         print(f"on disk:    transformer GGUF {gguf.path.name}: {describe_types(gguf.types())}")
         print(f"gguf:       quantization {gguf.field('cosmos3.quantization') or 'not recorded'}, other tensors in "
               f"{gguf.field('cosmos3.kept_type') or 'their stored types'}; converted from a "
-              f"{gguf.field('cosmos3.variant') or 'checkpoint of unrecorded variant'}")  # fmt: skip
+              f"{gguf.field('cosmos3.variant') or 'checkpoint of unrecorded variant'}")
         return
     stored, missing = stored_bytes(checkpoint.path("transformer"))
     files = ", ".join(f"{dtype} {n / 2**30:,.2f} GiB" for dtype, n in sorted(stored.items())) or "none present"
@@ -275,7 +275,7 @@ def cmd_demo(args) -> None:
             torch.cuda.synchronize()
         tokens = frames * -(-h // 2) * -(-w // 2)
         print(f"one transformer forward, {args.width}x{args.height}x{args.frames} ({tokens} media tokens): "
-              f"{(time.perf_counter() - start) * 1000:.1f} ms, velocity {tuple(velocity.shape)}")  # fmt: skip
+              f"{(time.perf_counter() - start) * 1000:.1f} ms, velocity {tuple(velocity.shape)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,27 +284,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate an image or a video")
     p.add_argument("--checkpoint", help="checkpoint folder or Hugging Face repo id namespace/name (default: a tiny "
-                   "random checkpoint)")  # fmt: skip
+                   "random checkpoint)")
     p.add_argument("--kind", choices=KINDS, help="kind of the tiny checkpoint [default: edge; gated for a transfer, "
-                   "which Edge does not run]")  # fmt: skip
+                   "which Edge does not run]")
     p.add_argument("--prompt", required=True, help="prose or a JSON caption")
     p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video, "
-                   "out.safetensors for the latents")  # fmt: skip
+                   "out.safetensors for the latents")
     add_arguments(p)  # every generation option, from cosmos3_runtime.request.Request
     p.add_argument("--sound-output", help="with --sound: also write the sound track alone, as a .wav file")
     a = p.add_argument_group("action generation (checkpoints with an action head; --image or --video is the "
-                             "observation)")  # fmt: skip
+                             "observation)")
     a.add_argument("--action-mode", choices=MODES, help="policy, forward_dynamics or inverse_dynamics")
     a.add_argument("--domain", default="droid_lerobot", choices=sorted(WIDTHS), help="embodiment [default: droid_lerobot]")
     a.add_argument("--chunk-size", type=int, help="actions per chunk; the video has one more frame (auto: the preset's)")
     a.add_argument("--resolution-tier", type=int, choices=sorted(TIERS), help="action canvas tier (auto: the preset's)")
     a.add_argument("--view-point", choices=sorted(VIEW_POINTS), help="camera of the observation (auto: the preset's)")
     a.add_argument("--preset", choices=list(PRESETS), help="sampling values (auto: droid-server for Policy-DROID "
-                   "checkpoints, else framework)")  # fmt: skip
+                   "checkpoints, else framework)")
     a.add_argument("--actions", help="forward_dynamics: the actions to roll out, .json ([[...], ...]) or .npy [T, width]")
     a.add_argument("--state", help="droid-server: the robot state, 8 comma-separated values or a .json / .npy file")
     a.add_argument("--action-stats", help="a JSON file of action statistics (q01/q99, mean/std or min/max): "
-                   "outputs in the dataset's units")  # fmt: skip
+                   "outputs in the dataset's units")
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (under torchrun) [default: 1]")
     p.add_argument("--cfg-parallel", action="store_true", help="run the two CFG branches on separate ranks")
     p.set_defaults(run=cmd_generate)
@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", help="a video to ask about")
     p.add_argument("--sample-fps", type=float, help="frames per second of the video to look at (the API's and the "
                    "node's sample_fps; the video's own rate is read from the file) [default: the checkpoint's "
-                   "video_preprocessor_config.json; NVIDIA recommends 4]")  # fmt: skip
+                   "video_preprocessor_config.json; NVIDIA recommends 4]")
     p.add_argument("--system-prompt", help="a system prompt (default: none)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="[default: %(default)s]")
     p.add_argument("--temperature", type=float, help="0 is greedy [default: 0.7, or 0.6 with --thinking]")
@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="[default: 0]")
     p.add_argument("--thinking", action="store_true", help="reason step by step; the thinking is printed first")
     p.add_argument("--compile", action="store_true", help="decode with a torch.compile'd fixed-shape step (CUDA "
-                   "graphs on a GPU); the first answer pays the compile")  # fmt: skip
+                   "graphs on a GPU); the first answer pays the compile")
     p.set_defaults(run=cmd_reason)
     reason = p
 
@@ -349,30 +349,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoint folder (bf16 safetensors) or Hugging Face repo id")
     p.add_argument("output", help="the .gguf file to write")
     p.add_argument("--type", choices=WRITABLE, default="q8_0", help="block type of the transformer blocks' linear "
-                   "weights; everything else stays BF16 [default: q8_0]")  # fmt: skip
+                   "weights; everything else stays BF16 [default: q8_0]")
     p.set_defaults(run=cmd_quantize)
 
     for loading in (generate, reason, sub.choices["demo"]):
         loading.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
         loading.add_argument("--dtype", default=None, help="auto, bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)")
         loading.add_argument("--offload-text", action="store_true", help="keep the text tower in CPU memory except "
-                             "while a prompt is encoded (bit-identical)")  # fmt: skip
+                             "while a prompt is encoded (bit-identical)")
         loading.add_argument("--quantize", choices=["fp8", "fp8_scaled"], default=None, help="store the transformer's "
                              "weights as fp8 with per-channel scales (about half the memory); fp8_scaled also runs "
-                             "the media blocks' matmuls in fp8 (compute capability 9.0+, larger error)")  # fmt: skip
+                             "the media blocks' matmuls in fp8 (compute capability 9.0+, larger error)")
     for loading in (generate, sub.choices["demo"]):
         loading.add_argument("--blocks-to-swap", type=int, default=0, help="stream this many layers from CPU memory "
-                             "during each forward (bit-identical) [default: 0]")  # fmt: skip
+                             "during each forward (bit-identical) [default: 0]")
         loading.add_argument("--transformer-file", help="a .gguf file to load the transformer's weights from (a "
-                             "single .gguf in transformer/ is found without it)")  # fmt: skip
+                             "single .gguf in transformer/ is found without it)")
     generate.add_argument("--vae-dtype", default=None, help="the VAE's precision: bf16, fp32 ... (default: --dtype's; "
-                          "fp32 holds 1.4 GB more; a bf16 decode is within about 55 dB PSNR of it)")  # fmt: skip
+                          "fp32 holds 1.4 GB more; a bf16 decode is within about 55 dB PSNR of it)")
 
     p = sub.add_parser("make-tiny", help="write a tiny random checkpoint in the released layout (meaningless "
-                       "weights: for trying the pack and its tests without a download)")  # fmt: skip
+                       "weights: for trying the pack and its tests without a download)")
     p.add_argument("folder")
     p.add_argument("--kind", choices=KINDS, default="edge", help="edge (Cosmos3-Edge's layout, what generate uses "
-                   "without --checkpoint) or gated (Nano / Super's, which transfer and sound need) [default: edge]")  # fmt: skip
+                   "without --checkpoint) or gated (Nano / Super's, which transfer and sound need) [default: edge]")
     p.add_argument("--sound", action="store_true", help="with a sound head and a sound tokenizer (as Nano)")
     p.add_argument("--action", action="store_true", help="with an action head (as Edge, Nano, Policy-DROID)")
     p.add_argument("--size", choices=sorted(SIZES), default="tiny")
@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
 def flag_names(command: argparse.ArgumentParser) -> dict[str, str]:
     """The API names (`generate` / `load` arguments) behind a command's flags -> the flags, for its error messages."""
     return {action.dest: action.option_strings[0] for action in command._actions
-            if action.option_strings and "_" in action.dest}  # fmt: skip
+            if action.option_strings and "_" in action.dest}
 
 
 def main(argv=None) -> int:

@@ -34,12 +34,12 @@ DOMAIN_IDS = {
     "no_action": 0, "av": 1, "camera_pose": 2, "hand_pose": 3, "pusht": 4, "libero": 5, "umi": 6,
     "bridge_orig_lerobot": 7, "droid_lerobot": 8, "robomind-franka": 8, "galbot": 9, "robomind-franka-dual": 12,
     "robomind-ur": 13, "agibotworld": 15, "agibot_gear_gripper": 15, "agibot_gear_gripper_ext": 15, "fractal": 20,
-}  # fmt: skip
+}
 WIDTHS = {  # each embodiment's action width (domains without a fixed one, libero and no_action, are refused)
     "av": 9, "camera_pose": 9, "pusht": 2, "umi": 10, "bridge_orig_lerobot": 10, "droid_lerobot": 10,
     "robomind-franka": 10, "robomind-franka-dual": 20, "robomind-ur": 10, "galbot": 30, "agibotworld": 29,
     "agibot_gear_gripper": 29, "agibot_gear_gripper_ext": 29, "fractal": 10, "hand_pose": 57,
-}  # fmt: skip
+}
 TIERS = {  # resolution tier -> canvases (height, width) the model was trained on
     256: ((256, 256), (256, 320), (320, 256), (192, 320), (320, 192)),
     480: ((640, 640), (544, 736), (736, 544), (480, 832), (832, 480)),
@@ -51,7 +51,7 @@ VIEW_POINTS = {
     "third_person_view": "This video is captured from a third-person perspective looking towards the agent from the front.",
     "wrist_view": "This video is captured from a wrist-mounted camera.",
     "concat_view": "This video contains concatenated views from multiple camera perspectives.",
-}  # fmt: skip
+}
 ASPECT_RATIOS = ("1,1", "4,3", "3,4", "16,9", "9,16")
 
 
@@ -80,7 +80,7 @@ PRESETS = {
     "sglang": Preset("SGLang's action endpoint", 35, 1.0, "unipc", 10.0, 16, 5.0, 480, "ego_view", False),
     "diffusers": Preset("diffusers' Cosmos3OmniPipeline signature", 35, 6.0, "checkpoint", None, None, 24.0, 480,
                         "ego_view", None),
-}  # fmt: skip
+}
 FRAMEWORK_FPS = {"av": 10.0, "camera_pose": 30.0, "droid_lerobot": 15.0}  # per embodiment, where the authors give one
 JOINT_WIDTH = 8  # DROID joint positions: 7 joints and the gripper
 DEFAULT_CHUNK = 16
@@ -116,7 +116,7 @@ class ActionRequest:
             raise InputError(f"unknown action domain {self.domain!r}; domains: {', '.join(sorted(WIDTHS))}")
         if self.domain not in WIDTHS:
             raise InputError(f"domain {self.domain!r} has no fixed action width, so it cannot be generated; "
-                             f"domains: {', '.join(sorted(WIDTHS))}")  # fmt: skip
+                             f"domains: {', '.join(sorted(WIDTHS))}")
         if self.resolution_tier is not None and self.resolution_tier not in TIERS:
             raise InputError(f"resolution_tier {self.resolution_tier} is not one of {', '.join(map(str, TIERS))}")
         if self.preset is not None and self.preset not in PRESETS:
@@ -136,14 +136,14 @@ class ActionRequest:
         chunk = self.chunk_size if self.chunk_size is not None else (preset.chunk_size or DEFAULT_CHUNK)
         done = replace(self, chunk_size=int(chunk), preset=self.preset or preset_name,
                        resolution_tier=self.resolution_tier or preset.resolution_tier,
-                       view_point=self.view_point or preset.view_point)  # fmt: skip
+                       view_point=self.view_point or preset.view_point)
         if preset.joint_state:
             if self.domain != "droid_lerobot":
                 raise InputError(f"the droid-server preset is for the droid_lerobot domain, not {self.domain!r}")
             state = None if self.state is None else torch.as_tensor(self.state, dtype=torch.float32).reshape(-1)
             if state is None or state.numel() != JOINT_WIDTH:
                 raise InputError("the droid-server preset needs the robot state: 7 joint positions and the gripper "
-                                 f"({JOINT_WIDTH} values)")  # fmt: skip
+                                 f"({JOINT_WIDTH} values)")
             done = replace(done, state=state)
         if done.mode == "forward_dynamics":
             if done.actions is None:
@@ -151,7 +151,7 @@ class ActionRequest:
             actions = torch.as_tensor(done.actions, dtype=torch.float32)
             if actions.ndim != 2 or actions.shape[0] < 1 or actions.shape[1] != done.width:
                 raise InputError(f"actions for domain {done.domain!r} must be [T, {done.width}] with T >= 1, got "
-                                 f"{list(actions.shape)}")  # fmt: skip
+                                 f"{list(actions.shape)}")
             if done.stats is not None:  # the model works in the normalized space
                 actions = normalize(actions, done.stats)
             done = replace(done, actions=actions)
@@ -185,7 +185,7 @@ def normalization(stats: dict) -> tuple[str, torch.Tensor, torch.Tensor]:
         if low in stats and high in stats:
             return method, torch.as_tensor(stats[low], dtype=torch.float32), torch.as_tensor(stats[high], dtype=torch.float32)
     raise InputError("action stats need q01 and q99 (quantile), mean and std, or min and max, one value per "
-                     f"action dimension; got keys {sorted(stats)}")  # fmt: skip
+                     f"action dimension; got keys {sorted(stats)}")
 
 
 def denormalize(actions: torch.Tensor, stats: dict) -> torch.Tensor:
@@ -243,7 +243,7 @@ def action_prompt(description: str, view_point: str, num_frames: int, fps: float
         caption["cinematography"] = {"framing": VIEW_POINTS[view_point]}
     else:
         log.warning("unknown action view_point %r (known: %s); the caption gets no framing", view_point,
-                    ", ".join(VIEW_POINTS))  # fmt: skip
+                    ", ".join(VIEW_POINTS))
     ratio = width / height if height > 0 else 1.0
     aspect = min(ASPECT_RATIOS, key=lambda r: abs(int(r.split(",")[0]) / int(r.split(",")[1]) - ratio))
     caption["actions"] = [{"time": f"0:00-{minutes}:{rest:02d}", "description": text}]
@@ -267,7 +267,7 @@ class ActionTrack:
     def __init__(self, req: ActionRequest, action_dim: int, generator, device, schedule: Schedule):
         if req.width > action_dim:
             raise InputError(f"domain {req.domain!r} has {req.width}-wide actions; this checkpoint's action head "
-                             f"has {action_dim}")  # fmt: skip
+                             f"has {action_dim}")
         self.req, self.width = req, req.width
         self.with_state = req.settings.joint_state  # a clean robot-state row first, at temporal position 0
         chunk = req.chunk_size + self.with_state

@@ -54,12 +54,12 @@ def gib(num_bytes: float) -> str:
 
 
 def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None,
-             device: torch.device | None = None) -> Estimate:  # fmt: skip
+             device: torch.device | None = None) -> Estimate:
     """The memory of a generation under settings `s` on `device` (None: as on a CPU); `vae_config` None: no decode;
     `tile` a TileSpec or None."""
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
-                     config.num_key_value_heads, config.head_dim)  # fmt: skip
+                     config.num_key_value_heads, config.head_dim)
     h, w = s.height // SPATIAL_FACTOR, s.width // SPATIAL_FACTOR
     chunks = s.chunks  # a chunked run holds one chunk at a time (a transfer its controls beside it in the sequence)
     latent_frames = s.latent_frames if chunks is None else chunk_latent_frames(chunks.chunk)
@@ -108,7 +108,7 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 GENERATION_ADVICE = ("lower the size or the frame count, decode tiled (vae_tile), or shorten the prompt "
-                     "(check_memory=False skips this check)")  # fmt: skip
+                     "(check_memory=False skips this check)")
 
 
 def check(needed: Estimate, device: torch.device, advice: str = GENERATION_ADVICE) -> None:

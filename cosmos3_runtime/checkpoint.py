@@ -197,7 +197,7 @@ def _distilled_schedule(root: Path, scheduler: dict, modular: dict) -> tuple[tup
     else:  # only a declared sigma list makes a checkpoint distilled (a plain FlowMatch one is multi-step)
         if modular.get("is_distilled"):
             log.warning("%s: modular_model_index.json says is_distilled but lists no distilled_sigmas; sampling it "
-                        "as a multi-step checkpoint", root)  # fmt: skip
+                        "as a multi-step checkpoint", root)
         return None, False
     stochastic = fixed.get("sample_type") == "sde" or bool(scheduler.get("stochastic_sampling"))
     return sigmas, stochastic
@@ -262,7 +262,7 @@ def resolve_repo(name: str, components=("transformer", "vae", "tokenizer"), loca
     """
     if not looks_like_repo_id(name):
         raise CheckpointError(f"{name!r} is not a Hugging Face repo id: the form is namespace/name (e.g. "
-                              "nvidia/Cosmos3-Nano), optionally /subfolder; paths are not accepted here")  # fmt: skip
+                              "nvidia/Cosmos3-Nano), optionally /subfolder; paths are not accepted here")
     repo_id, subfolder = split_repo_id(name)
     prefix = f"{subfolder}/" if subfolder else ""
     patterns = [prefix + p for c in ("config", *components) for p in COMPONENT_PATTERNS[c]]

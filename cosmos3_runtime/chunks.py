@@ -49,7 +49,7 @@ class Chunks:
 
 
 def plan(total: int, chunk_frames: int | None, overlap: int | None, default_chunk: int, default_overlap: int,
-         notes: list[str], what: str) -> Chunks:  # fmt: skip
+         notes: list[str], what: str) -> Chunks:
     """The chunks of `total` frames: `chunk_frames` rounded up to 1 + 4k (None: `default_chunk`, or the whole clip when
     it is shorter); `overlap` None: `default_overlap`. `what` names the run in notes ("transfer", "long video")."""
     if chunk_frames is None:

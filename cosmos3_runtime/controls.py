@@ -18,9 +18,9 @@ from .conditioning import is_pil_clip
 from .errors import InputError
 
 EDGE_PRESETS = {"very_low": (20, 50), "low": (50, 100), "medium": (100, 200), "high": (200, 300),
-                "very_high": (300, 400)}  # fmt: skip  Canny (low, high) thresholds: higher gives sparser edges
+                "very_high": (300, 400)}  # Canny (low, high) thresholds: higher gives sparser edges
 BLUR_PRESETS = {"none": (1, 1), "very_low": (1, 4), "low": (4, 4), "medium": (2, 10), "high": (1, 16),
-                "very_high": (4, 16)}  # fmt: skip  (downscale before the filter, down-up factor after): higher blurs more
+                "very_high": (4, 16)}  # (downscale before the filter, down-up factor after): higher blurs more
 DEFAULT_PRESET = "medium"
 BILATERAL = (30, 150.0, 100.0)  # diameter, sigma colour, sigma space, tuned at a longest side of 720
 BILATERAL_REFERENCE_SIDE = 720

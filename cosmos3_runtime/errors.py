@@ -33,7 +33,7 @@ def reworded(message: str, names: dict[str, str]) -> str:
     for name in sorted(names, key=len, reverse=True):
         new = names[name]
         message = re.sub(rf"(?<![\w-]){re.escape(name)}=(True|False)(?!\w)",
-                         lambda m, new=new: switched(new, m.group(1) == "True"), message)  # fmt: skip
+                         lambda m, new=new: switched(new, m.group(1) == "True"), message)
         message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w])", lambda m, new=new: new, message)
     return message
 

@@ -31,7 +31,7 @@ class Estimate:
     def describe(self) -> str:
         decode = f", VAE decode {self.decode_flops / 1e12:.3g} TFLOP" if self.decode_flops else ""
         return (f"about {duration(self.seconds)} at this device's measured matmul and convolution speed "
-                f"({self.forwards} transformer forwards of {self.forward_flops / 1e12:.3g} TFLOP{decode})")  # fmt: skip
+                f"({self.forwards} transformer forwards of {self.forward_flops / 1e12:.3g} TFLOP{decode})")
 
 
 def duration(seconds: float) -> str:
@@ -41,7 +41,7 @@ def duration(seconds: float) -> str:
 
 
 def generation(transformer_config, vae_config, s, cond_tokens: int, decode: bool, dtype: torch.dtype,
-               device: torch.device) -> Estimate:  # fmt: skip
+               device: torch.device) -> Estimate:
     """The estimate of a request resolved to settings `s` (a chunked run counts its chunks, a transfer its controls)."""
     plan = s.transfer
     latent_frames = s.latent_frames if s.chunks is None else 1 + (s.chunks.chunk - 1) // 4
@@ -60,7 +60,7 @@ def forward_flops(config, grid: tuple[int, int, int], text_tokens: int, contexts
     with torch.device(META):
         model = Cosmos3Transformer(config).to(dtype)
     kv = [torch.empty(text_tokens, config.num_key_value_heads, config.head_dim, device=META, dtype=dtype)] * len(
-        model.layers)  # fmt: skip
+        model.layers)
     latents = torch.empty(1, config.latent_channel, *grid, device=META)
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
         model(latents, torch.tensor(900), TextKV(text_tokens, kv, kv), context=[latents] * contexts)

@@ -42,7 +42,7 @@ def _byte_shape(shape: tuple[int, ...], qtype: str) -> tuple[int, ...]:
 
 
 def convert(source: str | os.PathLike, output: str | os.PathLike, qtype: str = "q8_0",
-            progress: Callable[[int, int], None] | None = None) -> dict[str, tuple[int, int]]:  # fmt: skip
+            progress: Callable[[int, int], None] | None = None) -> dict[str, tuple[int, int]]:
     """Write `source`'s transformer as a GGUF file at `output`; returns {type: (tensors, bytes)} written.
     `progress(done, total)` is called after each tensor, in values converted."""
     from gguf import GGMLQuantizationType, GGUFWriter, quants
@@ -83,7 +83,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, qtype: str = "
     for _, key, shape, kind in plan:
         byte_shape = _byte_shape(shape, kind)
         writer.add_tensor_info(key, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
-                               raw_dtype=GGMLQuantizationType[kind])  # fmt: skip
+                               raw_dtype=GGMLQuantizationType[kind])
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

@@ -30,7 +30,7 @@ BLOCKS = {  # type name -> (values per block, bytes per block)
     "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
     "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
     "Q2_K": (QK_K, 84), "Q3_K": (QK_K, 110), "Q4_K": (QK_K, 144), "Q5_K": (QK_K, 176), "Q6_K": (QK_K, 210),
-}  # fmt: skip
+}
 FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # stored as they are
 
 
@@ -133,7 +133,7 @@ CHUNK_VALUES = 1 << 21  # values expanded in float32 at once (8 MiB each tempora
 
 
 def dequantize(data: torch.Tensor, qtype: str, shape, dtype: torch.dtype = torch.float32,
-               chunk_values: int = CHUNK_VALUES) -> torch.Tensor:  # fmt: skip
+               chunk_values: int = CHUNK_VALUES) -> torch.Tensor:
     """The tensor of `shape` stored as `qtype` in `data` (uint8 bytes, any shape, on any device), in `dtype`:
     exactly the float32 values rounded once to `dtype`."""
     if qtype not in BLOCKS:

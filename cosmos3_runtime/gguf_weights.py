@@ -35,7 +35,7 @@ class GGUFLinear(nn.Module):
         out_features, in_features = linear.weight.shape
         row_bytes = in_features // values * size
         self.weight = nn.Parameter(torch.empty(out_features, row_bytes, dtype=torch.uint8, device="meta"),
-                                   requires_grad=False)  # fmt: skip
+                                   requires_grad=False)
         self.bias = linear.bias
         self.qtype, self.in_features, self.out_features = qtype, in_features, out_features
         self.expanded: torch.Tensor | None = None  # set inside `expanded_once`
@@ -86,7 +86,7 @@ def gguf_file(folder: Path, transformer_file: str | Path | None = None) -> Path 
         path = Path(transformer_file)
         if path.suffix.lower() != ".gguf":
             raise CheckpointError(f"transformer_file {path} is not a .gguf file; only GGUF files replace the "
-                                  "transformer's safetensors")  # fmt: skip
+                                  "transformer's safetensors")
         if not path.is_file():
             raise CheckpointError(f"transformer_file {path} does not exist")
         return path
@@ -96,7 +96,7 @@ def gguf_file(folder: Path, transformer_file: str | Path | None = None) -> Path 
         names = ", ".join(p.name for p in found + shards[:2]) + (" ..." if len(shards) > 2 else "")
         raise CheckpointError(f"{folder} holds both {found[0].name} and other transformer weights ({names}): it is "
                               "ambiguous which to load; keep one of them there (or move the .gguf out and name it "
-                              "with transformer_file)")  # fmt: skip
+                              "with transformer_file)")
     return found[0] if found else None
 
 
@@ -112,21 +112,21 @@ class GGUFFile:
             self.reader = GGUFReader(self.path)
         except (ValueError, IndexError, OSError, KeyError) as exc:
             raise CheckpointError(f"{self.path} is not a readable GGUF file ({exc}); it is truncated or corrupt, "
-                                  "copy or convert it again") from exc  # fmt: skip
+                                  "copy or convert it again") from exc
         architecture = self.field("general.architecture")
         if architecture != ARCHITECTURE:
             raise CheckpointError(f"{self.path} is a GGUF file for architecture {architecture!r}, not "
-                                  f"{ARCHITECTURE!r}: it holds another model's weights")  # fmt: skip
+                                  f"{ARCHITECTURE!r}: it holds another model's weights")
         size = self.path.stat().st_size
         self.tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._entries = {t.name: t for t in self.reader.tensors}
         for t in self.reader.tensors:
             if t.data_offset + t.n_bytes > size:
                 raise CheckpointError(f"{self.path} is truncated: tensor {t.name} ends at byte "
-                                      f"{t.data_offset + t.n_bytes:,}, the file has {size:,}; copy it again")  # fmt: skip
+                                      f"{t.data_offset + t.n_bytes:,}, the file has {size:,}; copy it again")
             if t.tensor_type.name not in BLOCKS:
                 raise CheckpointError(f"{self.path}: tensor {t.name} is stored as GGUF type {t.tensor_type.name}, "
-                                      f"which this runtime does not read (supported: {', '.join(BLOCKS)})")  # fmt: skip
+                                      f"which this runtime does not read (supported: {', '.join(BLOCKS)})")
             self.tensors[t.name] = (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
 
     def field(self, key: str):
@@ -162,7 +162,7 @@ def expect_gguf_linears(model: nn.Module, file: GGUFFile, rename) -> None:
 
 
 def load_gguf_weights(model: nn.Module, file: GGUFFile, dtype: torch.dtype, device: torch.device, rename,
-                      keep_fp32: tuple[str, ...] = ()) -> None:  # fmt: skip
+                      keep_fp32: tuple[str, ...] = ()) -> None:
     """Fill the meta parameters of `model` (with `expect_gguf_linears` shells) from `file`. Every name, type and
     shape is checked against the model before any tensor is read."""
     expected = dict(model.named_parameters())
@@ -174,17 +174,17 @@ def load_gguf_weights(model: nn.Module, file: GGUFFile, dtype: torch.dtype, devi
             continue
         if name not in expected:
             raise CheckpointError(f"{file.path}: tensor {key} does not exist in a model built from the folder's "
-                                  "config.json; the GGUF file was converted from another checkpoint")  # fmt: skip
+                                  "config.json; the GGUF file was converted from another checkpoint")
         owner = modules.get(name.rpartition(".")[0])
         want = (owner.out_features, owner.in_features) if isinstance(owner, GGUFLinear) else tuple(expected[name].shape)
         if shape != want:
             raise CheckpointError(f"{file.path}: tensor {key} has shape {list(shape)}, the folder's config.json "
-                                  f"implies {list(want)}; the GGUF file belongs to another checkpoint")  # fmt: skip
+                                  f"implies {list(want)}; the GGUF file belongs to another checkpoint")
         plan[name] = (key, qtype, shape)
     missing = [name for name in expected if name not in plan]
     if missing:
         raise CheckpointError(f"{file.path}: tensor {missing[0]} is missing" + (f" (and {len(missing) - 1} more)" if
-                              len(missing) > 1 else "") + "; the GGUF file is incomplete or for another config")  # fmt: skip
+                              len(missing) > 1 else "") + "; the GGUF file is incomplete or for another config")
     state = {}
     for name, (key, qtype, shape) in plan.items():
         raw = file.data(key)

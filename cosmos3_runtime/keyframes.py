@@ -49,7 +49,7 @@ class Keyframe:
 
     def describe(self) -> str:
         what = f"a {self.frames}-frame clip at frames {self.start}-{self.start + self.frames - 1}" if self.clip else \
-            f"a still at frame {self.start}"  # fmt: skip
+            f"a still at frame {self.start}"
         first, last = self.latents[0], self.latents[-1]
         return f"{what}: latent {first}" if first == last else f"{what}: latents {first}-{last}"
 
@@ -67,7 +67,7 @@ def check_frames(num_frames: int) -> None:
     if (num_frames - 1) % TEMPORAL_FACTOR:
         low = num_frames - (num_frames - 1) % TEMPORAL_FACTOR
         raise InputError(f"keyframes need the exact frame count, 1 + 4k, so that -1 is the last frame; {num_frames} "
-                         f"is not: use {low} or {low + TEMPORAL_FACTOR}")  # fmt: skip
+                         f"is not: use {low} or {low + TEMPORAL_FACTOR}")
 
 
 def place(keyframes, num_frames: int) -> list[Keyframe]:
@@ -84,14 +84,14 @@ def place(keyframes, num_frames: int) -> list[Keyframe]:
         start = at if at >= 0 else num_frames + at - (frames - 1)
         if start < 0 or start + frames > num_frames:
             raise InputError(f"the keyframe at frame {at} ({frames} frame{'s' * (frames > 1)}) does not fit in "
-                             f"{num_frames} frames; move it, shorten the clip or raise the frame count")  # fmt: skip
+                             f"{num_frames} frames; move it, shorten the clip or raise the frame count")
         placed.append(Keyframe(start, source, clip, frames))
     placed.sort(key=lambda k: k.start)
     for a, b in zip(placed, placed[1:]):
         if b.latents[0] <= a.latents[-1]:
             raise InputError(f"keyframes {a.describe()} and {b.describe()} share latent frame {b.latents[0]} (frames "
                              f"{latent_span(b.latents[0])[0]}-{latent_span(b.latents[0])[-1]}); keep them at least one "
-                             "latent frame (4 frames) apart")  # fmt: skip
+                             "latent frame (4 frames) apart")
     return placed
 
 

@@ -76,7 +76,7 @@ def read_image(source: "str | Path | bytes", max_pixels: int | None = None):
 
 
 def read_video(source: "str | Path | bytes", max_frames: int | None = None, max_pixels: int | None = None,
-               keep=None) -> list:  # fmt: skip
+               keep=None) -> list:
     """The frames of a video (a file or bytes) as PIL images: the first `max_frames` if given, or only the frame
     indices in `keep` (a set: the rest are decoded and dropped); `max_pixels` bounds each frame."""
     import av
@@ -90,7 +90,7 @@ def read_video(source: "str | Path | bytes", max_frames: int | None = None, max_
             for index, frame in enumerate(container.decode(video=0)):
                 if max_pixels is not None and frame.width * frame.height > max_pixels:
                     raise LimitError(f"video {name} is {frame.width}x{frame.height}, over the limit of {max_pixels} "
-                                     "pixels per frame")  # fmt: skip
+                                     "pixels per frame")
                 if keep is None or index in keep:
                     frames.append(frame.to_image())
                 if max_frames is not None and len(frames) >= max_frames:
@@ -137,7 +137,7 @@ MUX_RATE = 48000  # what a waveform at a rate its codec cannot store (toy checkp
 
 
 def save_video(frames: torch.Tensor, path: Path, fps: float, sound: torch.Tensor | None = None,
-               sample_rate: int | None = None) -> Path:  # fmt: skip
+               sample_rate: int | None = None) -> Path:
     """A clip, with `sound` ([channels, samples] in [-1, 1] at `sample_rate`) as its audio track if given."""
     try:
         import av
@@ -219,7 +219,7 @@ def save_actions(actions: torch.Tensor, video_path: Path, request, fps: float) -
     stem = video_path.with_suffix("")
     meta = {"mode": request.mode, "domain": request.domain, "preset": request.preset, "chunk_size": request.chunk_size,
             "fps": fps, "units": "dataset" if request.stats is not None else "normalized",
-            "actions": actions.tolist()}  # fmt: skip
+            "actions": actions.tolist()}
     json_path, npy_path = Path(f"{stem}.actions.json"), Path(f"{stem}.actions.npy")
     json_path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
     np.save(npy_path, actions.numpy())

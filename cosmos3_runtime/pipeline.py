@@ -65,7 +65,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             build = "CPU-only" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
             raise InputError(f"device {device!r} asked for, but CUDA is not available (torch {torch.__version__}, "
                              f"{build} build, {torch.cuda.device_count()} GPUs visible); install a CUDA build of "
-                             "torch or use --device cpu")  # fmt: skip
+                             "torch or use --device cpu")
         if (resolved.index or 0) >= torch.cuda.device_count():
             raise InputError(f"device {device!r} asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
     return resolved
@@ -87,7 +87,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, linear_class: type | None = None,
-                     gguf: GGUFFile | None = None, media: bool = True) -> Cosmos3Transformer:  # fmt: skip
+                     gguf: GGUFFile | None = None, media: bool = True) -> Cosmos3Transformer:
     """The transformer from the folder's safetensors, or from `gguf` (its block-type linears stay quantized);
     `media=False`: the text tower alone."""
     config = checkpoint.transformer_config()
@@ -189,7 +189,7 @@ class Planner:
         return s, cond_ids, uncond_ids
 
     def token_ids(self, texts: tuple[str, str], system: str | None, max_length=None,
-                  max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):  # fmt: skip
+                  max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):
         """(cond ids, uncond ids) of the conditional and unconditional texts; texts over `max_tokens` are refused."""
         if self.tokenizer is None:
             raise InputError("this pipeline was loaded without its tokenizer")
@@ -210,18 +210,18 @@ class Planner:
         s = resolve_settings(self.variant, r)
         frames = s.num_frames if s.chunks is None else s.chunks.chunk  # each chunk's prompt states its own duration
         prompt_options = PromptOptions(frames, s.height, s.width, s.fps, s.use_system_prompt,
-                                       r.add_resolution_template, r.add_duration_template, r.json_captions)  # fmt: skip
+                                       r.add_resolution_template, r.add_duration_template, r.json_captions)
         if len(prompts) > 1 and (s.chunks is None or s.transfer is not None or len(prompts) != s.chunks.count):
             count = "one window" if s.chunks is None or s.transfer is not None else f"{s.chunks.count} chunks"
             raise InputError(f"{len(prompts)} prompts were given for {count}: give one prompt, or one per chunk of a "
-                             "long video (set the frame count and chunk_frames for as many chunks)")  # fmt: skip
+                             "long video (set the frame count and chunk_frames for as many chunks)")
         system = prompt_options.system_prompt
         negative = negative_text(s.negative_prompt, prompt_options)
         if s.transfer is not None:  # verbatim, under the transfer system prompt
             texts, system = [(prompts[0], s.negative_prompt)], transfer.SYSTEM_PROMPT if s.use_system_prompt else None
         elif s.action is not None:  # the structured action caption; the negative prompt as given
             texts = [(action_prompt(prompts[0], s.action.view_point, s.num_frames, s.fps, s.height, s.width),
-                      s.negative_prompt)]  # fmt: skip
+                      s.negative_prompt)]
         else:
             texts = [(positive_text(p, prompt_options), negative) for p in prompts]
         ids = [self.token_ids(t, system, r.max_sequence_length, r.max_prompt_tokens) for t in texts]
@@ -237,7 +237,7 @@ class Planner:
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
         decode = r.output == "frames" and self.vae_config is not None
         return budget.estimate(self.transformer_config, self.vae_config if decode else None, s, cond_tokens,
-                               uncond_tokens, self.dtype, r.vae_tile, self.device)  # fmt: skip
+                               uncond_tokens, self.dtype, r.vae_tile, self.device)
 
 
 def prompt_list(prompt) -> list[str]:
@@ -253,7 +253,7 @@ def prompt_list(prompt) -> list[str]:
     prompts = list(prompt) if isinstance(prompt, (list, tuple)) else [prompt]
     if not prompts or not all(isinstance(p, str) for p in prompts):
         raise InputError(f"prompt must be a string, or a list of strings (one per chunk of a long video), got "
-                         f"{prompt!r:.80}")  # fmt: skip
+                         f"{prompt!r:.80}")
     return prompts
 
 
@@ -328,7 +328,7 @@ class Cosmos3Pipeline(Planner):
     def load_reasoner(self) -> reasoning.Reasoner:
         """Read the Reasoner's own parts (head, vision tower) onto this pipeline's device, built like the transformer."""
         self._reasoner = reasoning.Reasoner.load(self.checkpoint, self.transformer, self.device, self.dtype,
-                                                 self.linear_class, self.quantize)  # fmt: skip
+                                                 self.linear_class, self.quantize)
         return self._reasoner
 
     def reason(
@@ -365,7 +365,7 @@ class Cosmos3Pipeline(Planner):
 
     def upsample_prompt(self, prompt: str, *, image=None, video=None, width: int | None = None,
                         height: int | None = None, num_frames: int | None = None, fps: float | None = None,
-                        **options) -> "reasoning.Upsampled":  # fmt: skip
+                        **options) -> "reasoning.Upsampled":
         """Turn a short prompt (and optionally the starting image of an image-to-video request, or the clip a
         video-to-video request continues) into the JSON caption the generator was trained on, with the model
         authors' upsampling templates where the user has their framework (`reasoner.templates`), else the pack's
@@ -392,7 +392,7 @@ class Cosmos3Pipeline(Planner):
 
     @torch.inference_mode()
     def chat(self, messages: list[dict], images=(), videos=(), *, temperature=None, top_p=None, top_k=None,
-             presence_penalty=None, thinking: bool = False, **options) -> reasoning.Answer:  # fmt: skip
+             presence_penalty=None, thinking: bool = False, **options) -> reasoning.Answer:
         """Answer the last user turn of a conversation: turns {"role", "content"}, content a string or parts
         ({"type": "text", "text": ...}, {"type": "image"}, {"type": "video"}) that take `images` and `videos`
         (`reasoner.Clip`s) in order. Options as for `reason`."""
@@ -430,7 +430,7 @@ class Cosmos3Pipeline(Planner):
         """
         if not self.transformer.has_media:
             raise InputError("this pipeline was loaded with parts='reasoner' (no generator weights); load it with "
-                             "parts='all' to generate")  # fmt: skip
+                             "parts='all' to generate")
         r = Request.build(request, **options)
         s, cond_ids, uncond_ids = self.check(prompt, r)
         self.transformer.media_block = compiled_media_block() if r.compile else DecoderLayer.media
@@ -440,21 +440,21 @@ class Cosmos3Pipeline(Planner):
         if s.transfer is not None:
             if parallel is not None and parallel.cfg is not None:
                 raise InputError("transfer runs up to three forward passes a step, which CFG parallelism cannot split; "
-                                 "turn cfg-parallel off (sequence parallelism works)")  # fmt: skip
+                                 "turn cfg-parallel off (sequence parallelism works)")
             if self.vae is None:
                 raise InputError("transfer needs the VAE (it encodes the controls and decodes every chunk); load the "
-                                 "pipeline with its VAE")  # fmt: skip
+                                 "pipeline with its VAE")
             self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
             frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress, cache)
             return Generation(None, frames, s, cache=cache and cache.report())
         if s.chunks is not None:
             if self.vae is None:
                 raise InputError("a long video decodes each chunk to start the next from its last frames; load the "
-                                 "pipeline with its VAE")  # fmt: skip
+                                 "pipeline with its VAE")
             return self._long_video(s, r, cond_ids, uncond_ids, callback, parallel, progress, cache)
 
         shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
-                 s.width // SPATIAL_FACTOR)  # fmt: skip
+                 s.width // SPATIAL_FACTOR)
         clean, mask = self._conditioning(s, shape, r)
         shape = shape if clean is None else tuple(clean.shape)  # an action canvas is cropped to its content
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
@@ -466,12 +466,12 @@ class Cosmos3Pipeline(Planner):
         if r.sound:
             if self.sound_tokenizer is None:
                 raise InputError("sound needs the checkpoint's sound tokenizer: load the pipeline with its VAE "
-                                 "(the sound tokenizer loads with it)")  # fmt: skip
+                                 "(the sound tokenizer loads with it)")
             sound_track = SoundTrack.for_clip(s.num_frames, s.fps, self.transformer.config.sound_dim,
-                                              self.sound_tokenizer, generator, self.device, self.schedule_for(s))  # fmt: skip
+                                              self.sound_tokenizer, generator, self.device, self.schedule_for(s))
         if s.action is not None:
             action_track = ActionTrack(s.action, self.transformer.config.action_dim, generator, self.device,
-                                       self.schedule_for(s))  # fmt: skip
+                                       self.schedule_for(s))
         tracks = [t for t in (sound_track, action_track) if t is not None]
 
         guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
@@ -491,7 +491,7 @@ class Cosmos3Pipeline(Planner):
         return result
 
     def _long_video(self, s: Settings, r: Request, cond_ids, uncond_ids, callback, parallel, progress,
-                    cache) -> Generation:  # fmt: skip
+                    cache) -> Generation:
         """A video longer than one window, chunk by chunk (`s.chunks`): the first as a plain run of its length, each
         later one a video-to-video run on the decoded last frames of the one before; one noise generator throughout,
         each chunk's own prompt where one per chunk was given. The frames are the chunks' own decodes, stitched; the
@@ -506,9 +506,9 @@ class Cosmos3Pipeline(Planner):
             seed = p.seed_frames(k)
             held = chunks.latent_frames(seed)
             chunk = replace(s, num_frames=p.chunk, chunks=None,
-                            condition_frames=s.condition_frames if k == 0 else tuple(range(held)))  # fmt: skip
+                            condition_frames=s.condition_frames if k == 0 else tuple(range(held)))
             shape = (1, self.transformer.config.latent_channel, chunk.latent_frames, s.height // SPATIAL_FACTOR,
-                     s.width // SPATIAL_FACTOR)  # fmt: skip
+                     s.width // SPATIAL_FACTOR)
             clean, mask = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self, previous, seed, shape)
             noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
             latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
@@ -523,7 +523,7 @@ class Cosmos3Pipeline(Planner):
             kept_latents.append(latents[:, :, held:].cpu())
             if k + 1 < p.count or r.output == "frames":  # the next chunk starts from these frames
                 previous = self.vae.decode(self.vae.denormalize(latents), tile=r.vae_tile,
-                                           progress=stage(progress, "decode")).float()  # fmt: skip
+                                           progress=stage(progress, "decode")).float()
                 kept_frames.append(previous[:, :, seed:].cpu())  # the device holds one chunk at a time
         latents = torch.cat(kept_latents, dim=2)[:, :, : s.latent_frames]
         frames = None
@@ -554,7 +554,7 @@ class Cosmos3Pipeline(Planner):
         needed = s.condition_frames[-1] * TEMPORAL_FACTOR + 1  # causal VAE: latent f only sees pixel frames <= 4f
         if s.action is not None:  # the whole clip on its canvas, encoded, then cropped back to the content
             pixels, _, (content_h, content_w) = canvas_frames(s.action.clip(), s.action.resolution_tier,
-                                                               s.num_frames, self.vae.dtype)  # fmt: skip
+                                                               s.num_frames, self.vae.dtype)
             encoded = self.encode_pixels(pixels)
             encoded = encoded[..., : max(content_h // SPATIAL_FACTOR, 1), : max(content_w // SPATIAL_FACTOR, 1)]
             shape = tuple(encoded.shape)
@@ -562,7 +562,7 @@ class Cosmos3Pipeline(Planner):
             encoded = self._latent_condition(r.condition_latents, s, shape, r.condition_video_keep)
         elif r.keyframes is not None:  # the reference clip assembled in pixels, up to the last locked latent
             encoded = self.encode_pixels(keyframes.reference(keyframes.place(r.keyframes, s.num_frames), s.height,
-                                                             s.width))  # fmt: skip
+                                                             s.width))
         else:
             if s.mode == "i2v":
                 pixels = preprocess_image(r.image, s.height, s.width).unsqueeze(2)  # [1, 3, 1, H, W]
@@ -588,11 +588,11 @@ class Cosmos3Pipeline(Planner):
         if tuple(raw.shape[3:]) != shape[3:]:
             h, w = raw.shape[3:]
             raise InputError(f"the conditioning latents are {w * SPATIAL_FACTOR}x{h * SPATIAL_FACTOR} (WxH) and the "
-                             f"request is {s.width}x{s.height}; set width and height to the clip's size")  # fmt: skip
+                             f"request is {s.width}x{s.height}; set width and height to the clip's size")
         count = s.condition_frames[-1] + 1
         if raw.shape[2] < count:
             raise InputError(f"condition frames {list(s.condition_frames)} need {count} latent frames; the "
-                             f"conditioning latents have {raw.shape[2]}")  # fmt: skip
+                             f"conditioning latents have {raw.shape[2]}")
         raw = raw[:, :, :count] if keep == "first" else raw[:, :, -count:]
         return self.vae.normalize(raw.to(self.device)).float()
 
@@ -619,7 +619,7 @@ class Cosmos3Pipeline(Planner):
         return unipc_schedule(s.steps, s.flow_shift)
 
     def _denoise(self, latents, s: Settings, guidance, clean, mask, generator, callback, parallel, tracks: list = (),
-                 cache: StepCache | None = None):  # fmt: skip
+                 cache: StepCache | None = None):
         """The sampling loop over the video latents and the tracks beside them (sound, action).
 
         `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
@@ -638,7 +638,7 @@ class Cosmos3Pipeline(Planner):
             segments = {track.segment: track.tokens() for track in tracks}
             stack = None if cache is None else cache.layers(k)  # each pass (k-th of its step) caches on its own
             out = self.transformer(latents, t, self.text_kv(ids), noisy, s.fps, sp=sp, context=context, stack=stack,
-                                   **segments)  # fmt: skip
+                                   **segments)
             return [out.vision.float()] + [getattr(out, track.segment).float() for track in tracks]
 
         for i, t in enumerate(schedule.timesteps):
@@ -686,7 +686,7 @@ class Cosmos3Pipeline(Planner):
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
-               raw: bool = False) -> torch.Tensor:  # fmt: skip
+               raw: bool = False) -> torch.Tensor:
         """Latents [1, 48, T, h, w] (normalized, or with `raw` the VAE's own) -> frames [F, H, W, 3] float32 in
         0..1 on the CPU. `progress(done, total)` runs after every latent frame of every tile; raise to cancel.
         """
@@ -739,7 +739,7 @@ def load(
     reasoner_only = parts == "reasoner"
     if reasoner_only and blocks_to_swap:
         raise InputError("blocks_to_swap streams the generator's media tower, which parts='reasoner' does not load; "
-                         "leave it at 0 (offload_text and quantize apply)")  # fmt: skip
+                         "leave it at 0 (offload_text and quantize apply)")
     load_vae_weights = load_vae_weights and not reasoner_only
     if blocks_to_swap < 0:
         raise InputError(f"blocks_to_swap must be 0 or more, got {blocks_to_swap}")
@@ -753,10 +753,10 @@ def load(
     gguf = open_gguf(checkpoint, transformer_file)
     if gguf is not None and quantize:
         raise InputError(f"quantize={quantize!r} cannot apply to {gguf.path.name}: a GGUF file is already quantized; "
-                         "load it without quantize")  # fmt: skip
+                         "load it without quantize")
     low_vram = offload_text or blocks_to_swap or quantize
     transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class, gguf,
-                                   media=not reasoner_only)  # fmt: skip
+                                   media=not reasoner_only)
     if quantize:
         quantize_fp8(transformer, quantize)
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
@@ -767,7 +767,7 @@ def load(
         folder = checkpoint.path("sound_tokenizer")
         if not folder.is_dir():
             raise CheckpointError(f"model_index.json declares a sound_tokenizer but {folder} is missing; download "
-                                  "the checkpoint's sound_tokenizer/ folder again")  # fmt: skip
+                                  "the checkpoint's sound_tokenizer/ folder again")
         sound_tokenizer = load_sound_tokenizer(folder, device, SOUND_DTYPE)
     pipe = Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
     pipe.transformer_file = None if gguf is None else gguf.path
@@ -792,7 +792,7 @@ def planner(path: str | os.PathLike, device: str | torch.device | None = None, d
         source = checkpoint.path("vae", "config.json")
         vae_config = VAEConfig.from_dict(read_json(source), source=str(source))
     return Planner(checkpoint, PromptTokenizer(checkpoint.tokenizer_dir()), checkpoint.transformer_config(), vae_config,
-                   device, resolve_dtype(dtype, device))  # fmt: skip
+                   device, resolve_dtype(dtype, device))
 
 
 def open_gguf(checkpoint: Checkpoint, transformer_file=None) -> GGUFFile | None:
@@ -807,4 +807,4 @@ def check_geometry(vae: VAEConfig, transformer, source: Path) -> None:
     found = (vae.scale_factor_spatial, vae.scale_factor_temporal, vae.z_dim)
     if found != expected:
         raise CheckpointError(f"{source}: spatial/temporal factors and channels {found} differ from Cosmos3's "
-                              f"{expected} (and the transformer's latent_channel); not a Cosmos3 VAE")  # fmt: skip
+                              f"{expected} (and the transformer's latent_channel); not a Cosmos3 VAE")

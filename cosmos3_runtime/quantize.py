@@ -131,7 +131,7 @@ def check_mode(quantize: str | None, device: torch.device) -> None:
     if quantize == "fp8_scaled" and not scaled_fp8_available(device):
         raise InputError(f"quantize='fp8_scaled' needs scaled fp8 matmuls (a CUDA GPU of compute capability 9.0 or "
                          f"newer: H100, H200, B200, RTX 50xx), which {device} lacks; use quantize='fp8' "
-                         "(weight-only, the same memory)")  # fmt: skip
+                         "(weight-only, the same memory)")
 
 
 def scaled_layer(name: str, num_layers: int) -> bool:

@@ -95,84 +95,84 @@ class Request:
 
     negative_prompt: str | None = option(None, "negative prompt: prose or a JSON caption (default: empty)")
     width: int | None = option(None, "frame width, a multiple of 16 (auto: 832 Edge video, 640 Edge image, else 1280)",
-                               type=int)  # fmt: skip
+                               type=int)
     height: int | None = option(None, "frame height, a multiple of 16 (auto: 480 Edge video, 640 Edge image, else 720)",
-                                type=int)  # fmt: skip
+                                type=int)
     num_frames: int | None = option(None, "1 for an image; video frame counts are 1 + 4k, others round down "
-                                    "(auto: 81)", flag="--frames", type=int)  # fmt: skip
+                                    "(auto: 81)", flag="--frames", type=int)
     fps: float | None = option(None, "frames per second, stated in the prompt and the video file (auto: 24)", type=float)
     steps: int | None = option(None, "sampling steps (auto: 35; distilled checkpoints always take their own 4)",
-                               type=int)  # fmt: skip
+                               type=int)
     guidance_scale: float | None = option(None, "classifier-free guidance (auto: 4, Edge 5 for video and 7 for "
-                                          "images; distilled: always 1)", flag="--guidance", type=float)  # fmt: skip
+                                          "images; distilled: always 1)", flag="--guidance", type=float)
     flow_shift: float | None = option(None, "flow shift of the UniPC grid (auto: 3 for images and Edge, 10 for "
-                                      "other video)", type=float)  # fmt: skip
+                                      "other video)", type=float)
     schedule: str = option("auto", "auto (fixed sigmas on distilled checkpoints, else unipc), unipc (shifted flow "
-                           "grid), checkpoint (the shipped scheduler_config.json), distilled", choices=SCHEDULES)  # fmt: skip
+                           "grid), checkpoint (the shipped scheduler_config.json), distilled", choices=SCHEDULES)
     guidance_interval: Any = option("auto", "timesteps where guidance applies: auto ([400, 1000] for images, every "
-                                    "step for video), off, or LOW,HIGH")  # fmt: skip
+                                    "step for video), off, or LOW,HIGH")
     seed: int = option(0, "noise seed (the same seed gives the same result on every device)", type=int)
     image: Any = option(None, "image to condition the first frame on (image-to-video); CLI: an image file")
     video: Any = option(None, "clip to condition the first latent frames on (video-to-video); CLI: a video file")
     condition_latents: Any = option(None, "video-to-video from an encoded clip: raw VAE latents [1, 48, T, h, w] (a "
-                                    "ComfyUI LATENT) instead of `video`", cli=False)  # fmt: skip
+                                    "ComfyUI LATENT) instead of `video`", cli=False)
     condition_frame_indexes: Any = option(None, "video-to-video: latent frames held to the clip, e.g. 0,1 "
                                           "(latent f covers video frames up to 4f; auto: 0,1)",
-                                          flag="--condition-frames")  # fmt: skip
+                                          flag="--condition-frames")
     condition_video_keep: str = option("first", "video-to-video: condition on the first or the last frames of the "
-                                       "clip", flag="--keep", choices=KEEP)  # fmt: skip
+                                       "clip", flag="--keep", choices=KEEP)
     use_system_prompt: bool | None = option(None, "system prompt on or off (auto: the checkpoint's "
-                                            "default_use_system_prompt)", flag="--system-prompt", tri_state=True)  # fmt: skip
+                                            "default_use_system_prompt)", flag="--system-prompt", tri_state=True)
     add_resolution_template: bool = option(True, "append 'This video is of HxW resolution.' to prose prompts "
-                                           "(negated on the negative)", flag="--resolution-template")  # fmt: skip
+                                           "(negated on the negative)", flag="--resolution-template")
     add_duration_template: bool = option(True, "append 'The video is N seconds long and is of F FPS.' to prose "
-                                         "video prompts (negated on the negative)", flag="--duration-template")  # fmt: skip
+                                         "video prompts (negated on the negative)", flag="--duration-template")
     json_captions: bool = option(True, "read a prompt that is a JSON object as a structured caption (resolution, "
-                                 "duration and fps filled in); off: every prompt is prose")  # fmt: skip
+                                 "duration and fps filled in); off: every prompt is prose")
     max_sequence_length: int | None = option(None, "cut prompts to this many tokens (with a warning; default: no "
-                                             "cut)", type=int)  # fmt: skip
+                                             "cut)", type=int)
     max_prompt_tokens: int = option(DEFAULT_MAX_PROMPT_TOKENS, "refuse prompts longer than this many tokens (raise "
-                                    "it for very long captions)", type=int)  # fmt: skip
+                                    "it for very long captions)", type=int)
     output: str = option("frames", "frames (decoded) or latents (no VAE decode)", cli=False)
     vae_tile: Any = option(None, "decode in tiles of this many latents, overlap a quarter (0: no tiling)",
-                           flag="--tile", type=int)  # fmt: skip
+                           flag="--tile", type=int)
     action: Any = option(None, "an ActionRequest: policy, forward or inverse dynamics (checkpoints with an action "
-                         "head); it sets the frame count, size and conditioning", cli=False)  # fmt: skip
+                         "head); it sets the frame count, size and conditioning", cli=False)
     sound: bool = option(False, "generate the sound track with the video (checkpoints with a sound head and a sound "
-                         "tokenizer, such as Nano)")  # fmt: skip
+                         "tokenizer, such as Nano)")
     sound_trim: bool = option(True, "trim the waveform to the video's duration, int(frames / fps * sample_rate) "
-                              "samples; off: the full latent length")  # fmt: skip
+                              "samples; off: the full latent length")
     control_videos: Any = option(None, "transfer: control clips by hint, {edge|blur|depth|seg|wsm: clip} (each in a form "
                                  "`video` takes); the output follows them, frame for frame. CLI: --control HINT=FILE "
                                  "(repeatable), or --control edge:PRESET=FILE / blur:PRESET=FILE to derive the control "
                                  "from a source clip (presets very_low ... very_high)", flag="--control",
-                                 action="append")  # fmt: skip
+                                 action="append")
     control_guidance: float | None = option(None, "transfer: how strongly the output follows the controls, 1 = no "
-                                            "control guidance (auto: the model authors' 1.5; seg 2, wsm 3)", type=float)  # fmt: skip
+                                            "control guidance (auto: the model authors' 1.5; seg 2, wsm 3)", type=float)
     control_guidance_interval: Any = option("auto", "transfer: timesteps where control guidance applies: auto or off "
-                                            "(every step), or LOW,HIGH")  # fmt: skip
+                                            "(every step), or LOW,HIGH")
     chunk_frames: int | None = option(None, "transfer and long videos: frames per chunk, rounded up to 1 + 4k (auto: "
                                       "transfer: the whole clip up to 93 frames, 101 for a world-scenario map alone; "
-                                      f"video: one window up to {LONGEST_WINDOW} frames, else chunks of 93)", type=int)  # fmt: skip
+                                      f"video: one window up to {LONGEST_WINDOW} frames, else chunks of 93)", type=int)
     chunk_overlap_frames: int | None = option(None, "transfer and long videos: frames each chunk takes from the end of "
                                               "the previous one, generated again there and kept once (auto: 1; a long "
-                                              "video's are 1 + 4k: whole latent frames)", type=int)  # fmt: skip
+                                              "video's are 1 + 4k: whole latent frames)", type=int)
     keyframes: Any = option(None, "keyframes held in the video (first-last frame to video, or any frame): {frame: image "
                             "or clip}, negative frames counting from the end (-1: the last; a clip there ends on it). "
                             "A still holds the latent frame that holds its frame (4 frames), a clip every latent frame "
                             "it covers. CLI: --keyframe FRAME=FILE, an image or a video file (repeatable)",
-                            flag="--keyframe", action="append")  # fmt: skip
+                            flag="--keyframe", action="append")
     check_memory: bool = option(True, "estimate the memory a request needs and refuse it when the device does not "
-                                "have it")  # fmt: skip
+                                "have it")
     cache: str = option("seacache", "step cache: seacache (NVIDIA's SeaCache, as their framework runs Cosmos3: a "
                         "guidance pass whose input changed little since its last full run reuses that run's "
-                        "residual instead of the layer stack) or off", choices=list(CACHES))  # fmt: skip
+                        "residual instead of the layer stack) or off", choices=list(CACHES))
     cache_threshold: float = option(0.35, "SeaCache: the accumulated change of the filtered latents before a pass "
-                                    "runs in full again; higher skips more (0: never skips)", type=float)  # fmt: skip
+                                    "runs in full again; higher skips more (0: never skips)", type=float)
     cache_residual_order: int = option(1, "SeaCache: how a skipped pass extrapolates the stored residuals: 0 reuses "
-                                       "the last, 1 linear, 2 quadratic", type=int)  # fmt: skip
+                                       "the last, 1 linear, 2 quadratic", type=int)
     compile: bool = option(False, "compile the transformer's media block with torch.compile (one compile serves "
-                           "every layer): the first run pays the compile, and once more at a new size")  # fmt: skip
+                           "every layer): the first run pays the compile, and once more at a new size")
 
     def __post_init__(self):
         set_ = object.__setattr__  # frozen: normalise in place once
@@ -182,7 +182,7 @@ class Request:
         set_(self, "condition_frame_indexes", parse_frame_indexes(self.condition_frame_indexes))
         set_(self, "vae_tile", parse_tile(self.vae_tile))
         for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS),
-                              ("cache", CACHES)):  # fmt: skip
+                              ("cache", CACHES)):
             if getattr(self, name) not in choices:
                 raise InputError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
@@ -197,7 +197,7 @@ class Request:
                     + ("" if other is None else f" (size asked: {self.width}x{self.height}, WxH)")
                 )
         positive = {"num_frames": self.num_frames, "steps": self.steps, "max_prompt_tokens": self.max_prompt_tokens,
-                    "max_sequence_length": self.max_sequence_length}  # fmt: skip
+                    "max_sequence_length": self.max_sequence_length}
         for name, value in positive.items():
             if value is not None and value < 1:
                 raise InputError(f"{name} must be at least 1, got {value}")
@@ -213,10 +213,10 @@ class Request:
             raise InputError("an action run takes its observation from the ActionRequest (its image or video)")
         if self.keyframes is not None:
             given = [name for name in ("image", "video", "condition_latents", "condition_frame_indexes", "action",
-                                       "control_videos") if getattr(self, name) is not None]  # fmt: skip
+                                       "control_videos") if getattr(self, name) is not None]
             if given:
                 raise InputError(f"keyframes set the conditioning themselves; they do not combine with {', '.join(given)} "
-                                 "(a first frame is the keyframe at 0)")  # fmt: skip
+                                 "(a first frame is the keyframe at 0)")
         if self.chunk_frames is not None and self.chunk_frames < 1:
             raise InputError(f"chunk_frames must be at least 1, got {self.chunk_frames}")
         if self.chunk_overlap_frames is not None and self.chunk_overlap_frames < 0:
@@ -231,13 +231,13 @@ class Request:
 
         object.__setattr__(self, "control_videos", canonical(self.control_videos))
         others = [name for name, given in (("image", self.image is not None), ("video", self.has_video),
-                                           ("action", self.action is not None), ("sound", self.sound)) if given]  # fmt: skip
+                                           ("action", self.action is not None), ("sound", self.sound)) if given]
         if others:
             raise InputError(f"transfer (control_videos) does not combine with {' or '.join(others)}: the controls set "
-                             "the whole clip")  # fmt: skip
+                             "the whole clip")
         if self.output != "frames":
             raise InputError("transfer decodes every chunk to start the next one from it, so it returns frames, not "
-                             "latents (output='frames')")  # fmt: skip
+                             "latents (output='frames')")
         if self.control_guidance is not None and not self.control_guidance >= 0:
             raise InputError(f"control_guidance must be 0 or more (1: no control guidance), got {self.control_guidance}")
 
@@ -255,7 +255,7 @@ class Request:
         unknown = sorted(set(options) - OPTION_NAMES)
         if unknown:
             raise InputError(f"unknown generation option(s) {', '.join(unknown)}; options are "
-                             f"{', '.join(sorted(OPTION_NAMES))}")  # fmt: skip
+                             f"{', '.join(sorted(OPTION_NAMES))}")
         if base is None:
             return cls(**options)
         return replace(base, **options) if options else base
@@ -314,4 +314,4 @@ def options_from_args(args: argparse.Namespace) -> dict:
     """Request keyword options from parsed flags (files for image/video are read by the caller)."""
     cli_fields = [f for f in fields(Request) if f.metadata["cli"]]
     return {f.name: TRI_STATE[getattr(args, f.name)] if f.metadata["tri_state"] else getattr(args, f.name)
-            for f in cli_fields}  # fmt: skip
+            for f in cli_fields}

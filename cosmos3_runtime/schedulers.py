@@ -105,7 +105,7 @@ def checkpoint_schedule(config: dict, steps: int, shift: float | None = None, na
         return _flow_match_schedule(config, steps, shift, native_flow)
     if class_name != "UniPCMultistepScheduler":
         raise CheckpointError(f"{source}: the 'checkpoint' schedule needs a UniPCMultistepScheduler or "
-                              f"{FLOW_MATCH_EULER} config, not {class_name!r}")  # fmt: skip
+                              f"{FLOW_MATCH_EULER} config, not {class_name!r}")
     for key, default in UNSUPPORTED_UNIPC.items():
         if config.get(key, default) != default:
             raise CheckpointError(f"{source}: {key}={config[key]!r} is not supported (expected {default!r})")
@@ -134,7 +134,7 @@ def _flow_match_schedule(config: dict, steps: int, shift: float | None, native_f
     for key, default in UNSUPPORTED_FLOW_MATCH.items():
         if config.get(key, default) != default:
             raise CheckpointError(f"scheduler/scheduler_config.json: {key}={config[key]!r} is not supported "
-                                  f"(expected {default!r})")  # fmt: skip
+                                  f"(expected {default!r})")
     n = config.get("num_train_timesteps", TRAIN_TIMESTEPS)
     shift = config.get("shift", 1.0) if shift is None else shift
     if native_flow:
@@ -145,7 +145,7 @@ def _flow_match_schedule(config: dict, steps: int, shift: float | None, native_f
     grid = shift * grid / (1 + (shift - 1) * grid)
     sigmas = torch.from_numpy(grid).to(torch.float32)
     return Schedule(torch.cat([sigmas, torch.zeros(1)]), sigmas * n, "euler",
-                    stochastic=bool(config.get("stochastic_sampling", False)))  # fmt: skip
+                    stochastic=bool(config.get("stochastic_sampling", False)))
 
 
 def _vp_sigma_range(config: dict) -> tuple[float, float]:
@@ -233,7 +233,7 @@ class UniPC:
         b2 = (phi / hh - 0.5) * 2 / b
         # The reference solves this 2x2 system with LU; the closed form differs in the last bit.
         rho = torch.linalg.solve(torch.stack([torch.stack([torch.ones_like(r), torch.ones_like(r)]),
-                                              torch.stack([r, torch.ones_like(r)])]), torch.stack([b1, b2]))  # fmt: skip
+                                              torch.stack([r, torch.ones_like(r)])]), torch.stack([b1, b2]))
         return x - alpha_t * b * (rho[0] * d1 + rho[1] * (x0 - m_prev))
 
 

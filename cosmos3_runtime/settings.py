@@ -97,7 +97,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
     if variant.is_distilled:
         if schedule in ("unipc", "checkpoint"):
             raise InputError(f"this is a distilled checkpoint: it samples only with its fixed sigmas (schedule "
-                             f"'auto' or 'distilled'), not {schedule!r}")  # fmt: skip
+                             f"'auto' or 'distilled'), not {schedule!r}")
         schedule = "distilled"
         steps = len(variant.distilled_sigmas)
         if r.steps is not None and r.steps != steps:
@@ -116,7 +116,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
         schedule = "unipc" if schedule == "auto" else schedule
         if schedule == "checkpoint" and variant.scheduler_class == FLOW_MATCH_EULER:
             notes.append(f"schedule 'checkpoint': the shipped {FLOW_MATCH_EULER} (this checkpoint declares no "
-                         "fixed sigma list, so it is multi-step), Euler steps on its flow grid")  # fmt: skip
+                         "fixed sigma list, so it is multi-step), Euler steps on its flow grid")
         steps = DEFAULT_STEPS if r.steps is None else int(r.steps)
         guidance = _default_guidance(variant, kind) if r.guidance_scale is None else float(r.guidance_scale)
         shift = r.flow_shift if r.flow_shift is not None else default_flow_shift(variant, is_image)
@@ -162,15 +162,15 @@ def _long_video(r: Request, num_frames: int, notes: list[str], applied: list[str
     if plan.count == 1:
         return None
     refused = [what for what, given in (("sound", r.sound), ("keyframes", r.keyframes is not None),
-                                        ("an action", r.action is not None)) if given]  # fmt: skip
+                                        ("an action", r.action is not None)) if given]
     if refused:
         raise InputError(f"{num_frames} frames run in {plan.count} chunks of {plan.chunk}, and {refused[0]} is made "
-                         f"in one window: lower the frame count to {plan.chunk} or less (or raise chunk_frames)")  # fmt: skip
+                         f"in one window: lower the frame count to {plan.chunk} or less (or raise chunk_frames)")
     if (plan.overlap - 1) % TEMPORAL_FACTOR:
         raise InputError(f"a long video's chunk_overlap_frames must be 1 + 4k (whole latent frames carried from chunk to "
-                         f"chunk), got {plan.overlap}: use {1 + TEMPORAL_FACTOR * max(0, (plan.overlap - 1) // 4)}")  # fmt: skip
+                         f"chunk), got {plan.overlap}: use {1 + TEMPORAL_FACTOR * max(0, (plan.overlap - 1) // 4)}")
     applied.append(f"long video: {num_frames} frames in {plan.count} chunks of {plan.chunk}, each after the first "
-                 f"continuing from the last {plan.overlap} frame{'s' * (plan.overlap > 1)} of the one before")  # fmt: skip
+                 f"continuing from the last {plan.overlap} frame{'s' * (plan.overlap > 1)} of the one before")
     return plan
 
 
@@ -200,14 +200,14 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
     if variant.is_distilled:
         raise InputError("transfer (control_videos) needs a multi-step checkpoint such as Cosmos3-Nano or "
                          "Cosmos3-Super: distilled checkpoints have no transfer schedule (diffusers has none, SGLang "
-                         "refuses them)")  # fmt: skip
+                         "refuses them)")
     if variant.is_edge:
         raise InputError("transfer (control_videos) runs on Cosmos3-Nano and Cosmos3-Super, the checkpoints NVIDIA "
-                         "documents for control-to-video; Edge is refused, as SGLang refuses it")  # fmt: skip
+                         "documents for control-to-video; Edge is refused, as SGLang refuses it")
     if r.schedule == "distilled":
         raise InputError(NOT_DISTILLED)
     plan = transfer.plan(r.control_videos, r.num_frames, r.chunk_frames, r.chunk_overlap_frames, r.control_guidance,
-                         None if r.control_guidance_interval == "auto" else r.control_guidance_interval, notes)  # fmt: skip
+                         None if r.control_guidance_interval == "auto" else r.control_guidance_interval, notes)
     width, height = _size(variant, r, plan.total == 1, notes)
     notes.extend(transfer.resize_notes(r.control_videos, height, width))
     guidance, _, fps = transfer.recommended(plan.hints)
@@ -220,7 +220,7 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         schedule=schedule, guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
         negative_prompt=r.negative_prompt or "", use_system_prompt=r.use_system_prompt is not False,
         mode="transfer", condition_frames=(), notes=notes, transfer=plan, chunks=plan, cache=_cache(r, True, notes),
-    )  # fmt: skip
+    )
 
 
 def _action_request(variant: Variant, r: Request, applied: list[str], notes: list[str]) -> Request:
@@ -228,7 +228,7 @@ def _action_request(variant: Variant, r: Request, applied: list[str], notes: lis
     chunk + 1 frames on the action canvas."""
     if not variant.has_action:
         raise InputError("this checkpoint has no action head (action_gen in transformer/config.json); action "
-                         "generation needs one, such as Edge-Policy-DROID")  # fmt: skip
+                         "generation needs one, such as Edge-Policy-DROID")
     if variant.is_distilled:
         raise InputError("distilled checkpoints do not generate actions; use a multi-step checkpoint")
     action = r.action.resolved(variant.default_action_preset)
@@ -236,7 +236,7 @@ def _action_request(variant: Variant, r: Request, applied: list[str], notes: lis
     applied.append(f"action preset '{action.preset}' ({preset.source}); explicit values win")
     height, width = canvas_size(action.clip(), action.resolution_tier)
     for name, value, fixed in (("num_frames", r.num_frames, action.num_frames), ("width", r.width, width),
-                               ("height", r.height, height)):  # fmt: skip
+                               ("height", r.height, height)):
         if value is not None and value != fixed:
             notes.append(f"action: {name} {value} ignored; the action run uses {fixed} (chunk size and canvas)")
     fps = FRAMEWORK_FPS.get(action.domain, preset.fps) if action.preset == "framework" else preset.fps
@@ -250,16 +250,16 @@ def _action_request(variant: Variant, r: Request, applied: list[str], notes: lis
         flow_shift=unset_or("flow_shift", preset.flow_shift), use_system_prompt=unset_or("use_system_prompt",
         preset.use_system_prompt), schedule=preset.schedule if r.schedule == "auto" else r.schedule,
         guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
-    )  # fmt: skip
+    )
 
 
 def _check_sound(variant: Variant, num_frames: int) -> None:
     if not variant.has_sound:
         raise InputError("this checkpoint has no sound head (sound_gen in transformer/config.json); sound needs a "
-                         "sound-capable checkpoint such as Cosmos3-Nano")  # fmt: skip
+                         "sound-capable checkpoint such as Cosmos3-Nano")
     if not variant.has_sound_tokenizer:
         raise InputError("this checkpoint has a sound head but no sound_tokenizer in model_index.json, so its sound "
-                         "cannot be decoded")  # fmt: skip
+                         "cannot be decoded")
     if variant.is_distilled:
         raise InputError("distilled checkpoints do not generate sound; use a multi-step checkpoint such as Nano")
     if num_frames == 1:

@@ -33,7 +33,7 @@ FIXED = {
     "dec_use_nearest_upsample": False, "dec_use_tanh_at_final": False, "activation": "snakebeta",
     "snake_logscale": True, "anti_aliasing": False, "use_cuda_kernel": False, "causal": False,
     "latent_mean": None, "latent_std": None,
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class SoundConfig:
         for key, value in FIXED.items():
             if raw.get(key, value) != value:
                 raise CheckpointError(f"{source}: {key}={raw[key]!r} is not supported (the released audio tokenizer "
-                                      f"has {value!r})")  # fmt: skip
+                                      f"has {value!r})")
         if (raw.get("bottleneck") or {}).get("type", "vae") != "vae":
             raise CheckpointError(f"{source}: only the 'vae' bottleneck is supported")
         names = {f.name for f in fields(cls)} - {"extra"}
@@ -169,7 +169,7 @@ class Decoder(nn.Module):
         self.conv1 = WNConv1d(c.vocoder_input_dim, c.dec_dim * mults[-1], 7, padding=3)
         n = len(strides)
         self.block = nn.ModuleList(DecoderBlock(c.dec_dim * mults[n - i], c.dec_dim * mults[n - i - 1], stride)
-                                   for i, stride in enumerate(strides))  # fmt: skip
+                                   for i, stride in enumerate(strides))
         self.snake1 = Snake(c.dec_dim)
         self.conv2 = WNConv1d(c.dec_dim, c.dec_out_channels, 7, padding=3, bias=False)
 
@@ -209,7 +209,7 @@ class Encoder(nn.Module):
             out = dims[i + 1] if i + 1 < len(dims) else dims[-1]
             layers += [ConvNeXtBlock(dims[i], c.enc_use_snake) for _ in range(c.enc_num_blocks)]
             layers.append(WNConv1d(dims[i], out, 2 * stride, stride=stride, padding=math.ceil(stride / 2),
-                                   padding_mode=c.padding_mode))  # fmt: skip
+                                   padding_mode=c.padding_mode))
         layers.append(WNConv1d(dims[-1], c.enc_latent_dim, 1, bias=False))
         self.layers = nn.Sequential(*layers)
 

@@ -111,7 +111,7 @@ class StepCache:
         p = self.pathways.setdefault(pass_index, Pathway())
         c = self.config
         forced = (self.index < c.ret_steps or self.index >= self.num_steps - c.cutoff_from_end or not p.history
-                  or p.indicator is None)  # fmt: skip
+                  or p.indicator is None)
         if forced:
             p.accumulated, p.indicator = 0.0, self.current
             return True

@@ -21,10 +21,10 @@ from .vae import VAEConfig, WanVAE
 KINDS = ("gated", "edge")
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            intermediate_size=128, rope_axes_dim=[6, 5, 5])  # fmt: skip
+            intermediate_size=128, rope_axes_dim=[6, 5, 5])
 # Big enough that per-step costs dominate Python overhead; still loads in seconds on a CPU.
 SMALL = dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-             intermediate_size=1536, rope_axes_dim=[12, 10, 10])  # fmt: skip
+             intermediate_size=1536, rope_axes_dim=[12, 10, 10])
 SIZES = {"tiny": TINY, "small": SMALL}
 # The released transformers' backbone shapes (no sound or action head), for sizes, benchmarks and virtual runs. Super:
 # hidden size, depth and heads as reported; head dim, MLP width and vocabulary those of Qwen3-VL-32B's text tower,
@@ -37,10 +37,10 @@ RELEASED = {
                  intermediate_size=12288, vocab_size=151936),
     "super": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
                   intermediate_size=25600, vocab_size=151936),
-}  # fmt: skip
+}
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                  "<|video_pad|>"]  # fmt: skip
+                  "<|video_pad|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -87,7 +87,7 @@ def transformer_config(kind: str = "gated", size: str = "tiny", action=False, so
     config.update(vocab_size=vocab_size, latent_channel=48, latent_patch_size=2, patch_latent_dim=192)
     if kind == "edge":
         config.update(hidden_act="relu2", backbone_type=EDGE_BACKBONE, qk_norm_for_text=False,
-                      use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8)  # fmt: skip
+                      use_und_k_norm_for_gen=True, rms_norm_eps=1e-5, rope_theta=1e8)
     else:
         config.update(hidden_act="silu", qk_norm_for_text=True, rms_norm_eps=1e-6, rope_theta=5e6)
     if sound:
@@ -105,7 +105,7 @@ def released_transformer_shapes(config: TransformerConfig) -> dict[str, tuple[in
               "lm_head.weight": (V, H), "proj_in.weight": (H, P), "proj_in.bias": (H,),
               "proj_out.weight": (P, H), "proj_out.bias": (P,),
               "time_embedder.linear_1.weight": (H, 256), "time_embedder.linear_1.bias": (H,),
-              "time_embedder.linear_2.weight": (H, H), "time_embedder.linear_2.bias": (H,)}  # fmt: skip
+              "time_embedder.linear_2.weight": (H, H), "time_embedder.linear_2.bias": (H,)}
     for i in range(config.num_hidden_layers):
         layer = {"input_layernorm": (H,), "input_layernorm_moe_gen": (H,), "post_attention_layernorm": (H,),
                  "post_attention_layernorm_moe_gen": (H,),
@@ -114,7 +114,7 @@ def released_transformer_shapes(config: TransformerConfig) -> dict[str, tuple[in
                  "self_attn.add_k_proj": (K * D, H), "self_attn.add_v_proj": (K * D, H),
                  "self_attn.to_add_out": (H, A * D), "self_attn.norm_added_q": (D,), "self_attn.norm_added_k": (D,),
                  "mlp.up_proj": (I, H), "mlp.down_proj": (H, I), "mlp_moe_gen.up_proj": (I, H),
-                 "mlp_moe_gen.down_proj": (H, I)}  # fmt: skip
+                 "mlp_moe_gen.down_proj": (H, I)}
         if not config.is_dense:
             layer.update({"mlp.gate_proj": (I, H), "mlp_moe_gen.gate_proj": (I, H)})
         if config.qk_norm_for_text:
@@ -128,12 +128,12 @@ def released_transformer_shapes(config: TransformerConfig) -> dict[str, tuple[in
     if config.sound_gen:
         S = config.sound_dim
         shapes.update({"audio_proj_in.weight": (H, S), "audio_proj_in.bias": (H,), "audio_proj_out.weight": (S, H),
-                       "audio_proj_out.bias": (S,), "audio_modality_embed": (H,)})  # fmt: skip
+                       "audio_proj_out.bias": (S,), "audio_modality_embed": (H,)})
     if config.action_gen:
         Ad, Nd = config.action_dim, config.num_embodiment_domains
         shapes.update({"action_proj_in.fc.weight": (Nd, Ad * H), "action_proj_in.bias.weight": (Nd, H),
                        "action_proj_out.fc.weight": (Nd, H * Ad), "action_proj_out.bias.weight": (Nd, Ad),
-                       "action_modality_embed": (H,)})  # fmt: skip
+                       "action_modality_embed": (H,)})
     return shapes
 
 
@@ -222,7 +222,7 @@ def sound_tokenizer_config(sound_dim: int) -> dict:
             "dec_strides": [4, 8, 10], "dec_out_channels": 2, "stereo": True, "normalize_volume": True, "input_channels": 1,
             "enc_type": "spec_convnext", "enc_dim": 4, "enc_num_blocks": 1, "enc_n_fft": 4, "enc_hop_length": 1,
             "enc_latent_dim": 2 * sound_dim, "enc_c_mults": [1, 2, 2], "enc_strides": [4, 8, 10], "dec_type": "oobleck",
-            "bottleneck_type": "vae", "activation": "snakebeta", "snake_logscale": True}  # fmt: skip
+            "bottleneck_type": "vae", "activation": "snakebeta", "snake_logscale": True}
 
 
 def write_sound_tokenizer(folder: Path, config: dict, seed: int, dtype: torch.dtype, encoder: bool) -> None:
@@ -323,7 +323,7 @@ def make_tiny_checkpoint(
     write_vae(root / "vae", vae_config(seed), seed, dtype)
     if sound:
         write_sound_tokenizer(root / "sound_tokenizer", sound_tokenizer_config(config["sound_dim"]), seed, dtype,
-                              sound_encoder)  # fmt: skip
+                              sound_encoder)
     (root / "scheduler").mkdir(exist_ok=True)
     scheduler = DISTILLED_SCHEDULER if distilled else UNIPC_SCHEDULER
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2))
@@ -340,7 +340,7 @@ def make_tiny_checkpoint(
         for name in ("transformer", "vae", "scheduler", "text_tokenizer"):
             library, class_name = model_index[name]
             spec = {"pretrained_model_name_or_path": "nvidia/Cosmos3-Tiny-4Step", "subfolder": name,
-                    "type_hint": [library, class_name], "variant": None, "revision": None}  # fmt: skip
+                    "type_hint": [library, class_name], "variant": None, "revision": None}
             modular[name] = [library, class_name, spec]
         (root / "modular_model_index.json").write_text(json.dumps(modular, indent=2))
     write_tokenizer(root / "text_tokenizer", vocab_size)

@@ -31,14 +31,14 @@ from .vae import stage
 
 HINTS = ("edge", "blur", "depth", "seg", "wsm")  # also the order the controls take in the sequence
 HINT_NAMES = {"edge": "edges (Canny)", "blur": "a blurred copy of the clip", "depth": "depth",
-              "seg": "segmentation", "wsm": "a world-scenario map"}  # fmt: skip
+              "seg": "segmentation", "wsm": "a world-scenario map"}
 SYSTEM_PROMPT = ("You are a helpful assistant that generates images or videos following the user's instructions and "
                  "control signals (edge maps, blur, depth, or segmentation).")  # the trained text, as the reference has it
 
 # The model authors' recommended values per hint (guidance, control guidance, fps); several hints take the
 # "mixed" row. Chunks: 93 frames, 101 for a world-scenario map alone (NVIDIA's servers' defaults).
 RECOMMENDED = {"edge": (3.0, 1.5, 30.0), "blur": (3.0, 1.5, 30.0), "depth": (3.0, 1.5, 30.0),
-               "seg": (3.0, 2.0, 30.0), "wsm": (1.0, 3.0, 10.0), "mixed": (3.0, 1.5, 30.0)}  # fmt: skip
+               "seg": (3.0, 2.0, 30.0), "wsm": (1.0, 3.0, 10.0), "mixed": (3.0, 1.5, 30.0)}
 DEFAULT_CHUNK = 93
 WSM_CHUNK = 101
 DEFAULT_OVERLAP = 1
@@ -61,7 +61,7 @@ def canonical(control_videos) -> dict:
     """The controls checked (a non-empty dict of known hints to readable clips) and in the sequence's order."""
     if not isinstance(control_videos, dict):
         raise InputError(f"control_videos must be a dict from hint ({', '.join(HINTS)}) to a clip, got "
-                         f"{type(control_videos).__name__}")  # fmt: skip
+                         f"{type(control_videos).__name__}")
     if not control_videos:
         raise InputError(f"control_videos is empty: give at least one control clip ({', '.join(HINTS)})")
     check_hints(control_videos)
@@ -116,7 +116,7 @@ def resize_notes(controls: dict, height: int, width: int) -> list[str]:
         if (h, w) != (height, width):
             changed = abs(h * width - w * height) > max(h, w)  # more than a pixel's worth
             notes.append(f"transfer: control {hint!r} is {w}x{h}, resized to {width}x{height}"
-                         + (" (its aspect ratio changes)" if changed else ""))  # fmt: skip
+                         + (" (its aspect ratio changes)" if changed else ""))
     return notes
 
 
@@ -149,14 +149,14 @@ class Guidance:
 
     def _scales(self, t: float) -> tuple[float, float]:
         return (self.scale if in_interval(self.interval, t) else 1.0,
-                self.control_scale if in_interval(self.control_interval, t) else 1.0)  # fmt: skip
+                self.control_scale if in_interval(self.control_interval, t) else 1.0)
 
     def passes(self, t: float) -> list[tuple[list[int], list[torch.Tensor]]]:
         """(token ids, clean items before the target) of each forward: with controls, then without them when
         control guidance applies (its scale is not 1), then the negative prompt when text guidance does (above 1)."""
         g, cg = self._scales(t)
         return ([(self.cond, self.controls)] + ([(self.cond, [])] if cg != 1.0 else [])
-                + ([(self.uncond, self.controls)] if g > 1.0 else []))  # fmt: skip
+                + ([(self.uncond, self.controls)] if g > 1.0 else []))
 
     def combine(self, t: float, outputs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
         g, cg = self._scales(t)
@@ -191,7 +191,7 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
         noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(pipe.device)
         latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
         guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
-                            p.control_guidance, p.control_interval)  # fmt: skip
+                            p.control_guidance, p.control_interval)
 
         def on_step(step, total, denoised, k=k):
             if callback is not None:

@@ -207,7 +207,7 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
 
 
 def takes_grouped_kv(device_type: str, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int,
-                     flash_enabled: bool = True, rocm: bool = False) -> bool:  # fmt: skip
+                     flash_enabled: bool = True, rocm: bool = False) -> bool:
     """Whether SDPA runs grouped-query inputs (fewer K/V heads than query heads) in a kernel that never holds the
     [heads, Nq, Nk] scores. The CPU's flash kernel takes them in every dtype. On a CUDA GPU only the flash
     kernel does, and it needs fp16/bf16, compute capability 8.0 or newer and a head dim of at most 256 (a multiple
@@ -219,7 +219,7 @@ def takes_grouped_kv(device_type: str, capability: tuple[int, int] | None, dtype
     if device_type != "cuda" or rocm or capability is None:
         return False
     return (flash_enabled and capability >= (8, 0) and dtype in (torch.float16, torch.bfloat16)
-            and head_dim % 8 == 0 and head_dim <= 256)  # fmt: skip
+            and head_dim % 8 == 0 and head_dim <= 256)
 
 
 def grouped_kv_native(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
@@ -227,7 +227,7 @@ def grouped_kv_native(device: torch.device, dtype: torch.dtype, head_dim: int) -
     if device.type != "cuda":
         return takes_grouped_kv(device.type, None, dtype, head_dim)
     return takes_grouped_kv("cuda", _capability(device.index), dtype, head_dim, torch.backends.cuda.flash_sdp_enabled(),
-                            torch.version.hip is not None)  # fmt: skip
+                            torch.version.hip is not None)
 
 
 @functools.cache
@@ -246,7 +246,7 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+              mask: torch.Tensor | None = None) -> torch.Tensor:
     """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D]; `mask` [Nk] bool: the keys to attend to.
 
     Batched 4-D inputs matter: for 3-D ones PyTorch's CPU dispatch falls back to the math kernel,
@@ -557,7 +557,7 @@ class Cosmos3Transformer(nn.Module):
             return media_positions(
                 *grid, offset, fps if c.enable_fps_modulation else None, float(c.base_fps), temporal_factor,
                 base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids, device,
-            )  # fmt: skip
+            )
 
         segments, positions = [], []
         for item in context:  # every item restarts at the media offset: a control and its video align token by token
@@ -582,7 +582,7 @@ class Cosmos3Transformer(nn.Module):
             segments.append(tokens)
             positions.append(positions_of((tokens.shape[0], 1, 1), fps, temporal_factor=1,
                                           base_temporal_factor=VAE_TEMPORAL_FACTOR,
-                                          start_frame=action.start_frame))  # fmt: skip
+                                          start_frame=action.start_frame))
 
         hidden = torch.cat(segments)
         cos, sin = self.rope(torch.cat(positions, dim=1))

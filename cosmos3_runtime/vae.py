@@ -68,7 +68,7 @@ class VAEConfig:
         temporal = 2 ** sum(config.temperal_downsample)
         if (config.scale_factor_spatial, config.scale_factor_temporal) != (spatial, temporal):
             fail(f"scale factors {config.scale_factor_spatial}/{config.scale_factor_temporal} do not match the "
-                 f"network ({spatial}/{temporal})")  # fmt: skip
+                 f"network ({spatial}/{temporal})")
         return config
 
     @property

@@ -3,7 +3,8 @@
 The module is constructed without memory (`torch.device("meta")`), then each tensor is read from its
 shard straight onto the target device and cast to its final dtype, and assigned in place of the
 meta parameter. No random initialisation is ever materialised, and each tensor is allocated once in
-its final dtype (the file itself is only memory-mapped while it is read). Only safetensors are read: nothing is unpickled and no checkpoint code runs.
+its final dtype (the file itself is only memory-mapped while it is read). Only safetensors are read: nothing is
+unpickled and no checkpoint code runs.
 """
 
 import json
@@ -91,7 +92,7 @@ def load_weights(
                 target = expected[name].dtype
             elif tensor.dtype in STORED_AS_IS:
                 raise CheckpointError(f"{path}: {key} is stored as {tensor.dtype}, which cannot be cast without its "
-                                      "scale; this module does not read it")  # fmt: skip
+                                      "scale; this module does not read it")
             # On CPU safetensors hands out views of the memory-mapped file; own the memory, or a file
             # replaced while the model is loaded would crash the process (SIGBUS) on the next read.
             state[name] = tensor.to(dtype=target, copy=tensor.device.type == "cpu")

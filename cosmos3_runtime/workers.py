@@ -56,7 +56,7 @@ def _free_port() -> int:
 def _worker(rank, world, port, device, source, load_options, layout, requests, replies, cancel):
     """One worker process: join the job, load the model, serve requests until told to stop."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      LOCAL_RANK=str(torch.device(device).index or 0))  # fmt: skip
+                      LOCAL_RANK=str(torch.device(device).index or 0))
     import torch.distributed as dist
 
     from .parallel import init_from_env
@@ -182,7 +182,7 @@ class WorkerPool:
             self.processes = [
                 context.Process(target=worker, args=(rank, len(devices), port, device, str(self.checkpoint.root),
                                                      load_options, layout, self.requests[rank], self.replies,
-                                                     self.cancel), daemon=True)  # fmt: skip
+                                                     self.cancel), daemon=True)
                 for rank, device in enumerate(devices)
             ]
             for process in self.processes:
@@ -217,7 +217,7 @@ class WorkerPool:
                     reason = f"workers {dead} died" if dead else f"workers {sorted(waiting)} stopped answering"
                     raise WorkerError(f"{reason} ({'; '.join(failures.values()) or 'no error reported'}); "
                                       "the worker pool was shut down"
-                                      + (f". Their output ended with:\n{output}" if output else "")) from None  # fmt: skip
+                                      + (f". Their output ended with:\n{output}" if output else "")) from None
                 continue
             if kind == "progress":
                 if on_progress is not None and cancelled is None:

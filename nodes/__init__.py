@@ -12,9 +12,9 @@ from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
 from .reasoning import Cosmos3Reason, Cosmos3ReasonSampling, Cosmos3UpsamplePrompt
 from .sampling import (Cosmos3ImageToVideo, Cosmos3Keyframes, Cosmos3LatentToVideo, Cosmos3Sampler, Cosmos3Scheduler,
-                       Cosmos3TextEncode, Cosmos3VideoToVideo)  # fmt: skip
+                       Cosmos3TextEncode, Cosmos3VideoToVideo)
 from .transfer import (Cosmos3BlurControl, Cosmos3DepthControl, Cosmos3EdgeControl, Cosmos3SegmentationControl,
-                       Cosmos3TransferSampler, Cosmos3WorldScenarioMapControl)  # fmt: skip
+                       Cosmos3TransferSampler, Cosmos3WorldScenarioMapControl)
 from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 
 services.register_model_folder()

@@ -21,7 +21,7 @@ ACTION_FILES = (".json", ".npy", ".csv")
 class Cosmos3Action:
     DESCRIPTION = ("An action run for the sampler (checkpoints with an action head): policy (observation + "
                    "instruction -> actions and video), forward dynamics (observation + actions -> video) or inverse "
-                   "dynamics (clip -> actions). Auto values come from the preset.")  # fmt: skip
+                   "dynamics (clip -> actions). Auto values come from the preset.")
     CATEGORY = "cosmos3/action"
     RETURN_TYPES = ("COSMOS3_ACTION",)
     RETURN_NAMES = ("action",)
@@ -34,11 +34,11 @@ class Cosmos3Action:
                 "mode": (list(MODES), {"default": "policy"}),
                 "domain": (sorted(WIDTHS), {"default": "droid_lerobot", "tooltip": "the robot (embodiment)"}),
                 "chunk_size": ("INT", {"default": 0, "min": 0, "max": 256, "tooltip": "actions per chunk (the video "
-                               "has one more frame); 0 = the preset's"}),  # fmt: skip
+                               "has one more frame); 0 = the preset's"}),
                 "resolution_tier": ([AUTO, *map(str, TIERS)], {"default": AUTO}),
                 "view_point": ([AUTO, *VIEW_POINTS], {"default": AUTO, "tooltip": "camera of the observation"}),
                 "preset": ([AUTO, *PRESETS], {"default": AUTO, "tooltip": "auto: droid-server for Policy-DROID "
-                           "checkpoints, else framework"}),  # fmt: skip
+                           "checkpoints, else framework"}),
             },
             "optional": {
                 "image": ("IMAGE", {"tooltip": "the observation (policy, forward dynamics)"}),
@@ -49,14 +49,14 @@ class Cosmos3Action:
         }
 
     def build(self, mode, domain, chunk_size, resolution_tier, view_point, preset, image=None, video=None,
-              actions=None, state=None):  # fmt: skip
+              actions=None, state=None):
         request = ActionRequest(
             mode=mode, chunk_size=chunk_size or None, domain=domain,
             resolution_tier=None if resolution_tier == AUTO else int(resolution_tier),
             actions=None if actions is None else actions["actions"], image=None if image is None else image[:1],
             video=video, view_point=None if view_point == AUTO else view_point,
             preset=None if preset == AUTO else preset, state=state,
-        )  # fmt: skip
+        )
         return (request,)
 
 
@@ -70,7 +70,7 @@ class Cosmos3RobotState:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"values": ("STRING", {"default": "0, 0, 0, 0, 0, 0, 0, 0", "tooltip": "8 numbers: "
-                                         "joints 1-7 (radians) and the gripper (0 open, 1 closed)"})}}  # fmt: skip
+                                         "joints 1-7 (radians) and the gripper (0 open, 1 closed)"})}}
 
     @classmethod
     def VALIDATE_INPUTS(cls, values):
@@ -113,7 +113,7 @@ class Cosmos3LoadActions:
         folder = services.input_directory()
         files = sorted(f for f in os.listdir(folder) if f.lower().endswith(ACTION_FILES)) if os.path.isdir(folder) else []
         return {"required": {"file": (files or ["(no action files in input/)"],),
-                             "domain": (sorted(WIDTHS), {"default": "droid_lerobot"})}}  # fmt: skip
+                             "domain": (sorted(WIDTHS), {"default": "droid_lerobot"})}}
 
     def load(self, file, domain):
         path = input_file(file)
@@ -131,7 +131,7 @@ class Cosmos3LoadActions:
         if actions.ndim != 2:
             raise InputError(f"{file}: actions must be a table [T, width], got shape {list(actions.shape)}")
         return ({"actions": actions, "domain": domain, "mode": "loaded", "preset": None, "fps": None,
-                 "units": "file"},)  # fmt: skip
+                 "units": "file"},)
 
 
 class Cosmos3SaveActions:
@@ -144,7 +144,7 @@ class Cosmos3SaveActions:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"actions": ("COSMOS3_ACTIONS",),
-                             "filename_prefix": ("STRING", {"default": "actions/cosmos3"})}}  # fmt: skip
+                             "filename_prefix": ("STRING", {"default": "actions/cosmos3"})}}
 
     def save(self, actions, filename_prefix):
         folder, name = services.output_path(filename_prefix)

@@ -39,7 +39,7 @@ def checkpoint_names() -> list[str]:
                 names.add(first)
             elif os.path.isdir(path) and not os.path.isfile(os.path.join(path, "model_index.json")):
                 names.update(f"{first}/{second}" for second in os.listdir(path)
-                             if is_cosmos3_folder(os.path.join(path, second)))  # fmt: skip
+                             if is_cosmos3_folder(os.path.join(path, second)))
     return sorted(names)
 
 
@@ -135,7 +135,7 @@ def load_pipeline(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
     pipe = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
                 offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize,
                 linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class(),
-                transformer_file=spec.transformer_file, parts=spec.parts)  # fmt: skip
+                transformer_file=spec.transformer_file, parts=spec.parts)
     pipe.transformer.use_media_attention(services.media_attention())  # ComfyUI's backend, inside ComfyUI
     return pipe
 
@@ -163,7 +163,7 @@ def worker_pool(spec: ModelSpec, compute, dtype: str) -> WorkerPool:
     sp = spec.gpus // branches
     if sp * branches != spec.gpus or (spec.multi_gpu == "cfg" and spec.gpus != 2):
         raise InputError(f"multi_gpu '{spec.multi_gpu}' cannot use {spec.gpus} GPUs: 'cfg' needs 2, "
-                         "'cfg+sequence' an even number")  # fmt: skip
+                         "'cfg+sequence' an even number")
     if compute.type == "cuda":
         first = compute.index or 0
         if first + spec.gpus > services.cuda_device_count():
@@ -174,7 +174,7 @@ def worker_pool(spec: ModelSpec, compute, dtype: str) -> WorkerPool:
     return WorkerPool(spec.source, devices, sp=sp, cfg_parallel=cfg_parallel, dtype=dtype,
                       local_files_only=spec.local_files_only, offload_text=spec.offload_text,
                       blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize,
-                      transformer_file=spec.transformer_file)  # fmt: skip
+                      transformer_file=spec.transformer_file)
 
 
 def _folder_bytes(folder: str) -> int:
@@ -209,7 +209,7 @@ class ModelHandle:
         pipe, spec = self.pipeline, self.spec
         if not pipe.transformer.has_media:
             raise InputError("this checkpoint was loaded with parts 'reasoner' (no generator weights); set the "
-                             "loader's parts to 'all' to generate")  # fmt: skip
+                             "loader's parts to 'all' to generate")
         compute, offload = spec.compute_device(), services.offload_device()
 
         def reload(disable_dynamic=True):  # an independent copy, when ComfyUI asks for one (dynamic VRAM)
@@ -247,7 +247,7 @@ class ModelHandle:
         if services.in_comfyui():
             compute, offload = self.spec.compute_device(), services.offload_device()
             patchers = [self.holder.keep(services.managed_patcher(pipe, m, compute, offload))
-                        for m in (pipe.vae, pipe.sound_tokenizer) if m is not None]  # fmt: skip
+                        for m in (pipe.vae, pipe.sound_tokenizer) if m is not None]
             if self.part == "model" and not self.spec.runtime_placement:  # (a Reasoner-only load: its text tower)
                 patchers.append(self.model_patcher() if pipe.transformer.has_media else
                                 self.holder.keep(services.managed_patcher(pipe, pipe.transformer, compute, offload)))
@@ -275,34 +275,34 @@ class Cosmos3ModelLoader:
             "required": {
                 "model_name": (names, {"tooltip": "a checkpoint folder under models/cosmos3 or models/diffusers"}),
                 "dtype": (["auto", "bf16", "fp16", "fp32"], {"default": "auto",
-                          "tooltip": "auto: bf16 on GPU (the released precision), fp32 on CPU"}),  # fmt: skip
+                          "tooltip": "auto: bf16 on GPU (the released precision), fp32 on CPU"}),
                 "device": (DEVICE_MODES, {"default": "default", "tooltip": "default: keep on ComfyUI's GPU; "
-                           "offload: keep in RAM and move to the GPU only while sampling or decoding; cpu: run on CPU"}),  # fmt: skip
+                           "offload: keep in RAM and move to the GPU only while sampling or decoding; cpu: run on CPU"}),
             },
             "optional": {
                 "hf_repo_id": ("STRING", {"default": "", "tooltip": "instead of model_name: a Hugging Face repo id "
                                "such as nvidia/Cosmos3-Nano (namespace/name[/subfolder]), read from the local Hugging "
-                               "Face cache; not a folder path (put folders in models/cosmos3)"}),  # fmt: skip
+                               "Face cache; not a folder path (put folders in models/cosmos3)"}),
                 "allow_download": ("BOOLEAN", {"default": False, "tooltip": "let hf_repo_id download missing files "
-                                   "into the Hugging Face cache (tens of GB)"}),  # fmt: skip
+                                   "into the Hugging Face cache (tens of GB)"}),
                 "gpus": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "GPUs to sample on, starting at "
-                         "ComfyUI's device; more than 1 starts one worker process per GPU"}),  # fmt: skip
+                         "ComfyUI's device; more than 1 starts one worker process per GPU"}),
                 "multi_gpu": (list(MULTI_GPU_LAYOUTS), {"default": "sequence", "tooltip": "with several GPUs: split "
                               "the video tokens (sequence), run the two guidance branches side by side (cfg, "
-                              "2 GPUs), or both (cfg+sequence)"}),  # fmt: skip
+                              "2 GPUs), or both (cfg+sequence)"}),
                 "offload_text": ("BOOLEAN", {"default": False, "tooltip": "keep the text tower in RAM except while "
-                                 "a prompt is encoded (same results, less VRAM)"}),  # fmt: skip
+                                 "a prompt is encoded (same results, less VRAM)"}),
                 "blocks_to_swap": ("INT", {"default": 0, "min": 0, "max": 128, "tooltip": "stream this many "
-                                   "transformer layers from RAM during sampling (same results, less VRAM, slower)"}),  # fmt: skip
+                                   "transformer layers from RAM during sampling (same results, less VRAM, slower)"}),
                 "quantize": (["none", "fp8", "fp8_scaled"], {"default": "none", "tooltip": "fp8: transformer weights "
                              "in fp8 with per-channel scales (about half the VRAM; small differences); fp8_scaled: "
-                             "also the media blocks' matmuls in fp8 (H100 and newer; about twice fp8's error)"}),  # fmt: skip
+                             "also the media blocks' matmuls in fp8 (H100 and newer; about twice fp8's error)"}),
                 "transformer_file": ([OWN_WEIGHTS, *services.gguf_names()], {"default": OWN_WEIGHTS, "tooltip": "a "
                                      "GGUF transformer (Q8_0 ... Q4) from models/diffusion_models or models/unet, kept "
                                      "quantized in memory; a single .gguf in the checkpoint's transformer/ folder is "
-                                     "used without this"}),  # fmt: skip
+                                     "used without this"}),
                 "parts": (list(PARTS), {"default": "all", "tooltip": "reasoner: only what Cosmos3 Reason and Upsample "
-                          "Prompt need (no generator weights, no VAE): about 58% of the full load for Nano"}),  # fmt: skip
+                          "Prompt need (no generator weights, no VAE): about 58% of the full load for Nano"}),
             },
         }
 
@@ -311,11 +311,11 @@ class Cosmos3ModelLoader:
         repo = (hf_repo_id or "").strip()
         if repo and not looks_like_repo_id(repo):
             return (f"hf_repo_id {repo!r} is not a Hugging Face repo id: the form is namespace/name (e.g. "
-                    "nvidia/Cosmos3-Nano); for a folder, put it in models/cosmos3 and pick it in model_name")  # fmt: skip
+                    "nvidia/Cosmos3-Nano); for a folder, put it in models/cosmos3 and pick it in model_name")
         return True
 
     def load(self, model_name, dtype, device, hf_repo_id="", allow_download=False, gpus=1, multi_gpu="sequence",
-             offload_text=False, blocks_to_swap=0, quantize="none", transformer_file=OWN_WEIGHTS, parts="all"):  # fmt: skip
+             offload_text=False, blocks_to_swap=0, quantize="none", transformer_file=OWN_WEIGHTS, parts="all"):
         repo = hf_repo_id.strip()
         if repo:  # a repo id only: never a path, so a workflow cannot point outside the model folders
             source, name, local_only = str(resolve_repo(repo, local_files_only=not allow_download)), repo, True
@@ -327,7 +327,7 @@ class Cosmos3ModelLoader:
         if parts == "reasoner" and gpus > 1:
             raise InputError("parts 'reasoner' runs on one GPU; set gpus to 1")
         spec = ModelSpec(source, dtype, device, local_only, gpus, multi_gpu, offload_text, blocks_to_swap,
-                         None if quantize == "none" else quantize, gguf, parts)  # fmt: skip
+                         None if quantize == "none" else quantize, gguf, parts)
         handle = ModelHandle(spec, name)
         pipe = handle.pipeline
         where = f"{gpus} GPUs ({multi_gpu})" if gpus > 1 else spec.device
@@ -335,7 +335,7 @@ class Cosmos3ModelLoader:
         low_vram = [f for f, on in (("text offloaded", offload_text), (f"{blocks_to_swap} blocks swapped", blocks_to_swap),
                                     (quantize, quantize != "none"), (f"GGUF {os.path.basename(str(weights))}", weights),
                                     ("the Reasoner alone", parts == "reasoner"))
-                    if on]  # fmt: skip
+                    if on]
         where += "".join(f", {item}" for item in low_vram)
         info = f"{name}: {pipe.variant.describe()} ({pipe.dtype}, {where})"
         services.log.info("Cosmos3 loaded %s", info)

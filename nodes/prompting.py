@@ -7,7 +7,7 @@ from ..cosmos3_runtime import InputError
 
 class Cosmos3JSONCaption:
     DESCRIPTION = ("Builds a structured JSON caption, the prompt format Cosmos3 is trained on (Edge in particular "
-                   "prefers it to plain text). The sampler fills in resolution, duration and fps.")  # fmt: skip
+                   "prefers it to plain text). The sampler fills in resolution, duration and fps.")
     CATEGORY = "cosmos3/prompt"
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("prompt",)
@@ -18,12 +18,12 @@ class Cosmos3JSONCaption:
         return {
             "required": {
                 "temporal_caption": ("STRING", {"multiline": True, "dynamicPrompts": False,
-                                     "tooltip": "what happens, in order"}),  # fmt: skip
+                                     "tooltip": "what happens, in order"}),
             },
             "optional": {
                 "subjects": ("STRING", {"default": "", "tooltip": "comma-separated list of the main subjects"}),
                 "extra_json": ("STRING", {"multiline": True, "default": "{}", "dynamicPrompts": False,
-                               "tooltip": "more caption fields as a JSON object, merged in"}),  # fmt: skip
+                               "tooltip": "more caption fields as a JSON object, merged in"}),
             },
         }
 

@@ -8,7 +8,7 @@ import time
 
 from ..cosmos3_runtime.errors import InputError
 from ..cosmos3_runtime.reasoner import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_VIDEO_FPS, MAX_NEW_TOKENS,
-                                        Clip, Sampling, upsample)  # fmt: skip
+                                        Clip, Sampling, upsample)
 from ..cosmos3_runtime.reasoner.decoding import RECOMMENDED
 from ..cosmos3_runtime.workers import WorkerPool
 from . import services
@@ -21,7 +21,7 @@ STREAM_INTERVAL_S = 0.1  # progress-text updates per second, at most
 
 class Cosmos3ReasonSampling:
     DESCRIPTION = ("How the Reasoner picks each token, for Cosmos3 Reason and Upsample Prompt. Without it, Reason uses "
-                   "NVIDIA's recommended settings and Upsample Prompt is greedy. temperature 0: greedy.")  # fmt: skip
+                   "NVIDIA's recommended settings and Upsample Prompt is greedy. temperature 0: greedy.")
     CATEGORY = "cosmos3"
     RETURN_TYPES = (SAMPLING,)
     RETURN_NAMES = ("sampling",)
@@ -37,7 +37,7 @@ class Cosmos3ReasonSampling:
             "top_k": ("INT", {"default": top_k, "min": 0, "max": 1000, "tooltip": "0: no limit"}),
             "presence_penalty": ("FLOAT", {"default": presence, "min": -2.0, "max": 2.0, "step": 0.1,
                                  "tooltip": "subtracted from tokens already written (NVIDIA: 1.5, 0 with thinking)"}),
-        }}  # fmt: skip
+        }}
 
     def build(self, temperature, top_p, top_k, presence_penalty):
         options = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "presence_penalty": presence_penalty}
@@ -63,13 +63,13 @@ def single_pipeline(model):
     pipe = model.pipeline
     if isinstance(pipe, WorkerPool):
         raise InputError("the Reasoner runs on one GPU; load the checkpoint with gpus = 1 for Cosmos3 Reason and "
-                         "Cosmos3 Upsample Prompt")  # fmt: skip
+                         "Cosmos3 Upsample Prompt")
     return pipe
 
 
 class Cosmos3Reason:
     DESCRIPTION = ("Asks the checkpoint's Reasoner a question about images or a clip (or text alone): describe, "
-                   "locate, explain, judge physical plausibility. The same weights as generation.")  # fmt: skip
+                   "locate, explain, judge physical plausibility. The same weights as generation.")
     CATEGORY = "cosmos3"
     RETURN_TYPES = ("STRING", "STRING")
     RETURN_NAMES = ("answer", "thinking")
@@ -82,48 +82,48 @@ class Cosmos3Reason:
             "required": {
                 "model": ("COSMOS3_MODEL",),
                 "question": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "Describe this image.",
-                             "tooltip": "the question (media come first in the prompt, as NVIDIA recommends)"}),  # fmt: skip
+                             "tooltip": "the question (media come first in the prompt, as NVIDIA recommends)"}),
                 "system_prompt": ("STRING", {"dynamicPrompts": False, "default": "",
-                                  "tooltip": "empty: none (NVIDIA suggests 'You are a helpful assistant.')"}),  # fmt: skip
+                                  "tooltip": "empty: none (NVIDIA suggests 'You are a helpful assistant.')"}),
                 "max_new_tokens": ("INT", {"default": DEFAULT_MAX_NEW_TOKENS, "min": 1, "max": MAX_NEW_TOKENS,
-                                   "tooltip": "the answer's length limit, in tokens"}),  # fmt: skip
+                                   "tooltip": "the answer's length limit, in tokens"}),
                 "thinking": ("BOOLEAN", {"default": False, "tooltip": "reason step by step first; the reasoning "
-                             "comes out as the second output"}),  # fmt: skip
+                             "comes out as the second output"}),
                 "seed": seed_widget(),
             },
             "optional": {
                 "sampling": (SAMPLING, {"tooltip": "from Cosmos3 Reason Sampling; default: NVIDIA's recommended "
-                             "settings for the mode"}),  # fmt: skip
+                             "settings for the mode"}),
                 "image": ("IMAGE", {"tooltip": "one picture, or a batch of pictures each asked about"}),
                 "video": ("IMAGE", {"tooltip": "a clip (an IMAGE batch, e.g. from Load Video or a VAE decode)"}),
                 "video_fps": ("FLOAT", {"default": DEFAULT_VIDEO_FPS, "min": 0.1, "max": 240.0, "step": 0.1,
-                              "tooltip": "the clip's frame rate (its timestamps in the prompt come from it)"}),  # fmt: skip
+                              "tooltip": "the clip's frame rate (its timestamps in the prompt come from it)"}),
                 "sample_fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 60.0, "step": 0.1,
                                "tooltip": "frames per second of the clip the Reasoner looks at; 0 = the checkpoint's "
-                                          "processor setting (NVIDIA recommends 4)"}),  # fmt: skip
+                                          "processor setting (NVIDIA recommends 4)"}),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
 
     def reason(self, model, question, system_prompt, max_new_tokens, thinking, seed, sampling=None, image=None,
-               video=None, video_fps=DEFAULT_VIDEO_FPS, sample_fps=0.0, node_id=None):  # fmt: skip
+               video=None, video_fps=DEFAULT_VIDEO_FPS, sample_fps=0.0, node_id=None):
         single_pipeline(model)
         images = [] if image is None else list(image)
         clip = None if video is None else Clip(video, video_fps, sample_fps or None)
         with model.use(reasoner=True) as pipe:
             answer = pipe.reason(question, images=images, video=clip, system_prompt=system_prompt.strip() or None,
                                  max_new_tokens=max_new_tokens, thinking=thinking,
-                                 callback=Streamer(node_id, max_new_tokens), seed=seed, **(sampling or {}))  # fmt: skip
+                                 callback=Streamer(node_id, max_new_tokens), seed=seed, **(sampling or {}))
         tokens = len(answer.token_ids)
         report = [answer.text, f"({tokens} tokens, {answer.finish_reason}; "
-                  f"{tokens / max(answer.decode_seconds, 1e-9):.1f} tokens/s)"]  # fmt: skip
+                  f"{tokens / max(answer.decode_seconds, 1e-9):.1f} tokens/s)"]
         return {"ui": {"text": report}, "result": (answer.text, answer.thinking or "")}
 
 
 class Cosmos3UpsamplePrompt:
     DESCRIPTION = ("Turns a short prompt (and optionally the starting image, or the clip to continue) into the "
                    "detailed JSON caption Cosmos3 was trained on, with the model authors' own upsampling templates. "
-                   "Feed it to Text Encode.")  # fmt: skip
+                   "Feed it to Text Encode.")
     CATEGORY = "cosmos3"
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("caption",)
@@ -138,23 +138,23 @@ class Cosmos3UpsamplePrompt:
                 "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "tooltip": "a short description"}),
                 **size_widgets(),
                 "frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": "the generation's frame count "
-                           "(1: an image caption); 0 = automatic"}),  # fmt: skip
+                           "(1: an image caption); 0 = automatic"}),
                 "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5, "tooltip": "0 = automatic"}),
                 "max_new_tokens": ("INT", {"default": upsample.DEFAULT_MAX_NEW_TOKENS, "min": 1, "max": MAX_NEW_TOKENS}),
                 "seed": seed_widget(),
             },
             "optional": {
                 "sampling": (SAMPLING, {"tooltip": "from Cosmos3 Reason Sampling; default: greedy, as the model "
-                             "authors upsample"}),  # fmt: skip
+                             "authors upsample"}),
                 "image": ("IMAGE", {"tooltip": "the starting frame of an image-to-video generation"}),
                 "video": ("IMAGE", {"tooltip": "the clip a video-to-video generation continues (described from its "
-                          "last frame)"}),  # fmt: skip
+                          "last frame)"}),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
 
     def upsample(self, model, prompt, width, height, frames, fps, max_new_tokens, seed, sampling=None, image=None,
-                 video=None, node_id=None):  # fmt: skip
+                 video=None, node_id=None):
         single_pipeline(model)
         if image is not None and image.shape[0] != 1:
             raise InputError(f"Upsample Prompt takes one starting image, got a batch of {image.shape[0]}")
@@ -162,7 +162,7 @@ class Cosmos3UpsamplePrompt:
             result = pipe.upsample_prompt(prompt, image=None if image is None else image[0], video=video,
                                           width=width or None, height=height or None, num_frames=frames or None,
                                           fps=fps or None, max_new_tokens=max_new_tokens,
-                                          callback=Streamer(node_id, max_new_tokens), seed=seed, **(sampling or {}))  # fmt: skip
+                                          callback=Streamer(node_id, max_new_tokens), seed=seed, **(sampling or {}))
         note = "JSON caption" if result.parsed else "the reply held no JSON caption: the prompt is passed on unchanged"
         note += f" (asked with {result.templates})"
         return {"ui": {"text": [note, result.caption]}, "result": (result.caption,)}

@@ -10,7 +10,7 @@ from ..cosmos3_runtime.errors import InputError, reworded
 from ..cosmos3_runtime.pipeline import prompt_list
 from ..cosmos3_runtime.prompts import parse_caption
 from ..cosmos3_runtime.request import (CACHES, KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
-                                       parse_frame_indexes)  # fmt: skip
+                                       parse_frame_indexes)
 from ..cosmos3_runtime.schedulers import unipc_schedule
 from ..cosmos3_runtime.settings import resolve as resolve_settings
 from . import services
@@ -24,12 +24,12 @@ def auto_help(name: str) -> str:
 def size_widgets() -> dict:
     """The width and height widgets of the samplers (0: the variant's default)."""
     return {name: ("INT", {"default": 0, "min": 0, "max": MAX_SIZE, "step": SPATIAL_FACTOR, "tooltip": auto_help(name)})
-            for name in ("width", "height")}  # fmt: skip
+            for name in ("width", "height")}
 
 
 def seed_widget() -> tuple:
     return ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True,
-                    "tooltip": help_of("seed")})  # fmt: skip
+                    "tooltip": help_of("seed")})
 
 
 def prompt_inputs(filled_from: str) -> dict:
@@ -37,9 +37,9 @@ def prompt_inputs(filled_from: str) -> dict:
     return {
         "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False,
                    "tooltip": "prose, or a JSON object (a structured caption: resolution, duration and fps are filled "
-                              f"in from {filled_from})"}),  # fmt: skip
+                              f"in from {filled_from})"}),
         "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "",
-                            "tooltip": help_of("negative_prompt")}),  # fmt: skip
+                            "tooltip": help_of("negative_prompt")}),
         "system_prompt": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("use_system_prompt")}),
         "resolution_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_resolution_template")}),
         "duration_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_duration_template")}),
@@ -50,7 +50,7 @@ def prompt_inputs(filled_from: str) -> dict:
 def prompt_options(system_prompt, resolution_template, duration_template, json_captions) -> dict:
     """Those widgets as Request fields."""
     return {"use_system_prompt": TRI_STATE[system_prompt], "add_resolution_template": resolution_template,
-            "add_duration_template": duration_template, "json_captions": json_captions}  # fmt: skip
+            "add_duration_template": duration_template, "json_captions": json_captions}
 
 
 class Cosmos3TextEncode:
@@ -67,7 +67,7 @@ class Cosmos3TextEncode:
     def encode(self, prompt, negative_prompt, system_prompt, resolution_template, duration_template, json_captions):
         kind = "JSON caption" if json_captions and parse_caption(prompt) is not None else "prose"
         text = {"prompt": prompt, "negative_prompt": negative_prompt,
-                **prompt_options(system_prompt, resolution_template, duration_template, json_captions)}  # fmt: skip
+                **prompt_options(system_prompt, resolution_template, duration_template, json_captions)}
         shots = prompt_list(prompt)
         if len(shots) > 1:
             kind = f"{len(shots)} prompts, one per chunk of a long video"
@@ -77,7 +77,7 @@ class Cosmos3TextEncode:
 class Cosmos3Scheduler:
     DESCRIPTION = ("Sampling schedule: automatic, flow UniPC with a flow shift, the checkpoint's own, or distilled. Also "
                    "its sigmas (SIGMAS) for core sampling nodes: connect the model for the checkpoint's own values "
-                   "(a distilled checkpoint's fixed list: sample it with the lcm sampler at cfg 1).")  # fmt: skip
+                   "(a distilled checkpoint's fixed list: sample it with the lcm sampler at cfg 1).")
     CATEGORY = "cosmos3"
     RETURN_TYPES = ("COSMOS3_SCHEDULE", "SIGMAS")
     RETURN_NAMES = ("schedule", "sigmas")
@@ -91,11 +91,11 @@ class Cosmos3Scheduler:
                 "schedule": (list(SCHEDULES), {"default": "auto", "tooltip": help_of("schedule")}),
                 "steps": ("INT", {"default": 0, "min": 0, "max": 1000, "tooltip": auto_help("steps")}),
                 "flow_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
-                               "tooltip": auto_help("flow_shift")}),  # fmt: skip
+                               "tooltip": auto_help("flow_shift")}),
             },
             "optional": {
                 "model": ("COSMOS3_MODEL", {"tooltip": "the checkpoint (sigmas: its variant's defaults and distilled "
-                          "list; without it, a multi-step checkpoint is assumed)"}),  # fmt: skip
+                          "list; without it, a multi-step checkpoint is assumed)"}),
                 "latent": ("LATENT", {"tooltip": "sigmas: a 1-frame latent takes the image defaults (flow shift 3)"}),
             },
         }
@@ -110,11 +110,12 @@ class Cosmos3Scheduler:
 # Sigmas without a checkpoint: a gated multi-step one's defaults (35 steps, flow shift 10 for video, 3 for images).
 MULTI_STEP = Variant(is_edge=False, is_distilled=False, distilled_sigmas=None, stochastic_distilled=False,
                      has_action=False, has_sound=False, has_sound_tokenizer=False, default_use_system_prompt=True,
-                     pipeline_class=PIPELINE_CLASSES[0], scheduler_class="UniPCMultistepScheduler")  # fmt: skip
+                     pipeline_class=PIPELINE_CLASSES[0], scheduler_class="UniPCMultistepScheduler")
 
 
 class SigmasNeedTheModel(Refusing):
-    refusal = "Cosmos3 Scheduler's sigmas for the 'checkpoint' and 'distilled' schedules read the checkpoint: connect the model to it"
+    refusal = ("Cosmos3 Scheduler's sigmas for the 'checkpoint' and 'distilled' schedules read the checkpoint: connect "
+               "the model to it")
 
 
 def schedule_sigmas(pipe, options: dict, frames: int | None):
@@ -171,7 +172,7 @@ class ClipCondition:
 
     def media(self, clip, condition_frames: str, keep: str):
         return ({self.SOURCE[3]: clip, "condition_frame_indexes": parse_frame_indexes(condition_frames),
-                 "condition_video_keep": keep},)  # fmt: skip
+                 "condition_video_keep": keep},)
 
 
 class Cosmos3VideoToVideo(ClipCondition):
@@ -184,7 +185,7 @@ class Cosmos3VideoToVideo(ClipCondition):
 
 class Cosmos3LatentToVideo(ClipCondition):
     DESCRIPTION = ("Condition the first latent frames of the video on an encoded clip: a LATENT from Cosmos3 VAE Encode "
-                   "or ComfyUI's own VAE Encode with the Wan 2.2 VAE (the sampler's size must be the clip's).")  # fmt: skip
+                   "or ComfyUI's own VAE Encode with the Wan 2.2 VAE (the sampler's size must be the clip's).")
     SOURCE = ("samples", "LATENT", help_of("condition_latents"), "condition_latents")
 
     def condition(self, samples, condition_frames, keep):
@@ -194,7 +195,7 @@ class Cosmos3LatentToVideo(ClipCondition):
 class Cosmos3Keyframes:
     DESCRIPTION = ("First-last frame (and any-frame) to video: images or clips held at frames of the video. A still "
                    "holds the latent frame that holds its frame (4 frames), a clip every latent frame it covers; the "
-                   "rest is generated. Connect it to the sampler's media; its frame count is the sampler's.")  # fmt: skip
+                   "rest is generated. Connect it to the sampler's media; its frame count is the sampler's.")
     CATEGORY = "cosmos3/conditioning"
     RETURN_TYPES = ("COSMOS3_MEDIA",)
     RETURN_NAMES = ("media",)
@@ -205,21 +206,21 @@ class Cosmos3Keyframes:
         return {
             "required": {
                 "frames": ("INT", {"default": 81, "min": 5, "max": 4097, "step": 4, "tooltip": "frames of the video, "
-                           "1 + 4k (the sampler's frames stays 0 or says the same)"}),  # fmt: skip
+                           "1 + 4k (the sampler's frames stays 0 or says the same)"}),
             },
             "optional": {
                 "start": ("IMAGE", {"tooltip": "the first frame (one image) or the opening clip (an IMAGE batch)"}),
                 "end": ("IMAGE", {"tooltip": "the last frame (one image) or the closing clip (an IMAGE batch)"}),
                 "middle": ("IMAGE", {"tooltip": "stills in between, one per frame number in middle_frames"}),
                 "middle_frames": ("STRING", {"default": "", "tooltip": "the frames the middle images are held at, "
-                                  "e.g. 40, 80 (negative: from the end)"}),  # fmt: skip
+                                  "e.g. 40, 80 (negative: from the end)"}),
             },
         }
 
     @classmethod
     def VALIDATE_INPUTS(cls, frames, middle_frames=""):
         return services.validation(lambda: (parse_middle_frames(middle_frames), keyframes.check_frames(frames)),
-                                   middle_frames)  # fmt: skip
+                                   middle_frames)
 
     def condition(self, frames, start=None, end=None, middle=None, middle_frames=""):
         at = parse_middle_frames(middle_frames)
@@ -227,7 +228,7 @@ class Cosmos3Keyframes:
         if middle is not None:
             if len(at) != middle.shape[0]:
                 raise InputError(f"middle has {middle.shape[0]} image(s) and middle_frames names {len(at)} frame(s); "
-                                 "give one frame number per image")  # fmt: skip
+                                 "give one frame number per image")
             given.update({f: middle[i : i + 1] for i, f in enumerate(at)})
         if end is not None:
             given[-1] = still_or_clip(end)
@@ -236,7 +237,7 @@ class Cosmos3Keyframes:
         placed = keyframes.place(given, frames)
         locked = keyframes.locked(placed)
         report = [f"{frames} frames, {1 + (frames - 1) // 4} latent frames; held: {', '.join(map(str, locked))}",
-                  *(k.describe() for k in placed)]  # fmt: skip
+                  *(k.describe() for k in placed)]
         return {"ui": {"text": report}, "result": ({"keyframes": given, "num_frames": frames},)}
 
 
@@ -255,7 +256,7 @@ def parse_middle_frames(text: str) -> list[int]:
 
 class Cosmos3Sampler:
     DESCRIPTION = ("Generates Cosmos3 latents: text-to-image (frames = 1), text-to-video, image- or video-to-video, "
-                   "and actions with an action input.")  # fmt: skip
+                   "and actions with an action input.")
     CATEGORY = "cosmos3"
     RETURN_TYPES = ("LATENT", "COSMOS3_ACTIONS")
     RETURN_NAMES = ("latent", "actions")
@@ -272,21 +273,21 @@ class Cosmos3Sampler:
                 "frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": auto_help("num_frames")}),
                 "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5, "tooltip": auto_help("fps")}),
                 "guidance": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 30.0, "step": 0.1, "round": 0.01,
-                             "tooltip": auto_help("guidance_scale")}),  # fmt: skip
+                             "tooltip": auto_help("guidance_scale")}),
                 "guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("guidance_interval")}),
                 "seed": seed_widget(),
                 "sound": ("BOOLEAN", {"default": False, "tooltip": help_of("sound") + "; decode it with Cosmos3 "
-                          "Sound Decode"}),  # fmt: skip
+                          "Sound Decode"}),
             },
             "optional": {
                 "schedule": ("COSMOS3_SCHEDULE", {"tooltip": "default: automatic"}),
                 "media": ("COSMOS3_MEDIA", {"tooltip": "an image (image-to-video) or clip (video-to-video)"}),
                 "action": ("COSMOS3_ACTION", {"tooltip": "an action run (Cosmos3 Action): sets size, frames and "
-                           "conditioning"}),  # fmt: skip
+                           "conditioning"}),
                 **speed_widgets(),
                 "chunk_frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": auto_help("chunk_frames")}),
                 "chunk_overlap_frames": ("INT", {"default": 1, "min": 1, "max": 61, "step": 4,
-                                         "tooltip": help_of("chunk_overlap_frames")}),  # fmt: skip
+                                         "tooltip": help_of("chunk_overlap_frames")}),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
@@ -296,16 +297,16 @@ class Cosmos3Sampler:
         """Checked when the prompt is queued, before any model loads (linked values arrive as None)."""
         widgets = {"width": width, "height": height, "guidance_interval": guidance_interval}
         return services.validation(lambda: Request.build(**sampler_options({k: v for k, v in widgets.items() if v is not None})),
-                        widgets, SAMPLER_WORDS)  # fmt: skip
+                        widgets, SAMPLER_WORDS)
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
                schedule=None, media=None, action=None, cache="seacache", compile=False, chunk_frames=0,
-               chunk_overlap_frames=1, node_id=None):  # fmt: skip
+               chunk_overlap_frames=1, node_id=None):
         media = dict(media or {})
         frames = media_frames(frames, media.pop("num_frames", None))
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
                        guidance_interval=guidance_interval, seed=seed, sound=sound, cache=cache, compile=compile,
-                       chunk_frames=chunk_frames, chunk_overlap_frames=chunk_overlap_frames)  # fmt: skip
+                       chunk_frames=chunk_frames, chunk_overlap_frames=chunk_overlap_frames)
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
         progress = None
@@ -321,7 +322,7 @@ class Cosmos3Sampler:
 
         with services.widget_words(SAMPLER_WORDS):
             request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **media,
-                                    action=action, output="latents")  # fmt: skip
+                                    action=action, output="latents")
             # ComfyUI makes room for the run itself, not only for the weights
             with model.use(memory_required=model.memory_needed(prompt, request)) as pipe:
                 result = pipe.generate(prompt, request, callback=on_step, progress=on_stage)
@@ -331,7 +332,7 @@ class Cosmos3Sampler:
                   f"{s.steps} steps ({s.schedule}), guidance {s.guidance_scale:g}"
                   + (f" in timesteps {s.guidance_interval[0]:g}-{s.guidance_interval[1]:g}" if s.guidance_interval else "")
                   + (f", flow shift {s.flow_shift:g}" if s.flow_shift is not None else ""),
-                  *([result.cache] if result.cache else []), *(reworded(note, SAMPLER_WORDS) for note in s.notes)]  # fmt: skip
+                  *([result.cache] if result.cache else []), *(reworded(note, SAMPLER_WORDS) for note in s.notes)]
         latent = {"samples": raw, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
         if result.sound_latents is not None:
             latent["cosmos3"].update(sound_latents=result.sound_latents, sample_rate=result.sample_rate)
@@ -340,7 +341,7 @@ class Cosmos3Sampler:
         if result.actions is not None:
             a = s.action
             actions = {"actions": result.actions, "domain": a.domain, "mode": a.mode, "preset": a.preset, "fps": s.fps,
-                       "units": "dataset" if a.stats is not None else "normalized"}  # fmt: skip
+                       "units": "dataset" if a.stats is not None else "normalized"}
             report.append(f"actions: {result.actions.shape[0]} x {result.actions.shape[1]} ({a.domain}, {a.preset})")
         return {"ui": {"text": report}, "result": (latent, actions)}
 
@@ -349,7 +350,7 @@ class Cosmos3Sampler:
 SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
                   "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
                   "sound": "sound", "cache": "cache", "compile": "compile", "chunk_frames": "chunk_frames",
-                  "chunk_overlap_frames": "chunk_overlap_frames"}  # fmt: skip
+                  "chunk_overlap_frames": "chunk_overlap_frames"}
 
 
 def speed_widgets() -> dict:
@@ -359,7 +360,7 @@ def speed_widgets() -> dict:
     return {"cache": (list(CACHES), {"default": "seacache", "tooltip": help_of("cache") + " (threshold 0.35, "
                       "residual order 1, as NVIDIA's framework runs it)"}),
             "compile": ("BOOLEAN", {"default": False, "tooltip": help_of("compile") + " (ComfyUI's TorchCompileModel "
-                        "does this for the core MODEL path)"})}  # fmt: skip
+                        "does this for the core MODEL path)"})}
 
 
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance", "chunk_frames")
@@ -370,7 +371,7 @@ def media_frames(widget: int, from_media: int | None) -> int:
     if from_media is None or widget in (0, from_media):
         return from_media or widget
     raise InputError(f"the sampler's frames is {widget} and its keyframes are placed in {from_media} frames; set "
-                     "frames to 0 (or the same number) on the sampler")  # fmt: skip
+                     "frames to 0 (or the same number) on the sampler")
 
 
 def words_of(fields: dict, **extra: str) -> dict:

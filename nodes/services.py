@@ -92,7 +92,7 @@ def gguf_names() -> list[str]:
         names = folder_paths.get_filename_list("diffusion_models")
     else:
         names = [os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/") for root in gguf_folders()
-                 for d, _, files in os.walk(root) for f in files]  # fmt: skip
+                 for d, _, files in os.walk(root) for f in files]
     return sorted(n for n in names if n.lower().endswith(".gguf"))
 
 
@@ -138,7 +138,7 @@ def output_path(prefix: str) -> tuple[str, str]:
     subfolders but not leave the output folder."""
     folder_paths = _comfy("folder_paths")
     root = folder_paths.get_output_directory() if folder_paths is not None else os.environ.get("COSMOS3_OUTPUT_DIR",
-                                                                                               "output")  # fmt: skip
+                                                                                               "output")
     target = os.path.abspath(os.path.join(root, prefix))
     if os.path.isabs(prefix) or os.path.commonpath([os.path.abspath(root), target]) != os.path.abspath(root):
         raise ValueError(f"filename_prefix {prefix!r} leaves the output folder")
@@ -244,7 +244,7 @@ def managed_patcher(pipeline, module, load_device: torch.device, offload_device:
         if make is None:
             part = ManagedPart([module], next(module.parameters()).device)
             patcher = _comfy("comfy.model_patcher").CoreModelPatcher(part, load_device=load_device,
-                                                                     offload_device=offload_device)  # fmt: skip
+                                                                     offload_device=offload_device)
         else:
             patcher = make()
         patchers[id(module)] = patcher
@@ -419,7 +419,7 @@ def unqueue(prompt_id: str) -> None:
 def refusal_text(refusal: dict) -> str:
     """ComfyUI's validation errors in one line."""
     details = [f"{e.get('message')}: {e.get('details')}" for node in refusal.get("node_errors", {}).values()
-               for e in node.get("errors", [])]  # fmt: skip
+               for e in node.get("errors", [])]
     error = refusal.get("error") or {}
     return "; ".join(details) or f"{error.get('message')}: {error.get('details')}"
 

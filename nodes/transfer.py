@@ -32,7 +32,7 @@ class ControlNode:
     RETURN_TYPES = (CONTROLS, "IMAGE")
     RETURN_NAMES = ("controls", "control")
     OUTPUT_TOOLTIPS = ("the controls so far, this one added: connect to Cosmos3 Transfer Sampler or another control "
-                       "node", "this control's frames (to preview a derived control)")  # fmt: skip
+                       "node", "this control's frames (to preview a derived control)")
     FUNCTION = "add"
     HINT: str
     PRESETS: dict = {}
@@ -40,11 +40,11 @@ class ControlNode:
     @classmethod
     def INPUT_TYPES(cls):
         required = {"images": ("IMAGE", {"tooltip": f"the {HINT_NAMES[cls.HINT]} clip as frames (an IMAGE batch)"
-                                         + (", or the source clip to derive it from" if cls.PRESETS else "")})}  # fmt: skip
+                                         + (", or the source clip to derive it from" if cls.PRESETS else "")})}
         if cls.PRESETS:
             required["derive"] = ([GIVEN, *cls.PRESETS], {"default": DEFAULT_PRESET, "tooltip": (
                 f"derive the {cls.HINT} control from the images, with the model authors' preset (OpenCV, as NVIDIA's "
-                "stacks do; derive at the output size for their result), or use the images as the control")})  # fmt: skip
+                "stacks do; derive at the output size for their result), or use the images as the control")})
         return {"required": required, "optional": {"controls": (CONTROLS, {"tooltip": "controls to add this one to"})}}
 
     @classmethod
@@ -71,7 +71,7 @@ class Cosmos3EdgeControl(ControlNode):
 
 class Cosmos3BlurControl(ControlNode):
     DESCRIPTION = ("A blur control for transfer: the output keeps the clip's colours and layout; a blurred clip, or "
-                   "one derived from a source clip (OpenCV bilateral filter and resampling).")  # fmt: skip
+                   "one derived from a source clip (OpenCV bilateral filter and resampling).")
     HINT, PRESETS = "blur", BLUR_PRESETS
 
 
@@ -87,20 +87,20 @@ class Cosmos3SegmentationControl(ControlNode):
 
 class Cosmos3WorldScenarioMapControl(ControlNode):
     DESCRIPTION = ("A world-scenario map control for transfer: a driving simulator's map render (lanes, boxes); "
-                   "alone it samples at 10 fps in 101-frame chunks, text guidance off, as the model authors recommend.")  # fmt: skip
+                   "alone it samples at 10 fps in 101-frame chunks, text guidance off, as the model authors recommend.")
     HINT = "wsm"
 
 
 # Transfer sampler widget -> Request field; 0 means automatic (None) for these.
 TRANSFER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
-                   "guidance": "guidance_scale", "control_guidance": "control_guidance", "chunk_frames": "chunk_frames"}  # fmt: skip
+                   "guidance": "guidance_scale", "control_guidance": "control_guidance", "chunk_frames": "chunk_frames"}
 TRANSFER_WORDS = words_of(TRANSFER_FIELDS, control_videos="controls", vae_tile="tiled decoding")
 
 
 class Cosmos3TransferSampler:
     DESCRIPTION = ("Transfer: a new clip that follows the controls (edge, blur, depth, segmentation, world-scenario "
                    "map) frame for frame and the prompt, made in chunks, each starting from the end of the last. "
-                   "Nano and Super; decodes every chunk, so it outputs frames.")  # fmt: skip
+                   "Nano and Super; decodes every chunk, so it outputs frames.")
     CATEGORY = "cosmos3/transfer"
     RETURN_TYPES = ("IMAGE", "FLOAT")
     RETURN_NAMES = ("images", "fps")
@@ -113,27 +113,27 @@ class Cosmos3TransferSampler:
             "required": {
                 "model": ("COSMOS3_MODEL",),
                 "text": ("COSMOS3_TEXT", {"tooltip": "read verbatim under the transfer system prompt (templates and "
-                         "caption metadata do not apply)"}),  # fmt: skip
+                         "caption metadata do not apply)"}),
                 "controls": (CONTROLS, {"tooltip": "from the Cosmos3 control nodes"}),
                 **size_widgets(),
                 "frames": ("INT", {"default": 0, "min": 0, "max": 100000, "tooltip": "frames to make, at most the "
-                           "controls' (the first control in hint order sets the length); 0 = all of them"}),  # fmt: skip
+                           "controls' (the first control in hint order sets the length); 0 = all of them"}),
                 "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5,
                         "tooltip": "the clip's frame rate, which the model reads (connect the source's); 0 = the "
-                                   "authors' 30 (10 for a world-scenario map alone)"}),  # fmt: skip
+                                   "authors' 30 (10 for a world-scenario map alone)"}),
                 "guidance": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 30.0, "step": 0.1, "round": 0.01,
                              "tooltip": "text guidance (only above 1 does it run); 0 = the authors' 3 (1 for a "
-                                        "world-scenario map alone)"}),  # fmt: skip
+                                        "world-scenario map alone)"}),
                 "control_guidance": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 0.05, "round": 0.01,
-                                     "tooltip": auto_help("control_guidance")}),  # fmt: skip
+                                     "tooltip": auto_help("control_guidance")}),
                 "chunk_frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": auto_help("chunk_frames")}),
                 "chunk_overlap_frames": ("INT", {"default": 1, "min": 0, "max": 64,
-                                         "tooltip": help_of("chunk_overlap_frames")}),  # fmt: skip
+                                         "tooltip": help_of("chunk_overlap_frames")}),
                 "seed": seed_widget(),
             },
             "optional": {
                 "schedule": ("COSMOS3_SCHEDULE", {"tooltip": "steps and flow shift (default: the authors' 50 steps, "
-                             "shift 10)"}),  # fmt: skip
+                             "shift 10)"}),
                 "control_guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("control_guidance_interval")}),
                 **speed_widgets(),
             },
@@ -143,13 +143,13 @@ class Cosmos3TransferSampler:
     @classmethod
     def VALIDATE_INPUTS(cls, control_guidance_interval="auto"):
         return services.validation(lambda: Request.build(control_guidance_interval=control_guidance_interval),
-                                   control_guidance_interval)  # fmt: skip
+                                   control_guidance_interval)
 
     def sample(self, model, text, controls, width, height, frames, fps, guidance, control_guidance, chunk_frames,
                chunk_overlap_frames, seed, schedule=None, control_guidance_interval="auto", cache="seacache",
-               compile=False, node_id=None):  # fmt: skip
+               compile=False, node_id=None):
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
-                       control_guidance=control_guidance, chunk_frames=chunk_frames)  # fmt: skip
+                       control_guidance=control_guidance, chunk_frames=chunk_frames)
         options = {field: widgets[name] or None for name, field in TRANSFER_FIELDS.items()}
         text_options = {k: v for k, v in text.items() if k in ("negative_prompt", "use_system_prompt")}
         progress = None
@@ -166,13 +166,13 @@ class Cosmos3TransferSampler:
         with services.widget_words(TRANSFER_WORDS):
             request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
                                     chunk_overlap_frames=chunk_overlap_frames, seed=seed, cache=cache, compile=compile,
-                                    control_guidance_interval=control_guidance_interval)  # fmt: skip
+                                    control_guidance_interval=control_guidance_interval)
             with model.use(memory_required=model.memory_needed(text["prompt"], request)) as pipe:
                 result = pipe.generate(text["prompt"], request, callback=on_step, progress=on_stage)
         s = result.settings
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
                   f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",
-                  *([result.cache] if result.cache else []), *(reworded(note, TRANSFER_WORDS) for note in s.notes)]  # fmt: skip
+                  *([result.cache] if result.cache else []), *(reworded(note, TRANSFER_WORDS) for note in s.notes)]
         return {"ui": {"text": report}, "result": (result.frames, float(s.fps))}
 
 
@@ -190,7 +190,7 @@ def example_scene(frames: int = 33, height: int = 216, width: int = 384) -> tupl
         z = floor_depth.copy()
         checker = ((x / 40 + 3.0 / z * 8).astype(int) + (z * 2).astype(int)) % 2
         image = np.where((y > horizon)[..., None], np.where(checker[..., None] == 1, [190, 180, 160], [90, 80, 70]),
-                         [150, 190, 235]).astype(np.float32)  # fmt: skip
+                         [150, 190, 235]).astype(np.float32)
         box = (x > width * 0.58) & (x < width * 0.78) & (y > height * 0.38) & (y < height * 0.72)
         z[box], image[box] = 5.0, [60, 90, 200]
         cx, cy, radius = width * (0.15 + 0.6 * t / max(frames - 1, 1)), height * 0.72, height * 0.14

@@ -33,7 +33,7 @@ class Cosmos3VAEDecode:
                 "vae": ("COSMOS3_VAE",),
                 "samples": ("LATENT",),
                 "tiled": ("BOOLEAN", {"default": False, "tooltip": "decode in overlapping tiles: much less memory "
-                          "on large frames, slightly slower, small differences at tile seams"}),  # fmt: skip
+                          "on large frames, slightly slower, small differences at tile seams"}),
                 "tile_size": ("INT", {"default": 32, "min": 4, "max": 512, "tooltip": "tile size in latents (x16 px)"}),
                 "tile_overlap": ("INT", {"default": 8, "min": 0, "max": 256, "tooltip": "overlap in latents"}),
             }
@@ -69,7 +69,7 @@ class Cosmos3VAEEncode:
 
 class Cosmos3SoundDecode:
     DESCRIPTION = ("Decodes the sound a Cosmos3 sampler generated with its video (sound on) to ComfyUI AUDIO: connect "
-                   "it to Create Video's audio, or to an audio preview.")  # fmt: skip
+                   "it to Create Video's audio, or to an audio preview.")
     CATEGORY = "cosmos3"
     RETURN_TYPES = ("AUDIO",)
     RETURN_NAMES = ("audio",)
@@ -89,7 +89,7 @@ class Cosmos3SoundDecode:
         meta = samples.get("cosmos3", {})
         if meta.get("sound_latents") is None:
             raise InputError("this LATENT carries no sound: turn on 'sound' in the Cosmos3 Sampler (a checkpoint "
-                             "with a sound head, such as Nano)")  # fmt: skip
+                             "with a sound head, such as Nano)")
         seconds = meta["num_frames"] / meta["fps"] if trim else None
         with vae.use() as pipe:
             waveform = pipe.decode_sound(meta["sound_latents"], seconds)

@@ -38,15 +38,15 @@ def is_link(value) -> bool:
 TOP_ROW = ("Model", "Input media", "Prompt")
 BOTTOM_ROW = ("Sample", "Output")
 MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt", "Cosmos3CoreModel", "EasyCache", "TorchCompileModel",
-               "Cosmos3LoraLoader")  # fmt: skip
+               "Cosmos3LoraLoader")
 CONTROL_NODES = ("Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthControl", "Cosmos3SegmentationControl",
-                 "Cosmos3WorldScenarioMapControl")  # fmt: skip
+                 "Cosmos3WorldScenarioMapControl")
 MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
-               "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames", *CONTROL_NODES)  # fmt: skip
+               "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames", *CONTROL_NODES)
 SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise",
                 "Cosmos3Scheduler", "Cosmos3TransferSampler", "Cosmos3Reason")
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
-                "Cosmos3ActionPlot", "VAEDecode", "PreviewAny")  # fmt: skip
+                "Cosmos3ActionPlot", "VAEDecode", "PreviewAny")
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
 ROW_GAP = 16  # between the two rows of groups (the transfer workflows' tall samplers need the height)
 MEDIA_NODES_ON_TOP = 4  # more input-media nodes than this: the prompt moves to the bottom row
@@ -54,7 +54,7 @@ TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
 REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
 REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler", "Cosmos3Reason",
-             "Cosmos3UpsamplePrompt", *CONTROL_NODES)  # fmt: skip
+             "Cosmos3UpsamplePrompt", *CONTROL_NODES)
 GROUP_COLORS = {"Model": "#3f789e", "Input media": "#8A8", "Prompt": "#b58b2a", "Sample": "#a1309b", "Output": "#444"}
 CHECKPOINT_REPOS = "https://huggingface.co/nvidia/"  # where the released checkpoints are published
 
@@ -134,7 +134,7 @@ def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list
             x = left + len(columns) * (NODE_WIDTH + GAP)
             groups.append({"title": stage, "bounding": [left - 16, y - GROUP_TITLE, x - GAP - left + 32,
                                                         row_bottom - y + GROUP_TITLE + 16],
-                           "color": GROUP_COLORS[stage], "font_size": 22, "flags": {}})  # fmt: skip
+                           "color": GROUP_COLORS[stage], "font_size": 22, "flags": {}})
             x += 2 * 16
         y = row_bottom + ROW_GAP + GROUP_TITLE + 16
     return placed, groups
@@ -170,11 +170,11 @@ def api_to_ui(prompt: dict, registry: dict, display_names: dict) -> dict:
         outputs = [{"name": names[i], "type": t, "links": None, "slot_index": i} for i, t in enumerate(cls.RETURN_TYPES)]
         core = node["class_type"] in CORE_NODES
         properties = {"Node name for S&R": node["class_type"], "cnr_id": "comfy-core" if core else PACK_ID,
-                      "ver": None if core else PACK_VERSION}  # fmt: skip
+                      "ver": None if core else PACK_VERSION}
         if node["class_type"] == "Cosmos3ModelLoader":  # the checkpoint this workflow needs, and where it is
             name = node["inputs"]["model_name"]
             properties["models"] = [{"name": name, "url": CHECKPOINT_REPOS + name.split("/")[-1],
-                                     "directory": "cosmos3"}]  # fmt: skip
+                                     "directory": "cosmos3"}]
         nodes.append({
             "id": int(node_id),
             "type": node["class_type"],
@@ -188,7 +188,7 @@ def api_to_ui(prompt: dict, registry: dict, display_names: dict) -> dict:
             "title": node.get("_meta", {}).get("title", display_names.get(node["class_type"], node["class_type"])),
             "properties": properties,
             "widgets_values": values,
-        })  # fmt: skip
+        })
     placed, groups = layout(prompt, registry, input_counts)
     for node in nodes:
         node["pos"], node["size"] = placed[str(node["id"])]
@@ -262,7 +262,7 @@ def thumbnail(workflow: dict, path: Path, registry: dict) -> None:
         lines = widget_labels(node, registry)[:7]
         box_height = 44 + 22 * len(lines)
         draw.rounded_rectangle([x, y, x + w, y + box_height], radius=10, fill=(54, 58, 66),
-                               outline=(118, 185, 0) if ours else (120, 120, 130), width=3)  # fmt: skip
+                               outline=(118, 185, 0) if ours else (120, 120, 130), width=3)
         draw.text((x + 12, y + 10), node["title"][:30], fill=(240, 240, 240), font=title_font)
         for i, line in enumerate(lines):
             draw.text((x + 12, y + 40 + 22 * i), line[:36], fill=(190, 190, 195), font=body_font)

@@ -72,7 +72,7 @@ class CreateVideo:
     def INPUT_TYPES(cls):
         return {"required": {"images": ("IMAGE",), "fps": ("FLOAT", {"default": 30.0, "min": 1.0, "max": 120.0,
                                                                      "step": 1.0})},
-                "optional": {"audio": ("AUDIO",), "bit_depth": ("INT", {"default": 8, "min": 8, "max": 10, "step": 2})}}  # fmt: skip
+                "optional": {"audio": ("AUDIO",), "bit_depth": ("INT", {"default": 8, "min": 8, "max": 10, "step": 2})}}
 
     def execute(self, images, fps, audio=None, bit_depth=8):
         check_image_batch(images, "CreateVideo.images")
@@ -96,7 +96,7 @@ class SaveVideo:
                              "format": (["auto", "mp4", "mkv", "webm"], {"default": "auto"}),
                              "format.codec": (["auto"], {"default": "auto"}),
                              "codec": (["auto", "h264", "av1"], {"default": "auto"}),
-                             "codec.encoding": (["auto"], {"default": "auto"})}}  # fmt: skip
+                             "codec.encoding": (["auto"], {"default": "auto"})}}
 
     def execute(self, video, filename_prefix, **options):
         assert isinstance(video, Video)
@@ -171,7 +171,7 @@ class KSampler(CoreSampling):
                              "cfg": ("FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01}),
                              "sampler_name": (SAMPLERS,), "scheduler": (["simple", "beta", "normal"],),
                              "positive": ("CONDITIONING",), "negative": ("CONDITIONING",), "latent_image": ("LATENT",),
-                             "denoise": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01})}}  # fmt: skip
+                             "denoise": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01})}}
 
 
 class SamplerCustomAdvanced(CoreSampling):
@@ -181,7 +181,7 @@ class SamplerCustomAdvanced(CoreSampling):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"noise": ("NOISE",), "guider": ("GUIDER",), "sampler": ("SAMPLER",), "sigmas": ("SIGMAS",),
-                             "latent_image": ("LATENT",)}}  # fmt: skip
+                             "latent_image": ("LATENT",)}}
 
 
 class CFGGuider(CoreSampling):
@@ -190,7 +190,7 @@ class CFGGuider(CoreSampling):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"model": ("MODEL",), "positive": ("CONDITIONING",), "negative": ("CONDITIONING",),
-                             "cfg": ("FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01})}}  # fmt: skip
+                             "cfg": ("FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01})}}
 
 
 class KSamplerSelect(CoreSampling):
@@ -219,7 +219,7 @@ class Wan22ImageToVideoLatent(CoreSampling):
                              "height": ("INT", {"default": 704, **size}),
                              "length": ("INT", {"default": 49, "min": 1, "max": 16384, "step": 4}),
                              "batch_size": ("INT", {"default": 1, "min": 1, "max": 4096})},
-                "optional": {"start_image": ("IMAGE",)}}  # fmt: skip
+                "optional": {"start_image": ("IMAGE",)}}
 
 
 class VAEDecode(CoreSampling):
@@ -240,7 +240,7 @@ class EasyCache(CoreSampling):
                              "reuse_threshold": ("FLOAT", {"default": 0.2, "min": 0.0, "max": 3.0, "step": 0.01}),
                              "start_percent": ("FLOAT", {"default": 0.15, **fraction}),
                              "end_percent": ("FLOAT", {"default": 0.95, **fraction}),
-                             "verbose": ("BOOLEAN", {"default": False})}}  # fmt: skip
+                             "verbose": ("BOOLEAN", {"default": False})}}
 
 
 class TorchCompileModel(CoreSampling):
@@ -251,10 +251,10 @@ class TorchCompileModel(CoreSampling):
         return {"required": {"model": ("MODEL",), "backend": (["inductor", "cudagraphs"], {"default": "inductor"})}}
 
 
-CORE_SAMPLING = (EasyCache, TorchCompileModel, KSampler, SamplerCustomAdvanced, CFGGuider, KSamplerSelect, RandomNoise, Wan22ImageToVideoLatent,
-                 VAEDecode)  # fmt: skip
+CORE_SAMPLING = (EasyCache, TorchCompileModel, KSampler, SamplerCustomAdvanced, CFGGuider, KSamplerSelect, RandomNoise,
+                 Wan22ImageToVideoLatent, VAEDecode)
 CORE_NODES = {cls.__name__: cls for cls in (SaveImage, LoadImage, CreateVideo, SaveVideo, LoadVideo, GetVideoComponents,
-                                            PreviewAny, *CORE_SAMPLING)}  # fmt: skip
+                                            PreviewAny, *CORE_SAMPLING)}
 
 
 # --- node definitions --------------------------------------------------------------------------

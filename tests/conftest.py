@@ -37,7 +37,7 @@ def use_flow_match_scheduler(root: Path) -> Path:
 
     config = {k: v for k, v in DISTILLED_SCHEDULER.items() if not k.startswith("fixed_step")}
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({**config, "shift": 3.0,
-                                                                          "stochastic_sampling": False}))  # fmt: skip
+                                                                          "stochastic_sampling": False}))
     index = json.loads((root / "model_index.json").read_text())
     index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
     (root / "model_index.json").write_text(json.dumps(index))
@@ -128,7 +128,7 @@ def comfyui():
 
     args.cpu = True  # before anything imports comfy.model_management
     spec = importlib.util.spec_from_file_location("cosmos3_tier2", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])  # fmt: skip
+                                                  submodule_search_locations=[str(ROOT)])
     pack = importlib.util.module_from_spec(spec)
     sys.modules["cosmos3_tier2"] = pack
     spec.loader.exec_module(pack)

@@ -50,7 +50,7 @@ def velocity(model, input_ids, latents, timestep, noisy_frames, fps, sound=None,
             sound_tokens=[sound.to(model.dtype)],
             sound_timesteps=torch.full((seg["sound_len"],), timestep),
             **{k: seg[k] for k in ("sound_token_shapes", "sound_sequence_indexes", "sound_mse_loss_indexes",
-                                   "sound_noisy_frame_indexes")},  # fmt: skip
+                                   "sound_noisy_frame_indexes")},
         )
     if action is not None:
         action_latents, domain, action_clean = action
@@ -64,7 +64,7 @@ def velocity(model, input_ids, latents, timestep, noisy_frames, fps, sound=None,
             action_timesteps=torch.full((seg["num_noisy_action_tokens"],), timestep),
             action_domain_ids=[torch.tensor(domain)],
             **{k: seg[k] for k in ("action_token_shapes", "action_sequence_indexes", "action_mse_loss_indexes",
-                                   "action_noisy_frame_indexes")},  # fmt: skip
+                                   "action_noisy_frame_indexes")},
         )
     with torch.no_grad():
         preds = model(

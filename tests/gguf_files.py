@@ -9,7 +9,7 @@ from cosmos3_runtime.gguf_dequant import BLOCKS
 FP16_FIELDS = {  # byte offsets of each block's fp16 scales (random bytes there could be inf / nan)
     "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-}  # fmt: skip
+}
 QUANTIZED = sorted(FP16_FIELDS)
 
 

@@ -43,7 +43,7 @@ CASES = {
                            actions=torch.randn(3, 29, generator=torch.Generator().manual_seed(2))),  # repeats the last
     "inverse-pusht": dict(mode="inverse_dynamics", chunk_size=4, domain="pusht",
                           video=[picture(10 + i, 176, 320) for i in range(5)]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -54,13 +54,13 @@ def test_action_generation_matches_diffusers(checkpoint, ours, case):
     condition = CosmosActionCondition(mode=options["mode"], chunk_size=options["chunk_size"],
                                       domain_name=options["domain"], resolution_tier=256,
                                       raw_actions=options.get("actions"), image=options.get("image"),
-                                      video=options.get("video"), view_point="ego_view")  # fmt: skip
+                                      video=options.get("video"), view_point="ego_view")
     with torch.no_grad():
         expected = reference("Pick up the red cube", negative_prompt="blurry", action=condition, fps=15.0,
                              num_inference_steps=3, guidance_scale=3.0, generator=torch.Generator("cpu").manual_seed(4),
-                             output_type="latent")  # fmt: skip
+                             output_type="latent")
     got = ours.generate("Pick up the red cube", negative_prompt="blurry", action=request, fps=15.0, steps=3,
-                        guidance_scale=3.0, seed=4, schedule="checkpoint", output="latents", cache="off")  # fmt: skip
+                        guidance_scale=3.0, seed=4, schedule="checkpoint", output="latents", cache="off")
     assert got.settings.mode == options["mode"]
     torch.testing.assert_close(got.latents, expected.video.float(), atol=TOL, rtol=0)
     if options["mode"] == "forward_dynamics":
@@ -73,10 +73,10 @@ def test_action_generation_matches_diffusers(checkpoint, ours, case):
 def test_action_prompt_token_ids_match_diffusers(checkpoint, ours):
     reference = ref.omni_pipeline(checkpoint)
     request = ActionRequest(mode="policy", chunk_size=8, domain="droid_lerobot", resolution_tier=480,
-                            image=picture(1, 300, 400), view_point="wrist_view", preset="diffusers")  # fmt: skip
+                            image=picture(1, 300, 400), view_point="wrist_view", preset="diffusers")
     height, width = canvas_size(request.clip(), 480)
     expected = reference.tokenize_prompt("Stack the cups", "low quality", num_frames=9, height=height, width=width,
-                                         fps=15.0, action_mode="policy", action_view_point="wrist_view")  # fmt: skip
+                                         fps=15.0, action_mode="policy", action_view_point="wrist_view")
     _, cond, uncond = ours.prepare("Stack the cups", cosmos3_runtime.Request(action=request, fps=15.0,
                                                                                negative_prompt="low quality"))
     assert (cond, uncond) == tuple(list(ids) for ids in expected)
@@ -194,7 +194,7 @@ def test_droid_server_layout(tiny_factory):
     from cosmos3_runtime.schedulers import unipc_schedule
 
     track = ActionTrack(request.resolved("droid-server"), 64, torch.Generator().manual_seed(0), "cpu",
-                        unipc_schedule(2, 5.0))  # fmt: skip
+                        unipc_schedule(2, 5.0))
     track.latents = torch.arange(5 * 64, dtype=torch.float32).reshape(5, 64) / 1000
     out = track.actions()  # rows 1.. (the prediction), 8 wide, gripper as 1 - g
     assert torch.equal(out[:, :7], track.latents[1:, :7]) and torch.equal(out[:, 7], 1 - track.latents[1:, 7])
@@ -216,7 +216,7 @@ def test_action_statistics():
 def test_a_default_action_run_uses_the_checkpoint_preset(tiny_factory):
     pipe = cosmos3_runtime.load(tiny_factory(kind="gated", action=True), dtype="fp32")
     result = pipe.generate("Open the drawer", action=ActionRequest(image=picture(0), domain="fractal"), steps=1,
-                           output="latents")  # fmt: skip
+                           output="latents")
     assert "action preset 'framework'" in result.settings.notes[0]
     assert result.actions.shape == (16, 10) and result.settings.num_frames == 17
 
@@ -232,15 +232,15 @@ def test_sound_together_with_action_matches_diffusers(tiny_factory):
         latents
     )
     condition = CosmosActionCondition(mode="policy", chunk_size=8, domain_name="droid_lerobot", resolution_tier=256,
-                                      image=options["image"], view_point="ego_view")  # fmt: skip
+                                      image=options["image"], view_point="ego_view")
     with torch.no_grad():
         expected = reference("Ring the bell", negative_prompt="", action=condition, fps=15.0, num_inference_steps=3,
                              guidance_scale=3.0, enable_sound=True, generator=torch.Generator("cpu").manual_seed(6),
-                             output_type="latent")  # fmt: skip
+                             output_type="latent")
     ours = cosmos3_runtime.load(root, dtype=torch.float32)
     got = ours.generate("Ring the bell", negative_prompt="", fps=15.0, steps=3, guidance_scale=3.0, seed=6,
                         schedule="checkpoint", sound=True, output="latents", cache="off",
-                        action=ActionRequest(resolution_tier=256, view_point="ego_view", preset="diffusers", **options))  # fmt: skip
+                        action=ActionRequest(resolution_tier=256, view_point="ego_view", preset="diffusers", **options))
     torch.testing.assert_close(got.latents, expected.video.float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.actions, expected.action[0].float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.sound_latents, seen["sound"].float(), atol=TOL, rtol=0)

@@ -73,7 +73,7 @@ def b64(data: bytes) -> dict:
 def policy_body(**parameters) -> dict:
     return {"model": MODEL, "input": {"task": "Pick up the red cube", "observation": {
         "images": {"exterior_image_1_left": b64(png())}, "domain_name": "droid_lerobot"}},
-        "parameters": {"action_horizon": 4, "num_inference_steps": 2, "height": 256, **parameters}}  # fmt: skip
+        "parameters": {"action_horizon": 4, "num_inference_steps": 2, "height": 256, **parameters}}
 
 
 def test_a_policy_request_runs_as_a_graph_and_matches_the_runtime(api, graph, pack, droid_dir):
@@ -87,19 +87,19 @@ def test_a_policy_request_runs_as_a_graph_and_matches_the_runtime(api, graph, pa
     assert answer["object"] == "action.generation" and answer["model"] == MODEL
     assert item["action"]["shape"] == [4, 10] and item["action"]["domain_id"] == 8
     assert answer["usage"] == {"batch_size": 1, "action_horizon": 4, "action_dim": 10, "candidate_count": 1,
-                               "denoise_steps": 2, "prefix_cache_hit": False}  # fmt: skip
+                               "denoise_steps": 2, "prefix_cache_hit": False}
 
     pipe = load(str(droid_dir), dtype="fp32", device="cpu")
     image = Image.open(io.BytesIO(png())).convert("RGB")
     direct = pipe.generate("Pick up the red cube", seed=7, steps=2, output="latents",
                            action=ActionRequest(mode="policy", chunk_size=4, domain="droid_lerobot", resolution_tier=256,
-                                                image=np.array(image)[None], preset="sglang"))  # fmt: skip
+                                                image=np.array(image)[None], preset="sglang"))
     assert torch.allclose(torch.tensor(item["action"]["values"]), direct.actions, atol=1e-5)
 
 
 def test_multipart_uploads_and_text_fields_are_typed_like_json(api):
     form = {"task": "Push the T", "domain_name": "pusht", "action_horizon": "8", "seed": "3", "guidance_scale": "2.5",
-            "action_mode": "policy"}  # fmt: skip
+            "action_mode": "policy"}
     call = api.parse_request({}, installed(api), uploads={"image": png(64, 80)}, form=form)
     assert (call.inputs[0][0], call.action.domain, call.action.chunk_size, call.seed, call.guidance) == (
         "Push the T", "pusht", 8, 3, 2.5)
@@ -125,14 +125,14 @@ def test_an_uploaded_video_is_decoded_in_memory_up_to_the_frames_needed(api, tmp
     frames = api.decode_video(path.read_bytes(), "video", num_frames=5)
     assert frames.shape == (5, 64, 96, 3)
     body = {"model": MODEL, "input": {"task": "", "observation": {"video": b64(path.read_bytes()),
-            "action_mode": "inverse_dynamics", "domain_name": "droid_lerobot"}}}  # fmt: skip
+            "action_mode": "inverse_dynamics", "domain_name": "droid_lerobot"}}}
     call = api.parse_request(body, installed(api))
     assert call.action.mode == "inverse_dynamics" and call.action.clip().shape == (12, 64, 96, 3)  # 12 of the 17 needed
 
 
 def obs(**fields) -> dict:
     return {"model": MODEL, "input": {"task": "go", "observation": {"image": b64(png(32, 32)),
-            "domain_name": "droid_lerobot", **fields}}}  # fmt: skip
+            "domain_name": "droid_lerobot", **fields}}}
 
 
 REFUSED = [  # (request, the field the 400 names, words of the message)
@@ -225,10 +225,10 @@ def test_a_failed_run_maps_to_the_status_that_says_whose_fault_it_was(pack):
         return {"status": {"status_str": "error", "messages": [["execution_start", {}], [event, data]]}}
 
     refused = record("execution_error", exception_type="cosmos3_pack.cosmos3_runtime.errors.InputError",
-                     node_type="Cosmos3Sampler", exception_message="this checkpoint has no action head\n")  # fmt: skip
+                     node_type="Cosmos3Sampler", exception_message="this checkpoint has no action head\n")
     assert failure(refused) == (400, "Cosmos3Sampler: this checkpoint has no action head")
     assert failure(record("execution_error", exception_type="torch.OutOfMemoryError", node_type="Cosmos3Sampler",
-                          exception_message="CUDA out of memory"))[0] == 500  # fmt: skip
+                          exception_message="CUDA out of memory"))[0] == 500
     assert failure(record("execution_interrupted", node_type="Cosmos3Sampler")) == (503, "the run was cancelled on the server")
 
 
@@ -253,7 +253,7 @@ def test_a_batch_and_candidates_run_as_parallel_chains_of_one_prompt(api, graph,
     images = [b64(png(32, 32, seed=s)) for s in (1, 2)]
     body = policy_body(seed=5)
     body["input"] = {"task": ["Pick up the red cube", "Open the drawer"], "observation": {
-        "image": images, "domain_name": "droid_lerobot"}}  # fmt: skip
+        "image": images, "domain_name": "droid_lerobot"}}
     call = api.parse_request(body, installed(api))
     assert len(call.inputs) == 2 and [p for p, _ in call.inputs] == ["Pick up the red cube", "Open the drawer"]
     answer = api.envelope(call, run_graph(graph, pack, call), "p")
@@ -273,7 +273,7 @@ def test_a_batch_and_candidates_run_as_parallel_chains_of_one_prompt(api, graph,
     np.testing.assert_allclose(item["action"]["values"], (runs[0] + runs[1]) / 2, rtol=1e-6)
     first = api.parse_request(policy_body(seed=5), installed(api))
     np.testing.assert_array_equal(api.envelope(first, run_graph(graph, pack, first), "p", numpy=True)["data"][0]
-                                  ["action"]["values"], runs[0])  # fmt: skip
+                                  ["action"]["values"], runs[0])
 
 
 def test_msgpack_numpy_is_the_openpi_encoding(pack):
@@ -284,7 +284,7 @@ def test_msgpack_numpy_is_the_openpi_encoding(pack):
     back = codec.unpackb(codec.packb({"image": np.arange(12, dtype=np.uint8).reshape(2, 2, 3), "x": np.float64(1.5)}))
     assert back["image"].shape == (2, 2, 3) and back["image"].flags.writeable and back["x"] == 1.5
     for bad in (b"\xc1", codec.packb({"__ndarray__": True, "data": b"\x00" * 3, "dtype": "<f4", "shape": [1]}),
-                codec.packb({"__ndarray__": True, "data": b"", "dtype": "|O", "shape": [0]})):  # fmt: skip
+                codec.packb({"__ndarray__": True, "data": b"", "dtype": "|O", "shape": [0]})):
         with pytest.raises(ValueError):
             codec.unpackb(bad)
 
@@ -294,7 +294,7 @@ def droid_observation(**extra) -> dict:
     return {"observation/exterior_image_1_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
             "observation/wrist_image_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
             "observation/joint_position": np.linspace(-1, 1, 7), "observation/gripper_position": np.array([0.25]),
-            "prompt": "put the marker in the cup", **extra}  # fmt: skip
+            "prompt": "put the marker in the cup", **extra}
 
 
 def test_a_droid_observation_becomes_a_droid_server_request(api, pack):
@@ -303,14 +303,14 @@ def test_a_droid_observation_becomes_a_droid_server_request(api, pack):
     call = api.parse_request(openpi.action_request(observation), installed(api))
     a = call.action
     assert (a.preset, a.domain, a.chunk_size, call.seed, call.inputs[0][0]) == ("droid-server", "droid_lerobot", 8, 3,
-                                                                                  "put the marker in the cup")  # fmt: skip
+                                                                                  "put the marker in the cup")
     np.testing.assert_allclose(a.state.numpy(), [*np.linspace(-1, 1, 7), 0.25], rtol=1e-6)
     canvas = openpi.composed(observation)
     assert canvas.shape == (540, 640, 3)
     assert canvas[360:, 320:].max() == 0  # no second exterior camera: its slot is black
     assert canvas[:360, :140].max() == 0 and canvas[:360, 140:500].mean() > 60  # wrist 224x224 -> 360x360, centred
     with_second = openpi.composed(droid_observation(**{"observation/exterior_image_2_left": np.full((90, 160, 3), 200,
-                                                                                                    np.uint8)}))  # fmt: skip
+                                                                                                    np.uint8)}))
     assert with_second[360:, 320:].min() == 200  # 16:9 fills its 180x320 slot
 
 
@@ -320,7 +320,7 @@ def test_a_droid_observation_becomes_a_droid_server_request(api, pack):
     ({"observation/gripper_position": np.array([np.nan])}, "observation/gripper_position", "1 finite numbers"),
     ({"observation/exterior_image_1_left": np.zeros((8, 8, 3), np.float32)}, "observation/exterior_image_1_left", "uint8"),
     ({"prompt": 3}, "prompt", "a string"),
-])  # fmt: skip
+])
 def test_a_malformed_droid_observation_names_the_key(api, pack, change, key, words):
     observation = {k: v for k, v in {**droid_observation(), **change}.items() if v is not None}
     with pytest.raises(api.FieldError) as error:
@@ -336,7 +336,7 @@ def test_the_checkpoint_a_request_names_none_of(api, monkeypatch):
     with pytest.raises(api.FieldError) as error:
         two.choose(None)
     for words in ("names no checkpoint", "`model` field", "`model` key", "?model=NAME", "COSMOS3_ACTION_MODEL",
-                  "2 are installed: Robot-A, Robot-B"):  # fmt: skip
+                  "2 are installed: Robot-A, Robot-B"):
         assert words in str(error.value), str(error.value)
     assert error.value.field == "model" and two.default() is None
     by_url = checkpoints.Checkpoints(two.names, two.capable, url_choice="Robot-B")
@@ -357,7 +357,7 @@ def test_the_checkpoint_a_request_names_none_of(api, monkeypatch):
 def test_capable_checkpoints_are_decided_by_their_config_not_their_name(api, tmp_path, monkeypatch, tiny_factory):
     root = tmp_path / "models"
     for name, options in {"robot-brain": dict(kind="edge", action=True), "My-Policy-DROID": dict(kind="edge"),
-                          "Cosmos3-Super-4Step": dict(kind="gated", distilled=True)}.items():  # fmt: skip
+                          "Cosmos3-Super-4Step": dict(kind="gated", distilled=True)}.items():
         shutil.copytree(tiny_factory(**options), root / name)
     monkeypatch.setenv("COSMOS3_MODEL_DIRS", str(root))
     found = importlib.import_module(api.__package__ + ".checkpoints").action_checkpoints()

@@ -121,7 +121,7 @@ def test_thinking_comes_back_as_reasoning_content(chat, pack, nano_dir):
     ({"messages": user(image_part("data:image/png;base64,AAAA"))}, "messages[0].content[0]", 400),
     ({"messages": user({"type": "video_url", "video_url": {"url": "clip.mp4", "fps": 0}})},
      "messages[0].content[0].video_url.fps", 400),
-])  # fmt: skip
+])
 def test_bad_requests_are_refused_naming_the_field(chat, nano_dir, change, field, status):
     body = {"model": MODEL, "messages": user(), **change}
     with pytest.raises(Exception) as caught:
@@ -146,7 +146,7 @@ def test_a_video_part_is_decoded_at_the_requested_fps(chat, nano_dir, tmp_path):
         (video,) = call.videos
         assert video.fps == 12.0 and video.sample_fps == fps and len(video.frames) == len(video.indices) == 2 * fps
     nim = chat.parse_chat({"messages": user({"type": "video_url", "video_url": {"url": "clip.mp4"}}),
-                           "media_io_kwargs": {"video": {"fps": 1.0}}}, chat.reasoning_checkpoints())  # fmt: skip
+                           "media_io_kwargs": {"video": {"fps": 1.0}}}, chat.reasoning_checkpoints())
     assert nim.videos[0].sample_fps == 1.0
 
 

@@ -11,7 +11,7 @@ from cosmos3_runtime.__main__ import build_parser, main
 def test_generate_an_image(tiny_gated, tmp_path, capsys):
     out = tmp_path / "cat.png"
     assert main(["generate", "--checkpoint", str(tiny_gated), "--prompt", "a cat", "--frames", "1", "--steps", "2",
-                 "--width", "64", "--height", "48", "--output", str(out), "--device", "cpu"]) == 0  # fmt: skip
+                 "--width", "64", "--height", "48", "--output", str(out), "--device", "cpu"]) == 0
     from PIL import Image
 
     assert Image.open(out).size == (64, 48)
@@ -22,7 +22,7 @@ def test_generate_a_video(tiny_edge, tmp_path):
     av = pytest.importorskip("av")
     out = tmp_path / "clip.mp4"
     assert main(["generate", "--checkpoint", str(tiny_edge), "--prompt", "a cat", "--frames", "9", "--steps", "2",
-                 "--width", "64", "--height", "48", "--fps", "16", "--output", str(out), "--tile", "2"]) == 0  # fmt: skip
+                 "--width", "64", "--height", "48", "--fps", "16", "--output", str(out), "--tile", "2"]) == 0
     with av.open(str(out)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         rate = container.streams.video[0].average_rate
@@ -32,7 +32,7 @@ def test_generate_a_video(tiny_edge, tmp_path):
 
 def test_errors_exit_with_a_message(tiny_gated, tmp_path, capsys):
     code = main(["generate", "--checkpoint", str(tiny_gated), "--prompt", "x", "--width", "100",
-                 "--output", str(tmp_path / "x.png")])  # fmt: skip
+                 "--output", str(tmp_path / "x.png")])
     assert code == 2 and "multiple of 16" in capsys.readouterr().err
     assert main(["info", str(tmp_path / "missing")]) == 2
 
@@ -105,7 +105,7 @@ print(json.dumps({{"results": results, "grown_mib": (peak - baseline) / 1024}}))
 def test_debug_shows_the_traceback(tiny_gated, tmp_path):
     with pytest.raises(cosmos3_runtime.InputError, match="multiple of 16"):
         main(["generate", "--checkpoint", str(tiny_gated), "--prompt", "x", "--width", "100", "--debug",
-              "--output", str(tmp_path / "x.png")])  # fmt: skip
+              "--output", str(tmp_path / "x.png")])
 
 
 def test_every_generate_flag_has_help_and_shows_its_default(capsys):
@@ -134,7 +134,7 @@ def test_request_is_the_only_definition_of_the_options():
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
     cli = {a.dest for a in generate._actions} - {"help", "checkpoint", "kind", "prompt", "output", "sound_output", "sp",
                                                   "cfg_parallel", "device", "dtype", "debug", "offload_text", "blocks_to_swap",
-                                                  "quantize", "transformer_file", "vae_dtype", *ACTION_FLAGS}  # fmt: skip
+                                                  "quantize", "transformer_file", "vae_dtype", *ACTION_FLAGS}
     assert cli == {f.name for f in fields(Request) if f.metadata["cli"]}
     for method in (Cosmos3Pipeline.generate, WorkerPool.generate):
         assert not set(inspect.signature(method).parameters) & OPTION_NAMES  # options only through **options
@@ -160,7 +160,7 @@ def test_generate_with_sound_writes_an_audio_track_and_a_wav(tiny_factory, tmp_p
     out, wav = tmp_path / "rain.mp4", tmp_path / "rain.wav"
     assert main(["generate", "--checkpoint", str(nano), "--prompt", "rain on a roof", "--frames", "25", "--fps", "24",
                  "--width", "64", "--height", "48", "--steps", "2", "--sound", "--output", str(out),
-                 "--sound-output", str(wav)]) == 0  # fmt: skip
+                 "--sound-output", str(wav)]) == 0
     with av.open(str(out)) as container:
         stream = container.streams.audio[0]
         samples = sum(frame.samples for frame in container.decode(audio=0))
@@ -170,7 +170,7 @@ def test_generate_with_sound_writes_an_audio_track_and_a_wav(tiny_factory, tmp_p
     with wave.open(str(wav)) as f:
         assert (f.getnchannels(), f.getframerate(), f.getnframes()) == (2, 8000, int(25 / 24 * 8000))
     assert main(["generate", "--checkpoint", str(nano), "--prompt", "x", "--sound-output", str(wav),
-                 "--output", str(out)]) == 2  # fmt: skip
+                 "--output", str(out)]) == 2
     assert "--sound-output needs --sound" in capsys.readouterr().err
 
 
@@ -185,7 +185,7 @@ def test_generate_actions_writes_them_next_to_the_video(tiny_factory, tmp_path, 
     out = tmp_path / "policy.mp4"
     assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "Pick up the cube", "--image", str(image),
                  "--action-mode", "policy", "--chunk-size", "4", "--resolution-tier", "256", "--steps", "2",
-                 "--output", str(out)]) == 0  # fmt: skip
+                 "--output", str(out)]) == 0
     saved = json.loads((tmp_path / "policy.actions.json").read_text())
     assert saved["preset"] == "framework" and saved["units"] == "normalized" and len(saved["actions"]) == 4
     assert np.load(tmp_path / "policy.actions.npy").shape == (4, 10)
@@ -193,10 +193,10 @@ def test_generate_actions_writes_them_next_to_the_video(tiny_factory, tmp_path, 
     forward.write_text(json.dumps([[0.1] * 10, [0.2] * 10]))
     assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "Push", "--image", str(image),
                  "--action-mode", "forward_dynamics", "--actions", str(forward), "--chunk-size", "4",
-                 "--resolution-tier", "256", "--steps", "1", "--output", str(tmp_path / "rollout.mp4")]) == 0  # fmt: skip
+                 "--resolution-tier", "256", "--steps", "1", "--output", str(tmp_path / "rollout.mp4")]) == 0
     assert not (tmp_path / "rollout.actions.json").exists()  # forward dynamics predicts no actions
     assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "x", "--image", str(image),
-                 "--action-mode", "inverse_dynamics", "--output", str(out)]) == 2  # fmt: skip
+                 "--action-mode", "inverse_dynamics", "--output", str(out)]) == 2
     assert "inverse_dynamics needs a video" in capsys.readouterr().err
 
 
@@ -210,7 +210,7 @@ def test_transfer_writes_a_clip_as_long_as_its_controls(tiny_factory, tmp_path, 
     out = tmp_path / "transfer.mp4"
     assert main(["generate", "--checkpoint", str(tiny_factory(kind="gated")), "--prompt", "a red ball rolls",
                  "--control", f"edge:medium={source}", "--control", f"depth={source}", "--width", "64", "--height",
-                 "48", "--steps", "1", "--chunk-frames", "5", "--output", str(out)]) == 0  # fmt: skip
+                 "48", "--steps", "1", "--chunk-frames", "5", "--output", str(out)]) == 0
     with av.open(str(out)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         rate = container.streams.video[0].average_rate
@@ -227,9 +227,9 @@ def test_transfer_writes_a_clip_as_long_as_its_controls(tiny_factory, tmp_path, 
     ("gated", ["--control", "sky=x.mp4"], "unknown control hint(s) 'sky'"),
     ("gated", ["--control", "edge"], "--control 'edge' must be HINT=FILE or HINT:PRESET=FILE"),
     ("gated", ["--control", "depth:medium=SOURCE"], "only edge and blur controls can be derived"),
-])  # fmt: skip
+])
 def test_transfer_mistakes_are_refused_before_any_weight_is_read(tiny_factory, tmp_path, capsys, monkeypatch, kind,
-                                                                  flags, words):  # fmt: skip
+                                                                  flags, words):
     """The checkpoints have no transformer weights at all: a refusal that comes first needed none."""
     import shutil
 
@@ -246,7 +246,7 @@ def test_transfer_mistakes_are_refused_before_any_weight_is_read(tiny_factory, t
     flags = [str(source) if f == "SOURCE" else f.replace("SOURCE", str(source)) for f in flags]
     controls = [] if any(f == "--control" for f in flags) else ["--control", f"edge={source}"]
     code = main(["generate", "--checkpoint", str(folder), "--prompt", "x", *controls, *flags, "--output",
-                 str(tmp_path / "x.mp4")])  # fmt: skip
+                 str(tmp_path / "x.mp4")])
     assert code == 2 and words in capsys.readouterr().err
 
 
@@ -263,7 +263,7 @@ REFUSED_VALUES = [  # each refused value's message names the flag that was used,
 @pytest.mark.parametrize("flags, words", REFUSED_VALUES, ids=[case[0][0] for case in REFUSED_VALUES])
 def test_errors_name_the_flags_of_the_command_line(tiny_gated, tmp_path, capsys, flags, words):
     code = main(["generate", "--checkpoint", str(tiny_gated), "--prompt", "a cat", "--device", "cpu", *flags,
-                 "--output", str(tmp_path / "x.mp4")])  # fmt: skip
+                 "--output", str(tmp_path / "x.mp4")])
     err = capsys.readouterr().err
     assert code == 2 and words in err, err
 
@@ -278,7 +278,7 @@ def test_an_unknown_flag_shows_the_subcommands_usage(capsys):
 
 def test_a_cpu_run_says_how_long_it_takes_and_shows_every_stage(tiny_edge, tmp_path, capsys):
     assert main(["generate", "--checkpoint", str(tiny_edge), "--prompt", "a cat", "--frames", "9", "--steps", "2",
-                 "--width", "64", "--height", "48", "--device", "cpu", "--output", str(tmp_path / "x.mp4")]) == 0  # fmt: skip
+                 "--width", "64", "--height", "48", "--device", "cpu", "--output", str(tmp_path / "x.mp4")]) == 0
     out = capsys.readouterr().out
     assert "on the CPU this takes about" in out and "4 transformer forwards of" in out and "VAE decode" in out
     for line in ("text tower, prompt 2/2", "step 2/2", "VAE decode, latent frame 3/3", "SeaCache: 4 forwards run"):

@@ -38,7 +38,7 @@ def models(core, tiny_factory, tmp_path_factory):
     """Tiny checkpoints under ComfyUI's models/cosmos3 names, and a loader for them."""
     root = tmp_path_factory.mktemp("cosmos3_models")
     for name, options in {"Cosmos3-Edge": dict(kind="edge"), "Cosmos3-Nano": dict(kind="gated"),
-                          "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True)}.items():  # fmt: skip
+                          "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True)}.items():
         shutil.copytree(tiny_factory(**options), root / name)
     use_flow_match_scheduler(shutil.copytree(tiny_factory(kind="gated"), root / "Cosmos3-FlowMatch"))
     core.folders.add_model_folder_path("cosmos3", str(root))
@@ -135,10 +135,10 @@ def test_distilled_through_sigmas_and_lcm_matches_diffusers(core, models, caplog
         sample(core, model, positive, negative, torch.zeros(1, 48, 3, 3, 4), sigmas, lcm, 2.0, seed)
         sample(core, model, positive, negative, torch.zeros(1, 48, 3, 3, 4), sigmas, lcm, 2.0, seed)
     assert [r.message.startswith("Cosmos3: this distilled checkpoint samples with cfg 1") for r in caplog.records
-            if r.name == "cosmos3"] == [True]  # fmt: skip
+            if r.name == "cosmos3"] == [True]
     expected = ref.distilled_pipeline(models / "Cosmos3-Super-Text2Image-4Step")(
         prompt="A cat on a sofa.", num_frames=9, **SIZE, generator=torch.Generator("cpu").manual_seed(seed),
-        output="latents")  # fmt: skip
+        output="latents")
     latent_format = model.model.latent_format
     assert expected.abs().max() > 0.5
     torch.testing.assert_close(latent_format.process_in(got), expected.float(), atol=1e-4, rtol=0)
@@ -157,7 +157,7 @@ def test_multi_step_euler_with_cfg_and_a_negative_matches_diffusers(core, models
     with torch.no_grad():
         expected = ref.omni_pipeline(models / "Cosmos3-FlowMatch")(
             prompt=prompt, negative_prompt=negative_prompt, num_frames=9, **SIZE, num_inference_steps=4,
-            guidance_scale=4.0, generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video  # fmt: skip
+            guidance_scale=4.0, generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video
     assert expected.abs().max() > 0.5
     torch.testing.assert_close(model.model.latent_format.process_in(got), expected.float(), atol=1e-4, rtol=0)
 
@@ -192,7 +192,7 @@ def test_image_to_video_keeps_the_clean_frame_and_gives_it_no_time_embedding(cor
     positive, negative = encode(core, "a cat walks", "")
     sigmas = torch.tensor([1.0, 0.5, 0.0])
     out = sample(core, model, positive, negative, latent["samples"], sigmas, core.samplers.sampler_object("euler"),
-                 3.0, seed=2, mask=latent["noise_mask"])  # fmt: skip
+                 3.0, seed=2, mask=latent["noise_mask"])
     assert seen and all(frames == [1, 2] for frames in seen)  # frame 0 is never noisy
     encoded = vae.encode(image)
     torch.testing.assert_close(out[:, :, :1], encoded, atol=1e-5, rtol=0)  # and comes back as it went in
@@ -250,7 +250,7 @@ def test_refusals_name_the_problem_and_the_next_run_works(core, models):
         sample(core, model, positive, negative, torch.zeros(1, 16, 2, 3, 4), sigmas, euler, 3.0, seed=1)
     for edit in (lambda: core.nodes.ConditioningZeroOut().zero_out(negative),
                  lambda: core.nodes.ConditioningConcat().concat(positive, negative),
-                 lambda: core.nodes.ConditioningAverage().addWeighted(positive, negative, 0.5)):  # fmt: skip
+                 lambda: core.nodes.ConditioningAverage().addWeighted(positive, negative, 0.5)):
         with pytest.raises(RuntimeError, match="holds a prompt, not text embeddings"):
             edit()
     with pytest.raises(RuntimeError, match="only a Cosmos3 MODEL"):  # what any other core model does with c[0]
@@ -329,7 +329,7 @@ def test_step_caches_skip_forwards_and_keep_clean_frames_clean(core, models, mon
     sigmas = core.pack.Cosmos3Scheduler().build("unipc", 20, 0.0, model=handle)[1]
     calls = count_transformer_forwards(monkeypatch, handle)
     out = sample(core, cached, positive, negative, latent["samples"], sigmas, core.samplers.sampler_object("euler"),
-                 4.0, seed=3, mask=latent.get("noise_mask"))  # fmt: skip
+                 4.0, seed=3, mask=latent.get("noise_mask"))
     assert len(calls) <= 2 * 20 * 2 / 3, len(calls)  # at least a third of the 40 forwards skipped
     assert torch.isfinite(out).all()
     if mode == "i2v":
@@ -401,11 +401,11 @@ def merged_model(core, models, name, deltas, strength):
 
 
 @pytest.mark.parametrize("style", ["core loader, diffusion_model.*", "pack node, transformer.*",
-                                   "pack node, base_model.model.*"])  # fmt: skip
+                                   "pack node, base_model.model.*"])
 def test_a_lora_equals_the_same_lora_merged_into_the_weights(core, models, loras, style):
     handle, model, _ = load(core, "Cosmos3-Edge")
     prefix = {"core": "diffusion_model.", "pack node, t": "transformer.", "pack node, b": "base_model.model."}[
-        next(p for p in ("core", "pack node, t", "pack node, b") if style.startswith(p))]  # fmt: skip
+        next(p for p in ("core", "pack node, t", "pack node, b") if style.startswith(p))]
     deltas = write_lora(loras / "cosmos3_test.safetensors", handle.pipeline.transformer, prefix)
     if style.startswith("core"):
         (patched,) = core.nodes.LoraLoaderModelOnly().load_lora_model_only(model, "cosmos3_test.safetensors", 0.7)
@@ -452,7 +452,7 @@ def test_lora_refusals_name_the_problem(core, models, loras):
         node.load(model, "../../etc/passwd", 1.0)
     positive, negative = encode(core, "a cat", "")
     out = sample(core, model, positive, negative, torch.zeros(1, 48, 2, 3, 4), torch.tensor([1.0, 0.0]),
-                 core.samplers.sampler_object("euler"), 1.0, seed=1)  # fmt: skip
+                 core.samplers.sampler_object("euler"), 1.0, seed=1)
     assert torch.isfinite(out).all()  # the model is unharmed
 
 
@@ -465,10 +465,10 @@ def test_easycache_at_its_most_eager_still_ends_with_a_sensible_result(core, mod
     sigmas = core.pack.Cosmos3Scheduler().build("unipc", 20, 0.0, model=handle)[1]
     calls = count_transformer_forwards(monkeypatch, handle)
     out = sample(core, eager, positive, negative, torch.zeros(1, 48, 2, 3, 4), sigmas,
-                 core.samplers.sampler_object("euler"), 4.0, seed=3)  # fmt: skip
+                 core.samplers.sampler_object("euler"), 4.0, seed=3)
     assert 2 <= len(calls) < 40 and torch.isfinite(out).all() and out.abs().max() < 100
     plain = sample(core, model, positive, negative, torch.zeros(1, 48, 2, 3, 4), sigmas,
-                   core.samplers.sampler_object("euler"), 4.0, seed=3)  # fmt: skip
+                   core.samplers.sampler_object("euler"), 4.0, seed=3)
     assert torch.isfinite(plain).all()  # and the model without the cache is untouched
 
 
@@ -485,7 +485,7 @@ def test_a_lora_on_the_core_model_leaves_the_pack_sampler_unchanged(core, models
     patched, _ = core.pack.Cosmos3LoraLoader().load(model, "shared.safetensors", 1.0)["result"]
     positive, negative = encode(core, "a cat", "blurry")
     sample(core, patched, positive, negative, torch.zeros(1, 48, 2, 3, 4), torch.tensor([1.0, 0.5, 0.0]),
-           core.samplers.sampler_object("euler"), 3.0, seed=1)  # fmt: skip
+           core.samplers.sampler_object("euler"), 3.0, seed=1)
     assert torch.equal(pack_sample(), before)
 
 

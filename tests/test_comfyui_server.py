@@ -37,7 +37,7 @@ from test_workflows import API, CORE, UI, small
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 pytestmark = [pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout to run these"),
-              pytest.mark.slow]  # fmt: skip
+              pytest.mark.slow]
 
 CHECKPOINTS = {  # model folder names the shipped workflows use
     "Cosmos3-Edge": dict(kind="edge"),
@@ -92,7 +92,7 @@ def comfyui_server(base: Path, checkpoints: dict, tiny_factory, env: dict | None
                                 "--port", str(port), "--base-directory", str(base)],
                                cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "COSMOS3_API_MAX_UPLOAD_MB": str(UPLOAD_LIMIT_MB),
-                                    "COSMOS3_API_MAX_CONNECTIONS": str(MAX_CONNECTIONS), **(env or {})})  # fmt: skip
+                                    "COSMOS3_API_MAX_CONNECTIONS": str(MAX_CONNECTIONS), **(env or {})})
     url = f"http://127.0.0.1:{port}"
     (base / "server.pid").write_text(str(process.pid))
     deadline = time.monotonic() + 120
@@ -137,7 +137,7 @@ def _write_loras(folder: Path, transformer: Path) -> None:
     out_features, in_features = read_headers(transformer)[0]["layers.0.self_attn.add_q_proj.weight"]["shape"]
     module = "transformer.layers.0.self_attn.add_q_proj"
     save_file({f"{module}.lora_A.weight": torch.randn(4, in_features), f"{module}.lora_B.weight": torch.randn(out_features, 4)},
-              str(folder / "cosmos3_edge_test.safetensors"))  # fmt: skip
+              str(folder / "cosmos3_edge_test.safetensors"))
     save_file({"double_blocks.0.img_attn.qkv.lora_A.weight": torch.zeros(4, 8),
                "double_blocks.0.img_attn.qkv.lora_B.weight": torch.zeros(8, 4)}, str(folder / "flux_style.safetensors"))
 
@@ -159,7 +159,7 @@ def _outcome(history: dict) -> tuple[str, list[str]]:
     """A finished prompt's status and the messages of its execution errors."""
     messages = history["status"]["messages"]
     return history["status"]["status_str"], [data.get("exception_message") for event, data in messages
-                                             if event == "execution_error"]  # fmt: skip
+                                             if event == "execution_error"]
 
 
 def test_the_pack_loads_without_import_errors(server):
@@ -207,23 +207,23 @@ def _refused_then_runs(url: str, workflow: str, node: str, name: str, bad, good,
 def test_a_refused_question_leaves_the_server_working(server):
     url, _ = server
     _refused_then_runs(url, "cosmos3_nano_reason_image", "9", "question", "What is <|image_pad|> this?",
-                       "What is this?", "special token")  # fmt: skip
+                       "What is this?", "special token")
 
 
 def test_a_transfer_the_checkpoint_refuses_leaves_the_server_working(server):
     """Transfer on Edge is refused by name (the pack writes the example clips into the input folder at startup)."""
     url, base = server
     assert all((base / "input" / name).is_file() for name in ("cosmos3_transfer_scene.mp4",
-                                                              "cosmos3_transfer_scene_depth.mp4"))  # fmt: skip
+                                                              "cosmos3_transfer_scene_depth.mp4"))
     _refused_then_runs(url, "cosmos3_nano_transfer_edge", "1", "model_name", "Cosmos3-Edge", "Cosmos3-Nano",
-                       "Edge is refused")  # fmt: skip
+                       "Edge is refused")
 
 
 def test_a_lora_on_the_core_model_and_a_lora_for_another_model(server):
     url, _ = server
     prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2v_core.json").read_text()))
     prompt["30"] = {"class_type": "Cosmos3LoraLoader", "inputs": {"model": ["2", 0], "strength": 0.8,
-                                                                 "lora_name": "cosmos3_edge_test.safetensors"}}  # fmt: skip
+                                                                 "lora_name": "cosmos3_edge_test.safetensors"}}
     prompt["6"]["inputs"]["model"] = ["30", 0]
     history = _run(url, prompt)
     assert history["status"]["status_str"] == "success", history["status"]
@@ -257,7 +257,7 @@ def test_the_front_end_opens_and_converts_every_ui_workflow(server, tmp_path):
     shots = os.environ.get("COSMOS3_SCREENSHOTS", str(tmp_path))
     env = {**os.environ, "NODE_PATH": str(Path(modules).parent), "CHROMIUM": chromium}
     done = subprocess.run(["node", str(ROOT / "tests" / "frontend_check.cjs"), url, str(ROOT / "workflows"), shots],
-                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     for path in UI:
@@ -267,7 +267,7 @@ def test_the_front_end_opens_and_converts_every_ui_workflow(server, tmp_path):
         # Load Video's preview is a front-end widget whose value graphToPrompt adds; ComfyUI's LoadVideo has no such
         # input and ignores it
         got = {k: {"class_type": v["class_type"], "inputs": {name: value for name, value in v["inputs"].items()
-                                                             if name != "video-preview"}} for k, v in got.items()}  # fmt: skip
+                                                             if name != "video-preview"}} for k, v in got.items()}
         assert got == expected
         assert report["errors"][path.stem] == [], report["errors"][path.stem]
         assert report["template_scale"][path.stem] >= 0.6  # opened from the template browser: text still drawn
@@ -339,7 +339,7 @@ def test_free_releases_the_weights_and_the_next_run_gives_the_same_output(server
                 time.sleep(0.25)
             left = _rss(base) - unloaded
             assert left <= 0.3 * weights, (f"{left / 2**20:.0f} MiB more than before the {weights / 2**20:.0f} MiB "
-                                           "checkpoint was loaded")  # fmt: skip
+                                           "checkpoint was loaded")
     assert np.array_equal(outputs[0], outputs[1])
 
 
@@ -362,7 +362,7 @@ def _multipart(fields: dict, files: dict) -> tuple[bytes, str]:
     parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()]
     for name, (filename, data) in files.items():
         head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
-                "Content-Type: application/octet-stream\r\n\r\n")  # fmt: skip
+                "Content-Type: application/octet-stream\r\n\r\n")
         parts.append(head.encode() + data + b"\r\n")
     return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
@@ -375,7 +375,7 @@ def test_the_action_endpoint_answers_a_json_request_like_sglang(server):
     url, _ = server
     image = {"b64_json": base64.b64encode(_png()).decode()}
     body = {"model": DROID, "request_id": "step-1", "input": {"task": "Pick up the red cube", "observation": {
-        "images": {"exterior_image_1_left": image}, "domain_name": "droid_lerobot"}}, "parameters": FAST}  # fmt: skip
+        "images": {"exterior_image_1_left": image}, "domain_name": "droid_lerobot"}}, "parameters": FAST}
     status, answer = _call(f"{url}{ACTIONS}", body, timeout=300)
     assert status == 200, answer
     (item,) = answer["data"]
@@ -437,7 +437,7 @@ def test_the_action_endpoint_reports_what_the_run_refused(server):
     """A checkpoint without an action head: the runtime's error comes back as a 400, and the next run works."""
     url, _ = server
     body = {"model": "Cosmos3-Edge", "input": {"task": "go", "observation": {
-        "image": {"b64_json": base64.b64encode(_png()).decode()}, "domain_name": "droid_lerobot"}}, "parameters": FAST}  # fmt: skip
+        "image": {"b64_json": base64.b64encode(_png()).decode()}, "domain_name": "droid_lerobot"}}, "parameters": FAST}
     status, answer = _call(f"{url}{ACTIONS}", body, timeout=300)
     assert status == 400 and "action head" in answer["detail"], answer
     assert _call(f"{url}{ACTIONS.replace('generations', 'metadata')}")[1]["object"] == "action.metadata"
@@ -476,18 +476,18 @@ def test_the_chat_route_answers_the_openai_client_like_reason(server):
     png = _png()
     image = "data:image/png;base64," + base64.b64encode(png).decode()
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}},
-                                             {"type": "text", "text": "What is this?"}]}]  # fmt: skip
+                                             {"type": "text", "text": "What is this?"}]}]
     reply = client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=8, temperature=0, seed=0)
     pipe = cosmos3_runtime.load(base / "models" / "cosmos3" / CHAT_MODEL, device="cpu", dtype="fp32", parts="reasoner")
     expected = pipe.reason("What is this?", images=[np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))],
-                           max_new_tokens=8, temperature=0.0, seed=0)  # fmt: skip
+                           max_new_tokens=8, temperature=0.0, seed=0)
     choice = reply.choices[0]
     assert choice.message.content == expected.text and choice.finish_reason == expected.finish_reason
     assert reply.usage.prompt_tokens == len(expected.prompt_ids) and reply.usage.completion_tokens == 8
     assert reply.object == "chat.completion" and reply.model == CHAT_MODEL and reply.id.startswith("chatcmpl-")
 
     chunks = list(client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=8, temperature=0,
-                                                 seed=0, stream=True, stream_options={"include_usage": True}))  # fmt: skip
+                                                 seed=0, stream=True, stream_options={"include_usage": True}))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == expected.text and sum(bool(c.choices and c.choices[0].delta.content) for c in chunks) > 1
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
@@ -496,18 +496,18 @@ def test_the_chat_route_answers_the_openai_client_like_reason(server):
     video = "data:video/mp4;base64," + base64.b64encode(_clip_bytes()).decode()
     clip = client.chat.completions.create(model=CHAT_MODEL, max_tokens=4, temperature=0, messages=[{"role": "user",
         "content": [{"type": "video_url", "video_url": {"url": video}}, {"type": "text", "text": "What happens?"}]}],
-        extra_body={"media_io_kwargs": {"video": {"fps": 2}}})  # fmt: skip
+        extra_body={"media_io_kwargs": {"video": {"fps": 2}}})
     assert clip.choices[0].message.content is not None and clip.usage.completion_tokens == 4
 
     thought = client.chat.completions.create(model=CHAT_MODEL, max_tokens=6, messages=[{"role": "user", "content": "Why?"}],
-                                             extra_body={"chat_template_kwargs": {"enable_thinking": True}})  # fmt: skip
+                                             extra_body={"chat_template_kwargs": {"enable_thinking": True}})
     assert "reasoning_content" in thought.choices[0].message.model_extra
 
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="never fetches URLs"):
         client.chat.completions.create(model=CHAT_MODEL, max_tokens=2, messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])  # fmt: skip
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])
     with pytest.raises(openai.NotFoundError, match="Cosmos3-Missing"):
         client.chat.completions.create(model="Cosmos3-Missing", messages=messages, max_tokens=2)
     _, mirrored = _openai(url, "/api")  # ComfyUI mirrors the routes under /api; the next request works

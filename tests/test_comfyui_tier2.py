@@ -58,7 +58,7 @@ def test_core_stand_ins_declare_the_real_inputs(comfyui, node_id):
             continue
         if isinstance(kind, list):
             used = {n["inputs"][name] for p in (ROOT / "workflows" / "api").glob("*.json")
-                    for n in load_json(p).values() if n["class_type"] == node_id and name in n["inputs"]}  # fmt: skip
+                    for n in load_json(p).values() if n["class_type"] == node_id and name in n["inputs"]}
             assert used <= set(real[name]), (node_id, name, used)
         else:
             assert kind == real[name], (node_id, name)
@@ -112,7 +112,7 @@ def test_linear_layers_are_comfyui_cast_weight_layers_and_stream_per_layer(comfy
     expected = plain.generate("a cat", **request).latents
     part = comfyui.nodes.services.ManagedPart([ours.transformer], torch.device("cpu"))
     patcher = comfy.model_patcher.CoreModelPatcher(part, load_device=mm.get_torch_device(),
-                                                   offload_device=torch.device("cpu"))  # fmt: skip
+                                                   offload_device=torch.device("cpu"))
     patcher.load(mm.get_torch_device(), lowvram_model_memory=1)  # as good as nothing fits: stream every layer
     streamed = [m for m in linears if getattr(m, "comfy_cast_weights", False)]
     assert streamed, "ComfyUI streams nothing"

@@ -73,7 +73,7 @@ def test_none_blur_is_the_clip_and_derive_gives_an_image_batch():
     (lambda: controls.derive("depth", scene()), "only edge and blur controls can be derived"),
     (lambda: controls.derive("edge", scene(), "strong"), "unknown edge preset 'strong'"),
     (lambda: controls.derive("blur", np.zeros((4, 4), np.uint8)), "a source clip is frames [F, H, W, 3]"),
-])  # fmt: skip
+])
 def test_bad_derivations_are_refused(call, words):
     with pytest.raises(InputError) as error:
         call()
@@ -93,7 +93,7 @@ def authors_augmentors(root: str):
              "cosmos_framework.data.generator.augmentors.transfer_control_input.seg":
                  {"decode_partial_rle_width1": None, "segmentation_color_mask": None},
              "pycocotools": {}, "pycocotools.mask": {}, "torchvision": {}, "torchvision.transforms": {},
-             "torchvision.transforms.functional": {}}  # fmt: skip
+             "torchvision.transforms.functional": {}}
     saved = {name: sys.modules.get(name) for name in stubs}
     for name, attributes in stubs.items():
         sys.modules[name] = types.ModuleType(name)
@@ -139,7 +139,7 @@ def test_the_pack_runs_without_opencv_and_says_how_to_get_it(pack, monkeypatch):
 
     blocked = "import sys; sys.modules['cv2'] = None; sys.path.insert(0, %r); " % str(ROOT)
     done = subprocess.run([sys.executable, "-c", blocked + "import cosmos3_runtime.controls, cosmos3_runtime.__main__"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     monkeypatch.setitem(sys.modules, "cv2", None)
     with pytest.raises(InputError, match="needs OpenCV, which is not installed: pip install opencv-python"):

@@ -17,7 +17,7 @@ def test_text_encode_makes_a_positive_and_a_negative_prompt(pack):
     prompt = meta["cosmos3_prompt"]
     assert (prompt.text, prompt.negative, prompt.fps) == ("a cat", False, 16.0)
     assert prompt.options == {"use_system_prompt": False, "add_resolution_template": False,
-                              "add_duration_template": True, "json_captions": True}  # fmt: skip
+                              "add_duration_template": True, "json_captions": True}
     assert negative[0][1]["cosmos3_prompt"].negative and negative[0][1]["cosmos3_prompt"].text == "blurry"
     assert marker.shape == (1, 1, 1)
 
@@ -29,7 +29,7 @@ def test_the_marker_can_be_measured_and_copied_but_not_computed_with(pack):
     assert marker.numel() * marker.element_size() == 4 and marker.device.type == "cpu" and marker.ndim == 3
     assert copy.deepcopy(marker) is marker
     for compute in (torch.zeros_like, lambda m: torch.cat((m, m), 1), lambda m: m * 0.5 + m,
-                    lambda m: m.to(torch.float16), lambda m: m == m):  # fmt: skip
+                    lambda m: m.to(torch.float16), lambda m: m == m):
         with pytest.raises(RuntimeError, match="holds a prompt, not text embeddings.*only a Cosmos3 MODEL"):
             compute(marker)
 

@@ -32,9 +32,9 @@ def forward_calls(pipe, monkeypatch):
 
 def test_cfg_runs_each_branch_at_its_own_text_length(pipe, forward_calls):
     result = pipe.generate("a long and detailed prompt about a cat", negative_prompt="", num_frames=5, steps=3,
-                           guidance_scale=4.0, **SMALL)  # fmt: skip
+                           guidance_scale=4.0, **SMALL)
     _, cond_ids, uncond_ids = pipe.prepare("a long and detailed prompt about a cat",
-                                           cosmos3_runtime.Request(negative_prompt="", num_frames=5, **SMALL))  # fmt: skip
+                                           cosmos3_runtime.Request(negative_prompt="", num_frames=5, **SMALL))
     assert len(cond_ids) != len(uncond_ids)
     lengths = [length for length, _ in forward_calls]
     # Two forwards per step, each with exactly its own prompt's tokens: nothing is padded.
@@ -70,7 +70,7 @@ def test_starting_noise_is_the_cpu_generator_stream(pipe, monkeypatch):
     seen = []
     original = type(pipe.transformer).forward
     monkeypatch.setattr(type(pipe.transformer), "forward",
-                        lambda model, latents, *a, **k: seen.append(latents.clone()) or original(model, latents, *a, **k))  # fmt: skip
+                        lambda model, latents, *a, **k: seen.append(latents.clone()) or original(model, latents, *a, **k))
     pipe.generate("a cat", num_frames=5, steps=1, seed=3, output="latents", **SMALL)
     expected = torch.randn((1, 48, 2, 3, 4), generator=torch.Generator("cpu").manual_seed(3), dtype=torch.float32)
     assert torch.equal(seen[0], expected)
@@ -90,7 +90,7 @@ def test_cancel_from_callback_then_next_run_is_unaffected(pipe):
     assert progress == [(1, 4), (2, 4)]
     again = pipe.generate("a dog", num_frames=5, steps=4, seed=1, **SMALL)
     fresh = cosmos3_runtime.load(pipe.checkpoint.root, dtype="fp32").generate("a dog", num_frames=5, steps=4, seed=1,
-                                                                              **SMALL)  # fmt: skip
+                                                                              **SMALL)
     assert torch.equal(again.latents, fresh.latents) and torch.equal(again.frames, fresh.frames)
     assert torch.equal(reference.latents, fresh.latents)
 
@@ -121,7 +121,7 @@ def test_callback_gets_the_denoised_estimate(pipe):
     """Previews show x0 = x - sigma * v; on the last step that is exactly the result."""
     seen = []
     result = pipe.generate("a dog", num_frames=5, steps=3, seed=1, output="latents",
-                           callback=lambda step, total, denoised: seen.append(denoised.clone()), **SMALL)  # fmt: skip
+                           callback=lambda step, total, denoised: seen.append(denoised.clone()), **SMALL)
     assert len(seen) == 3 and torch.equal(seen[-1], result.latents)
     assert (seen[0] - result.latents).abs().max() > 1e-3  # earlier estimates differ
 
@@ -153,7 +153,7 @@ def test_comfyui_image_tensor_equals_pil_and_uint8_inputs(pipe):
     pixels = np.random.default_rng(1).integers(0, 256, (40, 72, 3), dtype=np.uint8)
     comfy = torch.from_numpy(pixels).float().div(255).unsqueeze(0)  # ComfyUI IMAGE [1, H, W, 3] in 0..1
     runs = [pipe.generate("a cat", image=img, num_frames=5, steps=2, output="latents", **SMALL).latents
-            for img in (pixels, Image.fromarray(pixels), comfy)]  # fmt: skip
+            for img in (pixels, Image.fromarray(pixels), comfy)]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
 
 
@@ -214,7 +214,7 @@ def test_oversized_requests_are_refused_with_the_figure_before_allocating(pipe):
     fresh = cosmos3_runtime.load(pipe.checkpoint.root, dtype="fp32")
     after = pipe.generate("a cat", num_frames=5, steps=2, seed=4, output="latents", **SMALL)
     assert torch.equal(after.latents, fresh.generate("a cat", num_frames=5, steps=2, seed=4, output="latents",
-                                                     **SMALL).latents)  # fmt: skip
+                                                     **SMALL).latents)
 
 
 def test_the_memory_check_can_be_turned_off_and_the_estimate_follows_the_request(pipe):

@@ -35,7 +35,7 @@ def checkpoint_tensors(root: Path) -> dict[str, torch.Tensor]:
 def without_weights(src: Path, dst: Path) -> Path:
     """A copy of a checkpoint without its transformer weights (config, VAE, tokenizer kept)."""
     shutil.copytree(src, dst, ignore=lambda d, names: [n for n in names if Path(d).name == "transformer"
-                                                        and "safetensors" in n])  # fmt: skip
+                                                        and "safetensors" in n])
     return dst
 
 
@@ -67,7 +67,7 @@ def every_type(tiny_factory, tmp_path_factory):
         stored[name] = (qtype, data)
         raw = data if qtype != "F16" else data.astype(np.float16)
         reference[name] = torch.from_numpy(reference_dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float32)
-                                           .reshape(value.shape))  # fmt: skip
+                                           .reshape(value.shape))
     quantized = without_weights(base, tmp / "gguf")
     write_gguf(quantized / "transformer" / "cosmos3-mixed.gguf", stored)
     dense = without_weights(base, tmp / "safetensors")
@@ -177,7 +177,7 @@ def broken(every_type, tmp_path):
         data = file.data(name).numpy()
         tensors[name] = (qtype, data.view(np.float32).reshape(shape) if qtype == "F32" else
                          data.view(np.float16).reshape(shape) if qtype == "F16" else data.reshape(shape[0], -1)
-                         if len(shape) == 2 else data)  # fmt: skip
+                         if len(shape) == 2 else data)
     return folder, tensors
 
 
@@ -197,7 +197,7 @@ def test_missing_and_misshaped_tensors_are_named(broken):
     norm = tensors["layers.0.input_layernorm.weight"]
     replace_gguf(folder, {**tensors, "layers.0.input_layernorm.weight": ("F32", norm[1][:128])})
     with pytest.raises(CheckpointError, match=r"tensor layers\.0\.input_layernorm\.weight has shape \[128\], the "
-                       r"folder's config\.json implies \[256\]"):  # fmt: skip
+                       r"folder's config\.json implies \[256\]"):
         cosmos3_runtime.load(folder, device="cpu")
 
 
@@ -224,7 +224,7 @@ def test_gguf_next_to_safetensors_is_ambiguous(broken, every_type):
     _, dense = every_type
     shutil.copy(dense / "transformer" / "diffusion_pytorch_model.safetensors", folder / "transformer")
     with pytest.raises(CheckpointError, match=r"holds both model\.gguf|cosmos3-mixed\.gguf.*"
-                       r"diffusion_pytorch_model\.safetensors.*ambiguous"):  # fmt: skip
+                       r"diffusion_pytorch_model\.safetensors.*ambiguous"):
         cosmos3_runtime.load(folder, device="cpu")
 
 

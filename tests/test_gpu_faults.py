@@ -16,7 +16,7 @@ from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.quantize import Fp8Linear, per_row_fp8, scaled_fp8_linear
 from cosmos3_runtime.tiny import RELEASED
 from cosmos3_runtime.transformer import (ActionTokens, Cosmos3Transformer, SoundTokens, TransformerConfig, attention,
-                                         takes_grouped_kv)  # fmt: skip
+                                         takes_grouped_kv)
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -30,7 +30,7 @@ ACTIONS = {
     "forward_dynamics": dict(mode="forward_dynamics", image=picture(2),
                              actions=torch.randn(4, 10, generator=torch.Generator().manual_seed(2))),
     "inverse_dynamics": dict(mode="inverse_dynamics", video=[picture(10 + i) for i in range(5)]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("mode", ACTIONS)
@@ -39,7 +39,7 @@ def test_fp8_runs_the_action_head(tiny_factory, mode):
     an fp8 action run works (it failed with 'BFloat16 != Float8_e4m3fn') and stays near the bf16 one."""
     root = tiny_factory(kind="edge", action=True)
     request = dict(action=ActionRequest(chunk_size=4, domain="droid_lerobot", resolution_tier=256, **ACTIONS[mode]),
-                   steps=2, seed=3, output="latents")  # fmt: skip
+                   steps=2, seed=3, output="latents")
     fp8 = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8")
     assert fp8.transformer.action_proj_in.fc.weight.dtype == BF16
     bf16 = cosmos3_runtime.load(root, dtype="bf16", device="cpu")
@@ -152,7 +152,7 @@ def test_a_forward_runs_where_its_inputs_are_when_small_modules_stay_in_ram(tiny
     meta = torch.device("meta")
     assert model.layers[0].input_layernorm.weight.device.type == "cpu"
     tracks = {"action": ActionTokens(torch.randn(5, 64, device=meta), domain=3)} if "action" in heads else \
-        {"sound": SoundTokens(torch.randn(16, 7, device=meta))}  # fmt: skip
+        {"sound": SoundTokens(torch.randn(16, 7, device=meta))}
     with torch.inference_mode(), VirtualDevice() as virtual:
         text = model.encode_text(torch.arange(12), meta)
         out = model(torch.randn(1, 48, 2, 4, 6, device=meta), torch.tensor(900), text, **tracks)
@@ -183,7 +183,7 @@ def test_the_reasoner_runs_where_its_inputs_are_when_small_modules_stay_in_ram(t
         place_like_a_host(part)
     patch_dim = reasoner.vision.config.in_channels if kind == "gated" else reasoner.vision.config.num_channels
     patch_dim *= reasoner.vision.config.patch_size**2 * (reasoner.vision.config.temporal_patch_size if kind == "gated"
-                                                         else 1)  # fmt: skip
+                                                         else 1)
     with torch.inference_mode(), VirtualDevice():
         tokens, _ = reasoner.vision(torch.randn(16, patch_dim, device=meta), [(1, 4, 4)])
         x = reasoner.language.embed(torch.arange(6), meta)
@@ -196,7 +196,7 @@ HEADS = {"edge": dict(action_gen=True, action_dim=64), "nano": dict(sound_gen=Tr
 
 
 @pytest.mark.parametrize("variant, size", [("edge", (832, 480, 81)), ("nano", (1280, 720, 81)),
-                                           ("super", (1280, 720, 121))])  # fmt: skip
+                                           ("super", (1280, 720, 121))])
 @pytest.mark.parametrize("precision", ["bf16", "fp32", "fp8"])
 def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
     """A whole forward at a released size on the virtual device, weights there too: no device or dtype mix, and the
@@ -216,14 +216,14 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
     meta = torch.device("meta")
     w, h, f = size
     tracks = {"action": ActionTokens(torch.randn(16, 64, device=meta), domain=0)} if config.action_gen else \
-        {"sound": SoundTokens(torch.randn(64, 126, device=meta))} if config.sound_gen else {}  # fmt: skip
+        {"sound": SoundTokens(torch.randn(64, 126, device=meta))} if config.sound_gen else {}
     with torch.inference_mode(), VirtualDevice() as virtual:
         text = model.encode_text(torch.arange(300) % 1000, meta)
         out = model(torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device=meta), torch.tensor(900), text,
-                    **tracks)  # fmt: skip
+                    **tracks)
     assert out.vision.shape == (1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
     settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
-                               transfer=None)  # fmt: skip
+                               transfer=None)
     parts = budget.estimate(config, None, settings, 300, 300, dtype, device=meta).parts
     planned = parts["media tower"] + parts["rotary tables"] + parts["text K/V cache"]
     assert virtual.peak <= 1.25 * planned, (virtual.peak / 2**30, planned / 2**30)
@@ -248,7 +248,7 @@ def test_the_planned_vae_decode_holds_what_a_decode_takes_at_the_released_width(
     with torch.inference_mode(), VirtualDevice() as virtual:
         vae.decode(latents, tile=spec)
     settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
-                               transfer=None)  # fmt: skip
+                               transfer=None)
     parts = budget.estimate(TransformerConfig(**RELEASED["edge"]), config, settings, 10, 10, BF16, spec).parts
     planned = parts["VAE decode"] + 3 * f * h * w * 2  # the working set and the decode's own output
     assert virtual.peak <= planned <= 1.1 * virtual.peak, (virtual.peak / 2**30, planned / 2**30)

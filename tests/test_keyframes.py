@@ -35,7 +35,7 @@ def clip(seed: int, frames: int) -> np.ndarray:
     ({0: still(1), -1: clip(2, 9)}, (0, 45, 46, 47)),  # mixed
     ({0: clip(1, 9), -1: still(2)}, (0, 1, 2, 47)),
     ({0: still(1), 94: still(3), 188: still(2)}, (0, 24, 47)),  # any frame: 94 is in latent 24 (frames 93-96)
-])  # fmt: skip
+])
 def test_locked_latents_follow_the_recipe(given, expected):
     assert locked(place(given, 189)) == expected
 
@@ -63,7 +63,7 @@ def test_the_reference_clip_holds_each_keyframe_over_its_latents():
     ({-1: clip(1, 20)}, 17, "does not fit in 17 frames"),
     ({"last": still(1)}, 17, "must be a whole frame number"),
     ({}, 17, "non-empty dict"),
-])  # fmt: skip
+])
 def test_bad_keyframes_are_named(given, frames, message):
     with pytest.raises(InputError, match=message):
         place(given, frames)
@@ -89,14 +89,14 @@ def test_a_keyframes_run_equals_diffusers_video_to_video_on_the_reference(tiny_g
     indexes = locked(placed)
     frames = ((reference(placed, 48, 64)[0].permute(1, 2, 3, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
     common = dict(prompt="A robot arm stacks two cubes.", negative_prompt="blurry, static", num_frames=17, fps=16.0,
-                  **SIZE)  # fmt: skip
+                  **SIZE)
     with torch.no_grad():
         expected = ref.omni_pipeline(tiny_gated, schedule)(
             **common, video=[Image.fromarray(f) for f in frames], condition_frame_indexes_vision=list(indexes),
             num_inference_steps=3, guidance_scale=4.0, generator=torch.Generator("cpu").manual_seed(5),
-            output_type="latent").video  # fmt: skip
+            output_type="latent").video
     got = pipe.generate(**common, keyframes=given, steps=3, guidance_scale=4.0, seed=5, schedule=schedule,
-                        flow_shift=10.0, guidance_interval=None, json_captions=False, output="latents", cache="off")  # fmt: skip
+                        flow_shift=10.0, guidance_interval=None, json_captions=False, output="latents", cache="off")
     assert got.settings.mode == "keyframes" and got.settings.condition_frames == indexes == (0, 2, 3, 4)
     torch.testing.assert_close(got.latents, expected.float(), atol=1e-4, rtol=0)
 
@@ -137,7 +137,7 @@ def test_long_video_takes_a_prompt_per_chunk_and_reports_each_chunk(pipe):
     pipe.text_kv = spy
     try:
         result = pipe.generate('["a red ball rolls", "the ball stops at a wall"]', num_frames=17, chunk_frames=9,
-                               progress=lambda *stage: stages.append(stage), **RUN)  # fmt: skip
+                               progress=lambda *stage: stages.append(stage), **RUN)
     finally:
         del pipe.text_kv
     assert result.frames.shape[0] == 17 and len(result.settings.chunk_ids) == 2
@@ -153,7 +153,7 @@ def test_long_video_takes_a_prompt_per_chunk_and_reports_each_chunk(pipe):
     (dict(sound=True), "sound is made in one window"),
     (dict(keyframes={0: still(1)}), "keyframes is made in one window"),
     (dict(chunk_overlap_frames=2), "chunk_overlap_frames must be 1 \\+ 4k.*use 1"),
-])  # fmt: skip
+])
 def test_what_long_videos_cannot_do_is_refused_by_name(tiny_factory, options, message):
     sound = cosmos3_runtime.load(tiny_factory(kind="gated", sound=True), dtype=torch.float32)  # sound-capable
     with pytest.raises(InputError, match=message):
@@ -172,5 +172,5 @@ def test_cancel_mid_long_video_leaves_nothing_behind(pipe):
         pipe.generate("a cat", num_frames=17, chunk_frames=9, callback=cancel, **RUN)
     again = pipe.generate("a cat", num_frames=17, chunk_frames=9, **RUN)
     fresh = cosmos3_runtime.load(pipe.checkpoint.root, dtype=torch.float32).generate("a cat", num_frames=17,
-                                                                                      chunk_frames=9, **RUN)  # fmt: skip
+                                                                                      chunk_frames=9, **RUN)
     assert torch.equal(again.frames, fresh.frames)

@@ -16,7 +16,7 @@ def reference(tiny_gated):
 
 
 @pytest.mark.parametrize("options", [dict(offload_text=True), dict(blocks_to_swap=1),
-                                     dict(offload_text=True, blocks_to_swap=2)], ids=str)  # fmt: skip
+                                     dict(offload_text=True, blocks_to_swap=2)], ids=str)
 def test_offload_text_and_block_swap_are_bit_identical(tiny_gated, reference, options):
     pipe = cosmos3_runtime.load(tiny_gated, dtype="bf16", device="cpu", **options)
     assert torch.equal(pipe.generate("a cat", **REQUEST).latents, reference)
@@ -134,10 +134,10 @@ def test_the_scaled_fp8_matmul_path(tiny_factory):
     assert not any(name.startswith(("layers.0.", f"layers.{last}.")) for name in scaled)
     assert {name.split(".", 2)[2] for name in scaled} == {  # the media pathway only (Edge: no gate projection)
         "self_attn.add_q_proj", "self_attn.add_k_proj", "self_attn.add_v_proj", "self_attn.to_add_out",
-        "mlp_moe_gen.up_proj", "mlp_moe_gen.down_proj"}  # fmt: skip
+        "mlp_moe_gen.up_proj", "mlp_moe_gen.down_proj"}
     latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
     v = [p.transformer(latents, torch.tensor(900), p.transformer.encode_text(torch.arange(40) % 500)).vision.float()
-         for p in (upcast, fast)]  # fmt: skip
+         for p in (upcast, fast)]
     relative = (v[1] - v[0]).abs() / v[0].abs().max()
     assert 0 < relative.mean() < 0.02 and relative.max() < 0.1, (relative.mean(), relative.max())
 
@@ -218,7 +218,7 @@ def test_block_swap_fills_two_device_buffers_in_turn_after_their_last_reader(tin
     homes = {home.untyped_storage()._cdata for _, home in [pair for pairs in swap.home.values() for pair in pairs]}
     copies = []
     monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, non_blocking=False: copies.append(
-        (cuda.current, src.untyped_storage()._cdata in homes, non_blocking)) or self)  # fmt: skip
+        (cuda.current, src.untyped_storage()._cdata in homes, non_blocking)) or self)
     storages, waits = {}, []
     for forward in range(2):
         for i in range(4):

@@ -446,7 +446,7 @@ def test_reason_node_streams_into_the_node_and_matches_the_runtime(nodes, monkey
     clip = torch.rand(9, 40, 56, 3)
     out = reason(nodes, model, video=clip, video_fps=8.0, sample_fps=4.0, node_id="9")
     assert out["result"][0] == pipe.reason("What is this?", video=clip, video_fps=8.0, sample_fps=4.0,
-                                           max_new_tokens=6, temperature=0.0).text  # fmt: skip
+                                           max_new_tokens=6, temperature=0.0).text
     (custom,) = nodes.Cosmos3ReasonSampling().build(0.9, 0.8, 5, 1.5)
     assert reason(nodes, model, sampling=custom, seed=3)["result"][0] == pipe.reason(
         "What is this?", max_new_tokens=6, temperature=0.9, top_k=5, top_p=0.8, presence_penalty=1.5, seed=3).text

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.skipif(not torch.distributed.is_available(), reason="t
 
 # 80x96 pixels, 9 frames -> 3 x 3 x 3 = 27 media tokens: not a multiple of 2 or 4, so shards are padded.
 ARGS = ["--prompt", "a robot stacks cubes", "--negative-prompt", "blurry", "--frames", "9", "--width", "80",
-        "--height", "96", "--steps", "3", "--guidance", "4", "--dtype", "fp32", "--seed", "5"]  # fmt: skip
+        "--height", "96", "--steps", "3", "--guidance", "4", "--dtype", "fp32", "--seed", "5"]
 
 
 def run(checkpoint, out, processes=1, extra=()):
@@ -87,7 +87,7 @@ def test_transfer_under_sequence_parallelism_equals_one_process(tiny_gated, tmp_
     from cosmos3_runtime.media import save_video
 
     clip = save_video(torch.from_numpy(np.random.default_rng(0).random((9, 96, 80, 3), dtype=np.float32)),
-                      tmp_path / "edge.mp4", 24.0)  # fmt: skip
+                      tmp_path / "edge.mp4", 24.0)
     extra = ["--control", f"edge={clip}", "--chunk-frames", "5", "--control-guidance", "1.5"]
     one = run(tiny_gated, tmp_path / "one.safetensors", 1, extra)
     two = run(tiny_gated, tmp_path / "sp2.safetensors", 2, ["--sp", "2", *extra])
@@ -101,7 +101,7 @@ def test_transfer_under_cfg_parallelism_is_refused(tiny_gated):
     pipe = load(tiny_gated, dtype="fp32")
     with pytest.raises(InputError, match="CFG parallelism cannot split"):
         pipe.generate("x", control_videos={"edge": torch.rand(5, 16, 16, 3)}, width=32, height=32,
-                      parallel=SimpleNamespace(sp=None, cfg=FAKE_GROUP))  # fmt: skip
+                      parallel=SimpleNamespace(sp=None, cfg=FAKE_GROUP))
 
 
 # The checks below fail before any communication, so a stand-in group is enough.
@@ -121,12 +121,12 @@ def test_action_under_sequence_parallelism_is_refused(tiny_factory):
     action = ActionTokens(torch.zeros(4, 64), domain=8)
     with pytest.raises(InputError, match="action generation does not support sequence parallelism"):
         model(torch.randn(1, 48, 1, 4, 4), torch.tensor(500), model.encode_text(torch.arange(5)), action=action,
-              sp=FAKE_GROUP)  # fmt: skip
+              sp=FAKE_GROUP)
 
 
 def test_launching_parallel_without_torchrun_is_a_clear_error(tiny_gated, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     result = subprocess.run([sys.executable, "-m", "cosmos3_runtime", "generate", "--checkpoint", str(tiny_gated),
                              "--prompt", "x", "--sp", "2", "--output", str(tmp_path / "x.png")],
-                            cwd=ROOT, env=env, capture_output=True, text=True)  # fmt: skip
+                            cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 2 and "torchrun --nproc-per-node N" in result.stderr

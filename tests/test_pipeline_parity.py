@@ -50,13 +50,13 @@ def ours(checkpoint):
 def test_generation_matches_diffusers(checkpoint, ours, mode, schedule):
     frames, extra = MODES[mode]
     common = dict(prompt="A robot arm stacks two cubes.", negative_prompt="blurry, static", num_frames=frames,
-                  fps=16.0, **SIZE, **extra)  # fmt: skip
+                  fps=16.0, **SIZE, **extra)
     pipe = ref.omni_pipeline(checkpoint, schedule)
     with torch.no_grad():
         expected = pipe(**common, num_inference_steps=STEPS, guidance_scale=4.0,
-                        generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video  # fmt: skip
+                        generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video
     got = ours.generate(**common, steps=STEPS, guidance_scale=4.0, seed=5, schedule=schedule, flow_shift=10.0,
-                        guidance_interval=None, json_captions=False, output="latents", cache="off")  # fmt: skip
+                        guidance_interval=None, json_captions=False, output="latents", cache="off")
     assert got.settings.mode == mode
     assert got.latents.shape == expected.shape
     assert expected.abs().max() > 0.5
@@ -68,9 +68,9 @@ def test_decoded_frames_match_diffusers(checkpoint, ours):
     pipe = ref.omni_pipeline(checkpoint)
     with torch.no_grad():
         expected = pipe(**common, num_inference_steps=3, guidance_scale=3.0,
-                        generator=torch.Generator("cpu").manual_seed(2), output_type="np").video  # fmt: skip
+                        generator=torch.Generator("cpu").manual_seed(2), output_type="np").video
     got = ours.generate(**common, steps=3, guidance_scale=3.0, seed=2, schedule="checkpoint", json_captions=False,
-                        cache="off")  # fmt: skip
+                        cache="off")
     assert got.frames.shape == expected.shape == (5, 48, 64, 3)
     torch.testing.assert_close(got.frames, torch.from_numpy(expected), atol=TOL, rtol=0)
 
@@ -83,7 +83,7 @@ def test_distilled_matches_the_distilled_modular_pipeline(tiny_factory, mode):
     pipe = ref.distilled_pipeline(root)
     expected = pipe(**common, generator=torch.Generator("cpu").manual_seed(3), output="latents")
     got = cosmos3_runtime.load(root, dtype=torch.float32).generate(**common, seed=3, json_captions=False,
-                                                                    output="latents", cache="off")  # fmt: skip
+                                                                    output="latents", cache="off")
     assert got.settings.schedule == "distilled" and got.settings.steps == 4
     torch.testing.assert_close(got.latents, expected.float(), atol=TOL, rtol=0)
 
@@ -102,7 +102,7 @@ def test_token_ids_match_diffusers(checkpoint, ours, prompt, negative, frames, s
     options = dict(num_frames=frames, height=480, width=832, fps=24.0, use_system_prompt=system)
     expected = pipe.tokenize_prompt(prompt, negative, **options)
     request = cosmos3_runtime.Request(num_frames=frames, width=832, height=480, negative_prompt=negative,
-                                      use_system_prompt=system, json_captions=False)  # fmt: skip
+                                      use_system_prompt=system, json_captions=False)
     _, cond, uncond = ours.prepare(prompt, request)
     assert (cond, uncond) == tuple(list(ids) for ids in expected)
 
@@ -115,7 +115,7 @@ def test_multi_step_flow_match_checkpoint_matches_diffusers(tiny_gated, tmp_path
     common = dict(prompt="A robot arm stacks two cubes.", negative_prompt="blurry", num_frames=9, **SIZE)
     with torch.no_grad():
         expected = ref.omni_pipeline(root)(**common, num_inference_steps=STEPS, guidance_scale=4.0,
-                                           generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video  # fmt: skip
+                                           generator=torch.Generator("cpu").manual_seed(5), output_type="latent").video
     got = cosmos3_runtime.load(root, dtype=torch.float32).generate(
         **common, steps=STEPS, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False, output="latents",
         cache="off",

@@ -48,7 +48,7 @@ def reference(tiny_factory, tmp_path_factory):
     require("transformers", minversion="5.24.0")
     if not (torchvision_dir() / "torchvision").is_dir():
         message = (f"the reference's torchvision is not installed in {torchvision_dir()}: pip install --no-deps "
-                   f"--target {torchvision_dir()} torchvision==0.28.0")  # fmt: skip
+                   f"--target {torchvision_dir()} torchvision==0.28.0")
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
@@ -69,11 +69,11 @@ def reference(tiny_factory, tmp_path_factory):
                           "video": media[id(case["video"])] if "video" in case else None,
                           "video_fps": case.get("video_fps"), "sample_fps": case.get("sample_fps"),
                           "thinking": case.get("thinking", False), "thinking_instruction": THINKING_INSTRUCTION,
-                          "max_new_tokens": MAX_NEW})  # fmt: skip
+                          "max_new_tokens": MAX_NEW})
         job = work / f"{family}.json"
         job.write_text(json.dumps({"root": str(root), "out": str(out), "cases": cases}))
         done = subprocess.run([sys.executable, str(ROOT / "tests" / "transformers_reference.py"), str(job)],
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         results[family] = (root, {name: load_file(str(out / f"{name}.safetensors")) for name in CASES})
     return results
@@ -83,7 +83,7 @@ def ask(pipe, case: dict, **options):
     return pipe.reason(case["question"], images=case.get("images"), video=case.get("video"),
                        video_fps=case.get("video_fps"), sample_fps=case.get("sample_fps"),
                        system_prompt=case.get("system"), thinking=case.get("thinking", False),
-                       max_new_tokens=MAX_NEW, temperature=0.0, **options)  # fmt: skip
+                       max_new_tokens=MAX_NEW, temperature=0.0, **options)
 
 
 @pytest.mark.slow  # the reference runs in a subprocess (transformers)
@@ -193,7 +193,7 @@ def nano(tiny_factory):
     (lambda p: p.reason("q <|image_pad|>"), "special token"),
     (lambda p: p.chat([{"role": "system", "content": "hi"}]), "no user turn"),
     (lambda p: p.chat([{"role": "user", "content": [{"type": "image"}]}]), "1 image and 0 video parts but 0"),
-])  # fmt: skip
+])
 def test_bad_input_is_refused_by_name(nano, call, message):
     with pytest.raises(InputError, match=message):
         call(nano)
@@ -210,7 +210,8 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy(nano):
 
 def test_callback_streams_and_cancels(nano):
     seen = []
-    answer = nano.reason("Count.", max_new_tokens=6, temperature=0.0, callback=lambda n, total, text: seen.append((n, total, text)))
+    answer = nano.reason("Count.", max_new_tokens=6, temperature=0.0,
+                         callback=lambda n, total, text: seen.append((n, total, text)))
     assert [s[0] for s in seen] == list(range(1, len(answer.token_ids) + 1)) and seen[-1][1] == 6
     assert seen[-1][2] == answer.text
 
@@ -228,7 +229,8 @@ def test_callback_streams_and_cancels(nano):
 
 def test_thinking_is_split_from_the_answer():
     assert split_thinking("<think>\nbecause gravity\n</think>\n\nIt falls.") == ("because gravity", "It falls.")
-    assert split_thinking("because gravity\n</think>It falls.") == ("because gravity", "It falls.")  # Edge: opened by the template
+    # Edge: opened by the template
+    assert split_thinking("because gravity\n</think>It falls.") == ("because gravity", "It falls.")
     assert split_thinking("still thinking") == ("still thinking", "")
 
 
@@ -301,7 +303,7 @@ def test_stop_strings_cut_the_answer_and_are_never_streamed(nano):
     stop = full.text[4:6]  # a string the greedy answer writes
     seen = []
     cut = nano.reason("Tell me a story.", max_new_tokens=12, temperature=0.0, stop=[stop, "never written"],
-                      callback=lambda n, total, text: seen.append(text))  # fmt: skip
+                      callback=lambda n, total, text: seen.append(text))
     assert cut.text == full.text[: full.text.index(stop)] and cut.finish_reason == "stop"
     assert all(stop not in text and cut.text.startswith(text) for text in seen)
     with pytest.raises(InputError, match="stop"):
@@ -362,7 +364,7 @@ def test_the_authors_templates_are_used_verbatim_where_the_user_has_them(monkeyp
     for task, frames in (("t2v", 121), ("t2i", 1), ("i2v", 49)):
         video = dict(fps=24, duration_secs=int(frames / 24)) if task != "t2i" else {}
         expected = authors.build_user_text(task, "A cat.", aspect_ratio="16,9", resolution_w=1280, resolution_h=720,
-                                           **video)  # fmt: skip
+                                           **video)
         assert upsample.user_text(task, "A cat.", 1280, 720, frames, 24.0) == expected, task
     assert upsample.templates().system == authors.SYSTEM_MESSAGE
     assert upsample.templates().source.startswith("the model authors' templates from ")
@@ -402,7 +404,7 @@ def test_the_authors_file_is_read_as_text_never_run(tmp_path, monkeypatch):
     module = tmp_path / "prompts.py"
     module.write_text("raise SystemExit('never run')\nSYSTEM_MESSAGE = 'sys'\n" + "".join(
         f"_T_{t.upper()} = r'''{t}: {{description}} at {{resolution_w}}'''\n" for t in TASKS) +
-        "CANONICAL_TEMPLATES: dict = {" + ", ".join(f"('v4.2', '{t}'): _T_{t.upper()}" for t in TASKS) + "}\n")  # fmt: skip
+        "CANONICAL_TEMPLATES: dict = {" + ", ".join(f"('v4.2', '{t}'): _T_{t.upper()}" for t in TASKS) + "}\n")
     monkeypatch.setenv("COSMOS3_UPSAMPLER_TEMPLATES", str(module))
     assert upsample.user_text("t2i", "a corgi", 960, 640, 1, 24.0) == "t2i: a corgi at 960"
     assert upsample.templates().system == "sys"

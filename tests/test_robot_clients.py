@@ -26,7 +26,7 @@ websockets_sync = pytest.importorskip("websockets.sync.client")
 ws_errors = pytest.importorskip("websockets.exceptions")
 OPENPI_PYTHON = os.environ.get("OPENPI_PYTHON")
 pytestmark = [pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason="set COMFYUI_DIR to run these"),
-              pytest.mark.slow]  # fmt: skip
+              pytest.mark.slow]
 
 ACTIONS = "/cosmos3/v1/actions/generations"
 REALTIME = "/cosmos3/v1/actions/realtime"
@@ -56,7 +56,7 @@ def unpack(data: bytes):
 
 def request(image, **parameters) -> dict:
     return {"model": DROID, "input": {"task": "Pick up the red cube", "observation": {
-        "image": image, "domain_name": "droid_lerobot"}}, "parameters": {**FAST, "seed": 11, **parameters}}  # fmt: skip
+        "image": image, "domain_name": "droid_lerobot"}}, "parameters": {**FAST, "seed": 11, **parameters}}
 
 
 def ws_url(url: str, route: str) -> str:
@@ -84,7 +84,7 @@ def test_msgpack_requests_get_msgpack_answers_with_the_json_routes_values(server
     np.testing.assert_array_equal(values, np.asarray(json_answer["data"][0]["action"]["values"], dtype=np.float32))
     # a JSON request that asks for msgpack
     http = urllib.request.Request(f"{url}{ACTIONS}", json.dumps(request(IMAGE.tolist())).encode(),
-                                  {"Content-Type": "application/json", "Accept": "application/msgpack"})  # fmt: skip
+                                  {"Content-Type": "application/json", "Accept": "application/msgpack"})
     with urllib.request.urlopen(http, timeout=300) as response:
         assert response.headers["Content-Type"] == "application/msgpack"
         np.testing.assert_array_equal(unpack(response.read())["data"][0]["action"]["values"], values)
@@ -130,7 +130,7 @@ def test_the_realtime_websocket_answers_like_the_http_route(server):
     (pack({"model": DROID, "input": {"task": "go", "observation": {"image": IMAGE}}}), "input.observation.domain_name"),
     ("a text frame", "binary msgpack"),
     (b"\xc1 not msgpack", "not a msgpack document"),
-])  # fmt: skip
+])
 def test_realtime_errors_are_a_binary_frame_then_close_1011_and_the_server_goes_on(server, frame, words):
     url, _ = server
     with websockets_sync.connect(ws_url(url, "/api" + REALTIME), max_size=None) as ws:
@@ -161,7 +161,7 @@ def test_connections_are_bounded_and_a_client_that_leaves_mid_run_leaves_the_que
         assert ws.close_code == 1009
     # Clients that hang up while their request waits behind a long run: their prompts leave the queue unrun.
     blocker = threading.Thread(target=_call, args=(f"{url}{ACTIONS}", request(IMAGE.tolist(), num_inference_steps=60)),
-                               kwargs={"timeout": 600})  # fmt: skip
+                               kwargs={"timeout": 600})
     blocker.start()
     _wait(url, lambda queue: queue["queue_running"])
     for _ in range(3):
@@ -171,7 +171,7 @@ def test_connections_are_bounded_and_a_client_that_leaves_mid_run_leaves_the_que
     blocker.join()
     _wait(url, lambda queue: not queue["queue_running"] and not queue["queue_pending"])
     seeds = [node["inputs"].get("seed") for record in _call(f"{url}/history")[1].values()
-             for node in record["prompt"][2].values() if node["class_type"] == "Cosmos3Sampler"]  # fmt: skip
+             for node in record["prompt"][2].values() if node["class_type"] == "Cosmos3Sampler"]
     assert 11 in seeds and 99 not in seeds, seeds  # the long run ran; none of the abandoned ones did
     assert _call(f"{url}{ACTIONS}", request(IMAGE.tolist()), timeout=300)[0] == 200
 
@@ -232,7 +232,7 @@ print(json.dumps(report))
 def test_the_openpi_client_drives_the_policy_websocket(server):
     url, _ = server
     done = subprocess.run([OPENPI_PYTHON, "-c", OPENPI_CLIENT, ws_url(url, OPENPI)], capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+                          timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     meta = report["metadata"]
@@ -326,6 +326,6 @@ def test_the_readme_client_snippets_run(server, title):
     if python is None:
         pytest.skip("set OPENPI_PYTHON to an interpreter with openpi-client installed")
     done = subprocess.run([python, "-c", readme_clients()[title]], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COSMOS3_URL": url})  # fmt: skip
+                          env={**os.environ, "COSMOS3_URL": url})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip(), title

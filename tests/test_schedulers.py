@@ -30,7 +30,7 @@ CASES = [
     ("karras from the beta table", {**UNIPC_SCHEDULER, "sigma_min": None, "sigma_max": None}, None, False),
     ("bh1, final sigma_min", {**FLOW, "flow_shift": 5.0, "solver_type": "bh1", "final_sigmas_type": "sigma_min"},
      None, False),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("steps", [1, 2, 4, 35, 50])
@@ -84,7 +84,7 @@ def test_distilled_steps_equal_diffusers(stochastic):
     x_ref = x_ours = torch.randn(1, 2, 3, 4, 5, generator=torch.Generator().manual_seed(1))
     for t in reference.timesteps:
         x_ref = reference.step(torch.sin(x_ref).unsqueeze(0), t, x_ref.unsqueeze(0), generator=g_ref,
-                               return_dict=False)[0].squeeze(0)  # fmt: skip
+                               return_dict=False)[0].squeeze(0)
         x_ours = ours.step(torch.sin(x_ours), x_ours, g_ours)
     assert torch.equal(x_ours, x_ref)
     assert torch.equal(g_ours.get_state(), g_ref.get_state())  # the same number of draws

@@ -38,7 +38,7 @@ def comfy(monkeypatch, tmp_path):
     module("comfy.model_management", throw_exception_if_processing_interrupted=interrupt,
            get_torch_device=lambda: torch.device("cpu"), unet_offload_device=lambda: torch.device("cpu"),
            free_memory=lambda n, d: calls["free"].append((n, d)),
-           soft_empty_cache=lambda: calls.__setitem__("empty", calls["empty"] + 1))  # fmt: skip
+           soft_empty_cache=lambda: calls.__setitem__("empty", calls["empty"] + 1))
     method = types.SimpleNamespace(value="latent2rgb")
     module("comfy.cli_args", args=types.SimpleNamespace(preview_method=method, preview_size=256))
 
@@ -48,7 +48,8 @@ def comfy(monkeypatch, tmp_path):
 
     module("comfy.latent_formats", Wan22=Wan22)
     models = tmp_path / "models"
-    folder_paths = module("folder_paths", models_dir=str(models), folder_names_and_paths={"diffusers": ([str(models / "diffusers")], set())})
+    folder_paths = module("folder_paths", models_dir=str(models),
+                          folder_names_and_paths={"diffusers": ([str(models / "diffusers")], set())})
     folder_paths.get_folder_paths = lambda name: folder_paths.folder_names_and_paths[name][0]
     folder_paths.add_model_folder_path = lambda name, path: folder_paths.folder_names_and_paths[name][0].append(path)
     return calls, folder_paths
@@ -85,7 +86,7 @@ def test_sampler_node_reports_progress_through_comfyui(pack, comfy, models_dir, 
     model, _, _ = pack.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default")["result"]
     text = pack.Cosmos3TextEncode().encode("a cat", "", "auto", True, True, True)["result"][0]
     pack.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 0, schedule={"schedule": "auto", "steps": 4,
-                                                                                 "flow_shift": None})  # fmt: skip
+                                                                                 "flow_shift": None})
     (bar,) = FakeProgressBar.instances
     assert bar.total == 4 and [u[0] for u in bar.updates] == [1, 2, 3, 4]
     assert all(u[2] is not None for u in bar.updates)

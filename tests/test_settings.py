@@ -45,7 +45,7 @@ TABLE = [
     (variant(system_prompt=False), {}, dict(use_system_prompt=False)),
     (variant(system_prompt=False), {"use_system_prompt": True}, dict(use_system_prompt=True)),
     (GATED, {"negative_prompt": "blurry"}, dict(negative_prompt="blurry")),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("v, request_fields, expected", TABLE)
@@ -72,7 +72,8 @@ def test_frame_rounding_and_edge_sizes_are_reported():
 @pytest.mark.parametrize(
     "v, fields, message",
     [
-        (GATED, {"width": 1000, "height": 720}, r"width 1000 must be a positive multiple of 16 .* for example 992 \(size asked: 1000x720"),
+        (GATED, {"width": 1000, "height": 720},
+         r"width 1000 must be a positive multiple of 16 .* for example 992 \(size asked: 1000x720"),
         (GATED, {"image": IMAGE, "video": VIDEO}, "give one of an image .* a video or condition latents"),
         (GATED, {"image": IMAGE, "num_frames": 1}, "num_frames is 1"),
         (GATED, {"video": VIDEO, "num_frames": 9, "condition_frame_indexes": (3,)}, r"\[0, 2\]"),

@@ -58,7 +58,7 @@ def test_decoder_only_tokenizer_loads_and_decodes(tiny_factory):
     assert ours.encoder is None
     latents = torch.randn(16, 10)
     torch.testing.assert_close(ours.decode(latents), reference_tokenizer(root / "sound_tokenizer").decode(latents),
-                               atol=1e-5, rtol=0)  # fmt: skip
+                               atol=1e-5, rtol=0)
     with pytest.raises(InputError, match="decoder-only"):
         ours.encode(torch.zeros(2, 640))
 
@@ -88,7 +88,7 @@ def picture(seed):
 )
 def test_generation_with_sound_matches_diffusers(nano, pipe, frames, fps, extra):
     common = dict(prompt="Rain on a tin roof.", negative_prompt="silence", num_frames=frames, fps=fps, **SIZE,
-                  **extra)  # fmt: skip
+                  **extra)
     reference = ref.omni_pipeline(nano)
     seen = {}
     decode_sound = reference.decode_sound
@@ -97,16 +97,16 @@ def test_generation_with_sound_matches_diffusers(nano, pipe, frames, fps, extra)
     )
     with torch.no_grad():
         expected = reference(**common, num_inference_steps=3, guidance_scale=4.0, enable_sound=True,
-                             generator=torch.Generator("cpu").manual_seed(5), output_type="np")  # fmt: skip
+                             generator=torch.Generator("cpu").manual_seed(5), output_type="np")
     got = pipe.generate(**common, steps=3, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False,
-                        sound=True, sound_trim=False, cache="off")  # fmt: skip
+                        sound=True, sound_trim=False, cache="off")
     torch.testing.assert_close(got.sound_latents, seen["latents"].float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.sound, expected.sound.float(), atol=TOL, rtol=0)
     torch.testing.assert_close(got.frames, torch.from_numpy(expected.video), atol=TOL, rtol=0)
     assert got.sample_rate == 8000 and got.sound.shape[1] == got.sound_latents.shape[1] * 320
     assert got.sound.abs().max() > 0.01
     trimmed = pipe.generate(**common, steps=3, guidance_scale=4.0, seed=5, schedule="checkpoint", json_captions=False,
-                            sound=True, cache="off")  # fmt: skip
+                            sound=True, cache="off")
     assert trimmed.sound.shape == (2, samples_for(frames, fps, 8000)) == (2, int(frames / fps * 8000))
     assert torch.equal(trimmed.sound, got.sound[:, : trimmed.sound.shape[1]])
 

@@ -107,7 +107,7 @@ def framework_cache():
         pytest.skip("set COSMOS_FRAMEWORK_DIR to compare SeaCache with NVIDIA's framework")
     stubs = {"cosmos_framework": types.ModuleType("cosmos_framework"),
              "cosmos_framework.utils": types.ModuleType("cosmos_framework.utils"),
-             "cosmos_framework.model.generator.mot.inference_text_kv_memory": types.ModuleType("kv")}  # fmt: skip
+             "cosmos_framework.model.generator.mot.inference_text_kv_memory": types.ModuleType("kv")}
     stubs["cosmos_framework.utils"].log = types.SimpleNamespace(info=print, warning=print)
     stubs["cosmos_framework.model.generator.mot.inference_text_kv_memory"].InferenceTextKVMemoryState = type("S", (), {})
     path = Path(FRAMEWORK, "cosmos_framework", "model", "generator", "mot", "diffusion_cache.py")
@@ -150,7 +150,7 @@ def test_the_decisions_equal_nvidias_on_the_same_run(threshold):
     for i, (latents, t) in enumerate(run):
         reference.state.step = i
         indicator = reference._extract_indicator(types.SimpleNamespace(vision=types.SimpleNamespace(
-            tokens=[latents[0]], token_shapes=[latents.shape])), t)  # fmt: skip
+            tokens=[latents[0]], token_shapes=[latents.shape])), t)
         row = []
         for pathway in ("cfg0", "cfg1"):
             full = reference._should_compute(pathway, indicator)
@@ -172,7 +172,7 @@ MODES = {
     "action policy": ("edge", dict(action=True), dict(action=ActionRequest(chunk_size=4, domain="droid_lerobot",
                                                                             resolution_tier=256, image=picture(2)))),
     "transfer": ("gated", {}, dict(control_videos={"edge": torch.rand(9, 48, 64, 3)}, chunk_frames=5)),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -195,7 +195,7 @@ def test_a_run_without_noisy_video_is_not_cached(tiny_factory):
     from (the framework turns it off for such packs too), and says so."""
     pipe = cosmos3_runtime.load(tiny_factory(kind="edge", action=True), device="cpu", dtype="fp32")
     action = ActionRequest(mode="inverse_dynamics", chunk_size=4, domain="pusht", resolution_tier=256,
-                           video=[picture(10 + i) for i in range(5)])  # fmt: skip
+                           video=[picture(10 + i) for i in range(5)])
     result = pipe.generate("push the block", action=action, steps=3, output="latents")
     assert result.cache is None and any("SeaCache off" in note for note in result.settings.notes)
 

@@ -61,7 +61,7 @@ CASES = {  # controls, num_frames, chunk_frames, guidance, control guidance, for
     "two controls in another order, control guidance 1": ({"depth": clip(9, 2), "edge": clip(9, 3)}, None, 5, 3.0,
                                                            1.0, 2),
     "a longer clip, num_frames below it, chunk_frames not 1+4k": ({"seg": clip(13, 4)}, 10, 6, 2.0, 2.0, 3),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -74,7 +74,7 @@ def test_transfer_matches_diffusers(ours, theirs, case):
         expected = theirs(prompt=PROMPT, negative_prompt=NEGATIVE, control_videos=references, height=48, width=64,
                           num_frames=frames, num_video_frames_per_chunk=chunk, num_conditional_frames=1, fps=fps,
                           num_inference_steps=steps, guidance_scale=g, control_guidance=cg,
-                          generator=torch.Generator("cpu").manual_seed(7), output_type="np", output="videos")  # fmt: skip
+                          generator=torch.Generator("cpu").manual_seed(7), output_type="np", output="videos")
     finally:
         del theirs.transformer.forward
     ours_forwards = counted(ours.transformer)
@@ -82,7 +82,7 @@ def test_transfer_matches_diffusers(ours, theirs, case):
         got = ours.generate(PROMPT, negative_prompt=NEGATIVE, control_videos=controls, width=64, height=48,
                             num_frames=frames, chunk_frames=chunk, chunk_overlap_frames=1, steps=steps, guidance_scale=g,
                             control_guidance=cg, fps=fps, flow_shift=10.0, schedule="unipc", seed=7, output="frames",
-                            cache="off")  # fmt: skip
+                            cache="off")
     finally:
         del ours.transformer.forward
     plan = got.settings.transfer
@@ -108,7 +108,7 @@ def test_the_prompt_is_read_verbatim_under_the_transfer_system_prompt(ours, thei
     (200, None, 1, (93, 92, 3)),  # auto: 93 frames a chunk
     (13, 6, 2, (9, 7, 2)),
     (1, 9, 1, (1, 1, 1)),  # an image
-])  # fmt: skip
+])
 def test_chunk_geometry(total, chunk_frames, overlap, expected):
     p = transfer.plan({"edge": clip(total, 0, 8, 8)}, None, chunk_frames, overlap, None, None, [])
     assert (p.chunk, p.stride, p.count) == expected and p.total == total
@@ -129,20 +129,20 @@ def test_reflect_padding():
 @pytest.mark.parametrize("controls, expected", [
     ({"edge": 1}, (3.0, 1.5, 30.0)), ({"seg": 1}, (3.0, 2.0, 30.0)), ({"wsm": 1}, (1.0, 3.0, 10.0)),
     ({"depth": 1, "seg": 1}, (3.0, 1.5, 30.0)),  # several hints: the authors' mixed values
-])  # fmt: skip
+])
 def test_defaults_are_the_model_authors(ours, controls, expected):
     s = resolve(ours.variant, Request(control_videos={h: clip(9, 0, 8, 8) for h in controls}))
     assert (s.guidance_scale, s.transfer.control_guidance, s.fps) == expected
     assert (s.steps, s.flow_shift, s.schedule, s.guidance_interval, s.use_system_prompt) == (50, 10.0, "unipc", None, True)
     explicit = resolve(ours.variant, Request(control_videos={h: clip(9, 0, 8, 8) for h in controls}, guidance_scale=5.0,
-                                             control_guidance=0.0, steps=3, fps=12.0, flow_shift=5.0))  # fmt: skip
+                                             control_guidance=0.0, steps=3, fps=12.0, flow_shift=5.0))
     assert (explicit.guidance_scale, explicit.transfer.control_guidance, explicit.steps, explicit.fps,
-            explicit.flow_shift) == (5.0, 0.0, 3, 12.0, 5.0)  # fmt: skip
+            explicit.flow_shift) == (5.0, 0.0, 3, 12.0, 5.0)
 
 
 def test_the_settings_say_what_was_resized_padded_capped_and_rounded(ours):
     s = resolve(ours.variant, Request(control_videos={"edge": clip(6, 0, 40, 56), "depth": clip(12, 0, 48, 64)},
-                                      width=64, height=48, num_frames=20, chunk_frames=10))  # fmt: skip
+                                      width=64, height=48, num_frames=20, chunk_frames=10))
     notes = "\n".join(s.notes)
     assert "num_frames 20 capped at the control clip's 6 frames" in notes  # the first control (in hint order) sets it
     assert "chunk_frames 10 rounded up to 13" in notes
@@ -152,7 +152,7 @@ def test_the_settings_say_what_was_resized_padded_capped_and_rounded(ours):
 
 
 @pytest.mark.parametrize("scales, passes", [((1.0, 1.0), 1), ((3.0, 1.0), 2), ((1.0, 1.5), 2), ((3.0, 1.5), 3),
-                                            ((0.5, 1.0), 1), ((1.0, 0.0), 2)])  # fmt: skip
+                                            ((0.5, 1.0), 1), ((1.0, 0.0), 2)])
 def test_guidance_runs_only_the_passes_its_scales_need(scales, passes):
     """Text guidance above 1 (not merely != 1), control guidance when not 1 (0: the no-control prediction)."""
     g, cg = scales
@@ -207,7 +207,7 @@ REFUSED = [  # request options, words of the message
     ({"control_videos": {"edge": clip(5, 0)}, "control_guidance": -1.0}, "control_guidance must be 0 or more"),
     ({"control_videos": {"edge": clip(5, 0)}, "control_guidance_interval": "low"}, "control_guidance_interval 'low'"),
     ({"control_guidance": 2.0}, "a transfer option: give control_videos too"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("options, words", REFUSED, ids=[w for _, w in REFUSED])
@@ -223,7 +223,7 @@ def test_an_overlap_as_long_as_the_chunk_is_refused(ours):
 
 
 @pytest.mark.parametrize("options, words", [(dict(kind="edge"), "Edge is refused, as SGLang refuses it"),
-                                            (dict(kind="gated", distilled=True), "distilled checkpoints have no transfer")])  # fmt: skip
+                                            (dict(kind="gated", distilled=True), "distilled checkpoints have no transfer")])
 def test_checkpoints_without_transfer_are_refused(tiny_factory, options, words):
     variant = cosmos3_runtime.detect_variant(tiny_factory(**options))
     with pytest.raises(InputError, match=words):

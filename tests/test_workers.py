@@ -132,7 +132,7 @@ def test_low_vram_options_reach_the_workers(pack, monkeypatch):
     seen = {}
     monkeypatch.setattr(pack.loader, "WorkerPool", lambda source, devices, **options: seen.update(options) or "pool")
     spec = pack.loader.ModelSpec("ckpt", "fp32", "default", gpus=2, offload_text=True, blocks_to_swap=3,
-                                 quantize="fp8")  # fmt: skip
+                                 quantize="fp8")
     assert pack.loader.worker_pool(spec, torch.device("cpu"), "fp32") == "pool"
     assert (seen["offload_text"], seen["blocks_to_swap"], seen["quantize"]) == (True, 3, "fp8")
 

@@ -41,7 +41,7 @@ def registry(pack, models_dir, tmp_path):
     LoadImage.input_dir = inputs
     LoadVideo.clips = {"example.mp4": Video(torch.rand(11, 120, 160, 3), 24.0),
                        **{name: Video(clip[:13], 16.0) for name, clip in zip(pack.transfer.EXAMPLE_CLIPS,
-                                                                             pack.transfer.example_scene(13, 48, 80))}}  # fmt: skip
+                                                                             pack.transfer.example_scene(13, 48, 80))}}
     SaveImage.saved.clear()
     SaveVideo.saved.clear()
     PreviewAny.shown.clear()
@@ -111,7 +111,7 @@ def test_api_workflow_runs_and_saves_frames(registry, path):
 
 
 @pytest.mark.parametrize("path", [p for p in API if any(n["class_type"].startswith(("Cosmos3Reason", "Cosmos3Upsample"))
-                                                       for n in load_json(p).values())], ids=lambda p: p.stem)  # fmt: skip
+                                                       for n in load_json(p).values())], ids=lambda p: p.stem)
 def test_reasoner_workflows_answer_in_the_node_and_pass_text_on(registry, path):
     prompt = small(load_json(path))
     results = execute(prompt, registry)
@@ -145,7 +145,7 @@ def test_action_workflow_runs(registry, path, tmp_path, monkeypatch):
     prompt = small(load_json(path))
     results = execute(prompt, registry)
     actions = [results[n][0][1] for n, node in prompt.items() if node["class_type"] == "Cosmos3Sampler"
-               and node["inputs"].get("action") and prompt[node["inputs"]["action"][0]]["inputs"]["mode"] != "forward_dynamics"]  # fmt: skip
+               and node["inputs"].get("action") and prompt[node["inputs"]["action"][0]]["inputs"]["mode"] != "forward_dynamics"]
     for table in actions:  # droid-server preset (the checkpoint's name): 8-D joint actions, state row dropped
         assert table["preset"] == "droid-server" and table["actions"].shape == (4, 8)
     if "forward" in path.stem:
@@ -189,7 +189,7 @@ def front_end_conversion(workflow: dict, registry: dict) -> dict:
                         raise WorkflowError(f"node {node['id']}: no widget value left for {name}")
                     inputs[name] = queue.pop(0)
                     skip = bool(options.get("control_after_generate")) + bool(options.get("image_upload")
-                                                                              or options.get("video_upload"))  # fmt: skip
+                                                                              or options.get("video_upload"))
                     queue = queue[skip:]
                 if name in linked:
                     inputs[name] = linked[name]
@@ -202,7 +202,8 @@ def front_end_conversion(workflow: dict, registry: dict) -> dict:
 @pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
 def test_ui_workflow_matches_its_api_twin(registry, path):
     """(test_comfyui_server.py checks the same with the real front end's graphToPrompt.)"""
-    api = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in load_json(path.parent / "api" / path.name).items()}
+    twin = load_json(path.parent / "api" / path.name)
+    api = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in twin.items()}
     assert front_end_conversion(load_json(path), registry) == api
 
 
@@ -248,7 +249,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3Reason": ["question", "system_prompt", "max_new_tokens", "thinking", "seed", "video_fps", "sample_fps"],
         "Cosmos3ReasonSampling": ["temperature", "top_p", "top_k", "presence_penalty"],
         "Cosmos3UpsamplePrompt": ["prompt", "width", "height", "frames", "fps", "max_new_tokens", "seed"],
-    }  # fmt: skip
+    }
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
 
 

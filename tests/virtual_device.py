@@ -19,7 +19,7 @@ aten = torch.ops.aten
 MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default, aten._scaled_dot_product_efficient_attention.default,
              aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default,
-             aten._scaled_dot_product_fused_attention_overrideable.default}  # fmt: skip
+             aten._scaled_dot_product_fused_attention_overrideable.default}
 COPIES = {aten._to_copy.default, aten.copy_.default, aten.lift_fresh.default}
 INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 
@@ -45,7 +45,7 @@ class VirtualDevice(TorchDispatchMode):
             devices = {t.device for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
             if len(devices) > 1:
                 raise DeviceMix(f"{func} mixes devices {sorted(map(str, devices))}: shapes "
-                                f"{[(tuple(t.shape), str(t.device)) for t in tensors]}")  # fmt: skip
+                                f"{[(tuple(t.shape), str(t.device)) for t in tensors]}")
             if func in MATMULS or func in ATTENTION:
                 dtypes = {t.dtype for t in tensors if t.dim() > 0}
                 if len(dtypes) > 1:

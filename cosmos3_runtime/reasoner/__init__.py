@@ -39,7 +39,7 @@ DEFAULT_MAX_PROMPT_TOKENS = 32768
 STATIC_ROWS = 256  # a compiled decode step's cache length is a multiple of this
 DEFAULT_VIDEO_FPS = 24.0  # a clip's rate when nobody says (as the reference processors assume)
 ADVICE = ("ask with fewer or smaller images, a shorter clip or a lower sample_fps, fewer max_new_tokens, or "
-          "check_memory=False to skip this check")  # fmt: skip
+          "check_memory=False to skip this check")
 
 # (new tokens so far, max_new_tokens, the answer's text so far); raise from it to stop
 AnswerCallback = Callable[[int, int, str], None]
@@ -111,7 +111,7 @@ MAX_STOP_STRINGS = 4
 def _without_partial(text: str, markers) -> str:
     """`text` less a tail that could be the start of one of `markers` (still being written)."""
     longest = max((k for m in markers for k in range(1, min(len(m) - 1, len(text)) + 1) if text.endswith(m[:k])),
-                  default=0)  # fmt: skip
+                  default=0)
     return text[: len(text) - longest]
 
 
@@ -136,7 +136,7 @@ def check_stop(stop) -> tuple[str, ...]:
 
 class Reasoner:
     def __init__(self, config: ReasonerConfig, tokenizer: PromptTokenizer, tower: Cosmos3Transformer,
-                 head: ReasonerHead, vision, processors: dict, device: torch.device):  # fmt: skip
+                 head: ReasonerHead, vision, processors: dict, device: torch.device):
         self.config = config
         self.tokenizer = tokenizer
         self.language = LanguageModel(tower, head)
@@ -152,7 +152,7 @@ class Reasoner:
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, tower: Cosmos3Transformer, device: torch.device, dtype: torch.dtype,
-             linear_class: type | None = None, quantize: str | None = None) -> "Reasoner":  # fmt: skip
+             linear_class: type | None = None, quantize: str | None = None) -> "Reasoner":
         """Read what the Reasoner adds to `tower` (the loaded text tower) from `checkpoint`."""
         tc = tower.config
         family = EDGE if tc.is_dense else OMNI
@@ -177,7 +177,7 @@ class Reasoner:
                 vision = (QwenVisionTower if family == OMNI else EdgeVisionTower)(config.vision)
             prefix = "model.visual." if family == OMNI else "model."
             load_weights(vision, checkpoint.root, dtype, device, rename=lambda key: key.removeprefix(prefix),
-                         files=list(config.vision_weights))  # fmt: skip
+                         files=list(config.vision_weights))
         processors = {kind: read_processor(checkpoint.root, family, kind) for kind in ("image", "video")}
         return cls(config, tokenizer, tower, head, vision, processors, device)
 
@@ -188,17 +188,17 @@ class Reasoner:
     def _media(self, images, videos) -> list[VisionInput]:
         if (images or videos) and self.vision is None:
             raise InputError(f"this checkpoint cannot look at images or videos: {self.config.why_no_vision}; ask a "
-                             "text-only question, or download the checkpoint's vision_encoder/ and root files")  # fmt: skip
+                             "text-only question, or download the checkpoint's vision_encoder/ and root files")
         family = self.config.family
         media = [prepare_image(image, family, self.processors["image"]) for image in images]
         for clip in videos:
             clip = clip if isinstance(clip, Clip) else Clip(clip)
             media.append(prepare_video(clip.frames, clip.fps, clip.sample_fps, family, self.processors["video"],
-                                       clip.indices))  # fmt: skip
+                                       clip.indices))
         return media
 
     def prepare(self, messages: list[dict], images=(), videos=(), thinking: bool = False,
-                max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> tuple[Prompt, list[VisionInput]]:  # fmt: skip
+                max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> tuple[Prompt, list[VisionInput]]:
         """The prompt (ids, types, positions) and the pre-processed media of a conversation; too long is refused."""
         chat.check_messages(messages, self.special_texts)
         if not any(m["role"] == "user" for m in messages):
@@ -211,11 +211,11 @@ class Reasoner:
             seen = sum(m.tokens for m in media)
             raise InputError(f"the prompt is {len(prompt.ids)} tokens ({seen} of them for the images and video), over "
                              f"max_prompt_tokens {max_prompt_tokens}; lower the video's sample_fps, shorten the clip or "
-                             "the question, use smaller images, or raise max_prompt_tokens")  # fmt: skip
+                             "the question, use smaller images, or raise max_prompt_tokens")
         return prompt, media
 
     def memory_estimate(self, prompt_tokens: int, max_new_tokens: int, media: list[VisionInput],
-                        dtype: torch.dtype) -> budget.Estimate:  # fmt: skip
+                        dtype: torch.dtype) -> budget.Estimate:
         c = self.language.config
         b = torch.finfo(dtype).bits // 8
         total = prompt_tokens + max_new_tokens
@@ -232,7 +232,7 @@ class Reasoner:
     def answer(self, messages: list[dict], images=(), videos=(), *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                sampling: Sampling | None = None, seed: int = 0, thinking: bool = False,
                callback: AnswerCallback | None = None, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-               check_memory: bool = True, keep_logits: bool = False, stop=(), compile: bool = False) -> Answer:  # fmt: skip
+               check_memory: bool = True, keep_logits: bool = False, stop=(), compile: bool = False) -> Answer:
         """Answer the last user turn of `messages` (see `Cosmos3Pipeline.reason` for the arguments). `stop`: up to
         four strings that end the answer where one first appears (it is cut before it). `compile`: decode with the
         fixed-shape step compiled by torch.compile (the first answer pays the compile)."""
@@ -247,7 +247,7 @@ class Reasoner:
             budget.check(needed, self.device, ADVICE)
         with expanded_once(expanded, dtype, self.device):
             return self._answer(prompt, media, max_new_tokens, sampling, seed, thinking, callback, keep_logits, stop,
-                                compile)  # fmt: skip
+                                compile)
 
     def _expanded_tower(self, needed: budget.Estimate, dtype: torch.dtype) -> list:
         """The GGUF layers of the text tower to expand once for this answer: all of them when their expanded size
@@ -262,7 +262,7 @@ class Reasoner:
         return layers
 
     def _answer(self, prompt, media, max_new_tokens, sampling, seed, thinking, callback, keep_logits, stop,
-                compile) -> Answer:  # fmt: skip
+                compile) -> Answer:
         started = time.perf_counter()
         ids = torch.tensor(prompt.ids, dtype=torch.long)
         x = self.language.embed(ids, self.device)

@@ -94,7 +94,7 @@ def render(tokenizer: PromptTokenizer, messages: list[dict], family: str, thinki
     messages = [{**m, "content": _flat(m["content"])} for m in messages]
     options = {"enable_thinking": thinking} if family == EDGE else {}
     return tokenizer.template.render(messages=messages, add_generation_prompt=True, **tokenizer.special_tokens,
-                                     **options)  # fmt: skip
+                                     **options)
 
 
 def _flat(content):
@@ -127,12 +127,12 @@ def expand(text: str, media: list[VisionInput], family: str) -> str:
     given = {"image": sum(m.kind == "image" for m in media), "video": sum(m.kind == "video" for m in media)}
     if counts != given:
         raise InputError(f"the conversation has {counts['image']} image and {counts['video']} video parts but "
-                         f"{given['image']} images and {given['video']} videos were given")  # fmt: skip
+                         f"{given['image']} images and {given['video']} videos were given")
     return expanded
 
 
 def encode(tokenizer: PromptTokenizer, config: ReasonerConfig, messages: list[dict], media: list[VisionInput],
-           thinking: bool) -> Prompt:  # fmt: skip
+           thinking: bool) -> Prompt:
     text = expand(render(tokenizer, messages, config.family, thinking), media, config.family)
     bos = tokenizer.special_tokens.get("bos_token")
     ids = tokenizer.tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos))).ids

@@ -84,28 +84,28 @@ def read_config(root: Path, family: str, text_hidden_size: int, text_layers: int
     end_ids = _generation_end_ids(root)
     if not path.is_file():
         return ReasonerConfig(family, None, "it has no root config.json (the vision tower's configuration)",
-                              end_token_ids=end_ids)  # fmt: skip
+                              end_token_ids=end_ids)
     raw = read_json(path)
     text = raw.get("text_config") or {}
     found = (text.get("hidden_size", text_hidden_size), text.get("num_hidden_layers", text_layers))
     if found != (text_hidden_size, text_layers):
         raise CheckpointError(f"{path}: text_config (hidden {found[0]}, {found[1]} layers) does not match "
                               f"transformer/config.json (hidden {text_hidden_size}, {text_layers} layers); the "
-                              "folder mixes files of two checkpoints")  # fmt: skip
+                              "folder mixes files of two checkpoints")
     vision_raw = raw.get("vision_config")
     ids = {name: raw.get(name) for name in ("image_token_id", "video_token_id", "vision_start_token_id",
-                                           "vision_end_token_id")}  # fmt: skip
+                                           "vision_end_token_id")}
     if not vision_raw or None in ids.values():
         return ReasonerConfig(family, None, f"{path} has no vision_config or media token ids", end_token_ids=end_ids, **ids)
     if family == OMNI:
         vision = _pick(QwenVisionConfig, vision_raw)
     else:
         vision = _pick(EdgeVisionConfig, vision_raw, projector_hidden_size=raw.get("projector_hidden_size", 11520),
-                       text_hidden_size=text_hidden_size)  # fmt: skip
+                       text_hidden_size=text_hidden_size)
     files = vision_files(root)
     if not files:
         return ReasonerConfig(family, None, f"{root} has no vision encoder weights ({ROOT_INDEX} naming them, or "
-                              "vision_encoder/)", end_token_ids=end_ids, **ids)  # fmt: skip
+                              "vision_encoder/)", end_token_ids=end_ids, **ids)
     return ReasonerConfig(family, vision, end_token_ids=end_ids, vision_weights=tuple(files), **ids)
 
 
@@ -115,11 +115,11 @@ def vision_files(root: Path) -> list[Path]:
     index = root / ROOT_INDEX
     if index.is_file():
         files = [root / name for name in dict.fromkeys(read_weight_map(index).values())
-                 if not name.startswith("transformer/")]  # fmt: skip
+                 if not name.startswith("transformer/")]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise CheckpointError(f"missing vision weights {', '.join(missing)} (listed in {index.name}); download "
-                                  "them again")  # fmt: skip
+                                  "them again")
         if files:
             return files
     folder = root / "vision_encoder"

@@ -32,7 +32,7 @@ class Sampling:
         checks = (("temperature", s.temperature, 0.0 <= s.temperature <= 2.0, "0..2 (0 is greedy)"),
                   ("top_p", s.top_p, 0.0 < s.top_p <= 1.0, "above 0 and at most 1"),
                   ("top_k", s.top_k, isinstance(s.top_k, int) and s.top_k >= 0, "a whole number, 0 for no limit"),
-                  ("presence_penalty", s.presence_penalty, -2.0 <= s.presence_penalty <= 2.0, "-2..2"))  # fmt: skip
+                  ("presence_penalty", s.presence_penalty, -2.0 <= s.presence_penalty <= 2.0, "-2..2"))
         for name, value, ok, allowed in checks:
             if not ok:
                 raise InputError(f"{name} {value!r} is out of range; use {allowed}")

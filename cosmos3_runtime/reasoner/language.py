@@ -92,7 +92,7 @@ class LanguageModel:
         return logits
 
     def decode_step(self, x: torch.Tensor, positions: torch.Tensor, row: torch.Tensor, keys: torch.Tensor,
-                    values: torch.Tensor) -> torch.Tensor:  # fmt: skip
+                    values: torch.Tensor) -> torch.Tensor:
         """One token x [1, H] at positions [3, 1], its K/V written at cache row `row` ([1] on the device) of the
         caches' `keys` / `values`; it attends to rows up to its own. -> fp32 logits [V]."""
         return self._layers(x, positions, keys, values, row, None)

@@ -63,7 +63,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 def _check_aspect(height: int, width: int) -> None:
     if max(height, width) / max(min(height, width), 1) > MAX_ASPECT:
         raise InputError(f"a {width}x{height} picture is too narrow: the Reasoner takes aspect ratios up to "
-                         f"{MAX_ASPECT}:1; crop it")  # fmt: skip
+                         f"{MAX_ASPECT}:1; crop it")
 
 
 def uint8_frames(value, what: str) -> torch.Tensor:
@@ -113,10 +113,10 @@ def prepare_image(image, family: str, p: ProcessorConfig) -> VisionInput:
     frames = uint8_frames(image, "image")
     if frames.shape[0] != 1:
         raise InputError(f"an image must be one picture, got {frames.shape[0]}; pass a batch as a video, or each "
-                         "picture as its own image")  # fmt: skip
+                         "picture as its own image")
     height, width = frames.shape[-2:]
     size = smart_resize(height, width, p.patch_size * p.merge_size, p.min_pixels, p.max_pixels,
-                        upscale_small=family == EDGE)  # fmt: skip
+                        upscale_small=family == EDGE)
     normalized = resize_normalize(frames, *size, p)
     if family != EDGE:  # an image fills the temporal patch with copies of itself
         normalized = normalized.expand(p.temporal_patch_size, -1, -1, -1)
@@ -139,7 +139,7 @@ def slice_timestamps(indices: list[int], source_fps: float, temporal: int) -> li
 
 
 def prepare_video(video, source_fps: float, fps: float | None, family: str, p: ProcessorConfig,
-                  indices: list[int] | None = None) -> VisionInput:  # fmt: skip
+                  indices: list[int] | None = None) -> VisionInput:
     """A clip at `source_fps`, sampled at `fps` (None: the processor's own rate), or already sampled: `indices` are
     its frames' places in the source."""
     frames = uint8_frames(video, "video")
@@ -154,6 +154,6 @@ def prepare_video(video, source_fps: float, fps: float | None, family: str, p: P
     if frames.shape[0] < p.temporal_patch_size:
         raise InputError(f"a video needs at least {p.temporal_patch_size} frames, got {frames.shape[0]}")
     size = smart_resize(*frames.shape[-2:], p.patch_size * p.merge_size, p.min_pixels, p.max_pixels, frames.shape[0],
-                        p.temporal_patch_size)  # fmt: skip
+                        p.temporal_patch_size)
     pixels, grid = patchify(resize_normalize(frames, *size, p), family, p)
     return VisionInput("video", pixels, grid, slice_timestamps(indices, source_fps, p.temporal_patch_size))

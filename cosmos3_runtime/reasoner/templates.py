@@ -64,14 +64,14 @@ LOOK = {
                  "shadows": "what the shadows are like", "illumination_effect": "a notable effect such as rim light"},
     "aesthetics": {"composition": "how the frame is arranged", "color_scheme": "the palette",
                    "mood_atmosphere": "the feeling", "patterns": "repeating patterns; '' if none"},
-}  # fmt: skip
+}
 CAMERA = {"framing": "wide, medium or close-up", "camera_angle": "e.g. eye level, high angle",
           "depth_of_field": "shallow or deep", "focus": "what is sharp",
-          "lens_focal_length": "e.g. 'wide-angle 24mm'"}  # fmt: skip
+          "lens_focal_length": "e.g. 'wide-angle 24mm'"}
 STYLE = {"style_medium": "the medium, e.g. 'photoreal live action', 'oil painting', '3-D animation'",
-         "artistic_style": "a broader style if any, e.g. 'noir'", "context": "the situation or story around it"}  # fmt: skip
+         "artistic_style": "a broader style if any, e.g. 'noir'", "context": "the situation or story around it"}
 TEXT = {"text": "the exact words", "category": "e.g. 'scene_sign', 'ui_text', 'caption', 'logo'",
-        "appearance": "font, colour, size"}  # fmt: skip
+        "appearance": "font, colour, size"}
 
 VIDEO_JSON = {
     "scene_imagination": "planning notes, one string (see rule 3)",
@@ -83,9 +83,9 @@ VIDEO_JSON = {
     **STYLE,
     "actions": [{"time": "M:SS-M:SS", "description": "what happens then"}],
     "text_and_signage_elements": [{**TEXT, "spatial_temporal": "where and when it shows",
-                                   "context": "why it is there"}],  # fmt: skip
+                                   "context": "why it is there"}],
     "segments": [{"segment_index": "int from 0", "time_range": "M:SS-M:SS", "description": "what this part shows",
-                  "key_changes": "what changes in it", "camera": "what the camera does"}],  # fmt: skip
+                  "key_changes": "what changes in it", "camera": "what the camera does"}],
     "transitions": ["how one segment passes to the next; [] for one continuous shot"],
     "resolution": "rule 5",
     "aspect_ratio": "rule 5",
@@ -96,14 +96,14 @@ IMAGE_JSON = {
     "scene_imagination": "planning notes, one string (see rule 3)",
     "comprehensive_t2i_caption": "the caption paragraph (see rule 4)",
     "subjects": [{**SUBJECT, **PERSON, "number_of_hands": "int: 2 for a person, 0 otherwise",
-                  "number_of_fingers": "int: 10 for a person, 0 otherwise"}],  # fmt: skip
+                  "number_of_fingers": "int: 10 for a person, 0 otherwise"}],
     "subject_details": {"<attribute>": "2 to 5 further attributes of this image, under names of your own"},
     **LOOK,
     "cinematography": CAMERA,
     **STYLE,
     "text_and_signage_elements": [{**TEXT, "spatial": "where it is", "context": "why it is there"}],
     "quadrant_scan": {"top_left": "what is there", "top_right": "what is there", "bottom_left": "what is there",
-                      "bottom_right": "what is there", "absolute_center": "what is there"},  # fmt: skip
+                      "bottom_right": "what is there", "absolute_center": "what is there"},
     "resolution": "rule 5",
     "aspect_ratio": "rule 5",
 }
@@ -153,7 +153,7 @@ def pack_template(task: str) -> str:
     return LAYOUT.format(thing=thing, model=model, tag="video_description" if video else "image_description",
                          timing=", timing" if video else "", rules=RULES_VIDEO if video else RULES_IMAGE,
                          first_frame=FIRST_FRAME if task == "i2v" else "",
-                         template=json.dumps(VIDEO_JSON if video else IMAGE_JSON, indent=2))  # fmt: skip
+                         template=json.dumps(VIDEO_JSON if video else IMAGE_JSON, indent=2))
 
 
 PACK = Templates(SYSTEM, {task: pack_template(task) for task in TASKS}, "the pack's own templates")
@@ -172,7 +172,7 @@ def authors_file() -> Path | None:
         if not path.is_file():
             raise InputError(f"{ENV}={named} names no upsampler templates: give a checkout of NVIDIA's "
                              f"cosmos-framework, its {AUTHORS_MODULE.as_posix()}, or a JSON file "
-                             "{system, t2v, t2i, i2v}; or unset it for the pack's own templates")  # fmt: skip
+                             "{system, t2v, t2i, i2v}; or unset it for the pack's own templates")
         return path
     spec = importlib.util.find_spec("cosmos_framework")  # a top-level lookup runs none of the package's code
     if spec is not None and spec.submodule_search_locations:
@@ -197,7 +197,7 @@ def read_authors(path: Path, _modified: int) -> Templates:
     missing = [task for task in TASKS if not isinstance(tasks.get(task), str)]
     if missing or not isinstance(system, str):
         raise InputError(f"{path} holds no {AUTHORS_VERSION} upsampler template for {', '.join(missing) or 'system'}; "
-                         f"point {ENV} at a checkout of NVIDIA's cosmos-framework that has them")  # fmt: skip
+                         f"point {ENV} at a checkout of NVIDIA's cosmos-framework that has them")
     return Templates(system, tasks, f"the model authors' templates from {path}")
 
 
@@ -208,7 +208,7 @@ def string_constants(path: Path) -> tuple[str | None, dict[str, str]]:
     strings, table = {}, None
     for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
-            node.target if isinstance(node, ast.AnnAssign) else None  # fmt: skip
+            node.target if isinstance(node, ast.AnnAssign) else None
         if not isinstance(target, ast.Name) or node.value is None:
             continue
         if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):

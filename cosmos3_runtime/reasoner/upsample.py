@@ -36,13 +36,13 @@ def task_for(num_frames: int, image: bool) -> str:
 
 
 def user_text(task: str, description: str, width: int, height: int, num_frames: int, fps: float,
-              chosen: Templates | None = None) -> str:  # fmt: skip
+              chosen: Templates | None = None) -> str:
     """The template for `task` (from `chosen`, default: `templates()`) with the request's values filled in."""
     if task not in TASKS:
         raise InputError(f"upsampling task must be one of {', '.join(TASKS)}, got {task!r}")
     divisor = math.gcd(int(width), int(height)) or 1
     values = {"{description}": description, "{aspect_ratio}": f"{width // divisor},{height // divisor}",
-              "{resolution_w}": str(int(width)), "{resolution_h}": str(int(height))}  # fmt: skip
+              "{resolution_w}": str(int(width)), "{resolution_h}": str(int(height))}
     if task != "t2i":
         seconds = duration_seconds(num_frames, fps)
         values.update({"{duration}": f"{seconds // 60}:{seconds % 60:02d}", "{fps}": f"{fps:g}"})
@@ -57,7 +57,7 @@ def duration_seconds(num_frames: int, fps: float) -> int:
 
 
 def messages_for(task: str, description: str, width: int, height: int, num_frames: int, fps: float,
-                 chosen: Templates) -> list[dict]:  # fmt: skip
+                 chosen: Templates) -> list[dict]:
     user = ([{"type": "image"}] if task == "i2v" else []) + [
         {"type": "text", "text": user_text(task, description, width, height, num_frames, fps, chosen)}]
     return [{"role": "system", "content": chosen.system}, {"role": "user", "content": user}]

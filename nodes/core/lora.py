@@ -13,10 +13,10 @@ NO_LORAS = "(no .safetensors LoRAs in models/loras)"
 LORA_PREFIXES = ("base_model.model.transformer.", "base_model.model.", "transformer.", "diffusion_model.")
 LORA_SUFFIXES = (".lora_A.default.weight", ".lora_B.default.weight", ".lora_A.weight", ".lora_B.weight",
                  ".lora_down.weight", ".lora_up.weight", ".lora.down.weight", ".lora.up.weight", ".alpha",
-                 ".dora_scale", ".diff")  # fmt: skip
+                 ".dora_scale", ".diff")
 OTHER_ARCHITECTURES = {"double_blocks.": "Flux", "single_blocks.": "Flux", "lora_unet_down_blocks": "Stable Diffusion",
                        "lora_te": "Stable Diffusion", "cross_attn.": "Wan", "transformer_blocks.": "a DiT such as "
-                       "SD3, HunyuanVideo or LTX"}  # fmt: skip
+                       "SD3, HunyuanVideo or LTX"}
 
 
 def lora_key(key: str) -> str:
@@ -35,7 +35,7 @@ def lora_module(key: str) -> str:
 class Cosmos3LoraLoader:
     DESCRIPTION = ("A LoRA on a Cosmos3 MODEL, from ComfyUI's loras folder: keys as diffusers / PEFT training writes "
                    "them (transformer.*, base_model.model.*) or as ComfyUI's own LoRA loader reads them "
-                   "(diffusion_model.*). Reports how many modules it patched and what it could not place.")  # fmt: skip
+                   "(diffusion_model.*). Reports how many modules it patched and what it could not place.")
     CATEGORY = "cosmos3/core"
     RETURN_TYPES = ("MODEL", "STRING")
     RETURN_NAMES = ("model", "report")
@@ -62,18 +62,18 @@ class Cosmos3LoraLoader:
         if len(unplaced) == len(lora):
             looks = next((name for marker, name in OTHER_ARCHITECTURES.items() if any(marker in k for k in lora)), None)
             raise InputError(f"none of the {len(lora)} keys of {lora_name} names a Cosmos3 module (first: "
-                             f"{unplaced[0]!r})" + (f"; it looks like a LoRA for {looks}" if looks else ""))  # fmt: skip
+                             f"{unplaced[0]!r})" + (f"; it looks like a LoRA for {looks}" if looks else ""))
         patches = comfy.lora.load_lora(lora, key_map, log_missing=False)
         weights = model.model.state_dict()
         for target, adapter in patches.items():
             if weights[target].dtype in (torch.uint8, FP8):  # GGUF blocks or fp8 values, not the weight itself
                 raise InputError(f"{lora_name}: {target} is stored quantized ({weights[target].dtype}: a GGUF or fp8 "
-                                 "model), where a LoRA cannot be added; load the checkpoint's bf16 weights for LoRAs")  # fmt: skip
+                                 "model), where a LoRA cannot be added; load the checkpoint's bf16 weights for LoRAs")
             up, down = getattr(adapter, "weights", (None, None))[:2]
             shape = tuple(weights[target].shape)
             if up is not None and down is not None and (up.shape[0], down.shape[-1]) != shape[:1] + shape[-1:]:
                 raise InputError(f"{lora_name}: the LoRA for {target} is {list(up.shape)} x {list(down.shape)}, which "
-                                 f"does not fit the weight {list(shape)}; it was trained for another model size")  # fmt: skip
+                                 f"does not fit the weight {list(shape)}; it was trained for another model size")
         patched = model.clone()
         patched.add_patches(patches, strength)
         report = f"{lora_name}: {len(patches)} modules patched at strength {strength:g}"

@@ -42,7 +42,7 @@ REFUSED_COND_KEYS = {
     "control": "ControlNets do not apply to Cosmos3; for control-to-video (edge, blur, depth, segmentation, "
                "world-scenario map) use the Cosmos3 control nodes with Cosmos3 Transfer Sampler",
     "gligen": "GLIGEN does not apply to Cosmos3",
-}  # fmt: skip
+}
 
 
 def latent_format(vae_config) -> comfy.latent_formats.Wan22:
@@ -103,7 +103,7 @@ class Cosmos3Network(torch.nn.Module):
             self,
             comfy.patcher_extension.get_all_wrappers(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL,
                                                      transformer_options),
-        ).execute(x, timestep, context, control, transformer_options, **kwargs)  # fmt: skip
+        ).execute(x, timestep, context, control, transformer_options, **kwargs)
 
 
 class VelocityForward:
@@ -117,7 +117,7 @@ class VelocityForward:
     def __call__(self, x, timestep, context, control, transformer_options, **kwargs):
         if TEXT_KV not in kwargs:
             raise InputError("the Cosmos3 MODEL got no Cosmos3 prompt: connect Cosmos3 Text Encode (core) to the "
-                             "sampler's positive and negative inputs")  # fmt: skip
+                             "sampler's positive and negative inputs")
         text_kv, fps, mask = kwargs[TEXT_KV], kwargs.get(FPS, 24.0), kwargs.get("denoise_mask")
         if self.distilled and 1 in transformer_options.get("cond_or_uncond", ()) and not self.warned_cfg:
             self.warned_cfg = True  # once per model: the sampler runs this every step
@@ -126,7 +126,7 @@ class VelocityForward:
         velocities = []
         for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
             out = self.transformer(x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
-                                   noisy_frames(mask[b]) if mask is not None else None, float(fps))  # fmt: skip
+                                   noisy_frames(mask[b]) if mask is not None else None, float(fps))
             velocities.append(out.vision)
         return torch.cat(velocities)
 
@@ -146,10 +146,10 @@ class Cosmos3Model(comfy.model_base.BaseModel):
         prompt = kwargs.get(PROMPT_KEY)
         if prompt is None:
             raise InputError("the Cosmos3 MODEL needs its own conditioning: connect Cosmos3 Text Encode (core) "
-                             "to the sampler, not a CLIP text encoder")  # fmt: skip
+                             "to the sampler, not a CLIP text encoder")
         if not isinstance(kwargs.get("cross_attn"), PromptMarker):
             raise InputError("this Cosmos3 conditioning was changed by a core node that edits prompt embeddings; "
-                             "Cosmos3 prompts are token ids, so such nodes cannot apply")  # fmt: skip
+                             "Cosmos3 prompts are token ids, so such nodes cannot apply")
         for key, why in REFUSED_COND_KEYS.items():
             if kwargs.get(key) is not None:
                 raise InputError(f"Cosmos3 conditioning cannot take {why}")
@@ -158,7 +158,7 @@ class Cosmos3Model(comfy.model_base.BaseModel):
         if noise.ndim != 5 or noise.shape[1] != channels:
             raise InputError(f"the Cosmos3 MODEL samples {channels}-channel Wan 2.2 video latents [B, {channels}, T, "
                              f"h, w]; this LATENT is {list(noise.shape)}. Make it with Wan22ImageToVideoLatent (or "
-                             "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")  # fmt: skip
+                             "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")
         ids = prompt_ids(self.pipeline, prompt, noise.shape)
         # once per run, on the device the sampler runs on (ComfyUI may leave small modules in CPU memory)
         text = self.diffusion_model.runtime[0].encode_text(torch.tensor(ids, dtype=torch.long), kwargs.get("device"))
@@ -183,7 +183,7 @@ class Cosmos3Model(comfy.model_base.BaseModel):
         batch, _, frames, h, w = input_shape
         tokens = max((shape[3] for shape in cond_shapes.get(TEXT_KV, [])), default=0)  # [1, layers, 2, L, K, D]
         s = SimpleNamespace(height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, latent_frames=frames,
-                            guidance_scale=1.0, transfer=None)  # fmt: skip
+                            guidance_scale=1.0, transfer=None)
         one = estimate(self.diffusion_model.runtime[0].config, None, s, tokens, 0, self.get_dtype_inference())
         return batch * one.total
 
@@ -192,7 +192,7 @@ def prompt_ids(pipeline, prompt, latent_shape) -> list[int]:
     """The token ids of a core-path prompt for a latent [B, C, T, h, w], as the pack's sampler builds them."""
     _, _, frames, h, w = latent_shape
     request = Request.build(**prompt.options, num_frames=1 + (frames - 1) * TEMPORAL_FACTOR, height=h * SPATIAL_FACTOR,
-                            width=w * SPATIAL_FACTOR, fps=prompt.fps, check_memory=False)  # fmt: skip
+                            width=w * SPATIAL_FACTOR, fps=prompt.fps, check_memory=False)
     if prompt.negative:
         _, _, ids = pipeline.prepare("", Request.build(request, negative_prompt=prompt.text))
     else:

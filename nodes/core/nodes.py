@@ -18,12 +18,12 @@ class Cosmos3CoreModel:
     DESCRIPTION = ("The loaded Cosmos3 checkpoint as a core MODEL and VAE, for ComfyUI's own sampling nodes (KSampler, "
                    "SamplerCustomAdvanced, ModelSamplingSD3) and VAE nodes (VAE Decode, VAE Encode, "
                    "Wan22ImageToVideoLatent). The MODEL uses the loaded weights; the VAE is ComfyUI's Wan 2.2 VAE "
-                   "with the checkpoint's weights (its own copy).")  # fmt: skip
+                   "with the checkpoint's weights (its own copy).")
     CATEGORY = "cosmos3/core"
     RETURN_TYPES = ("MODEL", "VAE")
     RETURN_NAMES = ("model", "vae")
     OUTPUT_TOOLTIPS = ("a core MODEL: flow matching, shift 10 (Edge 3, distilled 1; change it with ModelSamplingSD3)",
-                       "a core VAE: ComfyUI's Wan 2.2 VAE")  # fmt: skip
+                       "a core VAE: ComfyUI's Wan 2.2 VAE")
     FUNCTION = "build"
 
     @classmethod
@@ -34,11 +34,11 @@ class Cosmos3CoreModel:
         spec = model.spec
         if spec.gpus > 1:
             raise InputError("the core MODEL runs on one GPU: multi-GPU (gpus > 1) is the Cosmos3 Sampler's; set "
-                             "gpus to 1 on the loader or sample with Cosmos3 Sampler")  # fmt: skip
+                             "gpus to 1 on the loader or sample with Cosmos3 Sampler")
         if spec.runtime_placement:
             raise InputError("offload_text and blocks_to_swap are the Cosmos3 Sampler's memory savers; the core "
                              "MODEL is placed by ComfyUI's memory manager (start ComfyUI with --lowvram or "
-                             "--reserve-vram to stream layers), so turn them off on the loader")  # fmt: skip
+                             "--reserve-vram to stream layers), so turn them off on the loader")
         pipe = model.pipeline
         if isinstance(pipe, WorkerPool):
             raise InputError("the core MODEL needs the checkpoint loaded in this process (gpus 1)")
@@ -50,7 +50,7 @@ class Cosmos3CoreModel:
 class Cosmos3CoreTextEncode:
     DESCRIPTION = ("A Cosmos3 prompt and negative prompt as core CONDITIONING, for a Cosmos3 MODEL (Cosmos3 Core "
                    "Model). Token ids are made at sampling time from the latent's size and frame count, with the "
-                   "same metadata (resolution, duration and fps, JSON captions, system prompt) as Cosmos3 Sampler.")  # fmt: skip
+                   "same metadata (resolution, duration and fps, JSON captions, system prompt) as Cosmos3 Sampler.")
     CATEGORY = "cosmos3/core"
     RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
     RETURN_NAMES = ("positive", "negative")
@@ -62,12 +62,12 @@ class Cosmos3CoreTextEncode:
             "required": {
                 **prompt_inputs("the latent's size and frame count and this node's fps"),
                 "fps": ("FLOAT", {"default": 24.0, "min": 1.0, "max": 240.0, "step": 0.5,
-                        "tooltip": "the video's frame rate: the duration metadata and the model's fps input"}),  # fmt: skip
+                        "tooltip": "the video's frame rate: the duration metadata and the model's fps input"}),
             }
         }
 
     def encode(self, prompt, negative_prompt, system_prompt, resolution_template, duration_template, json_captions,
-               fps):  # fmt: skip
+               fps):
         options = prompt_options(system_prompt, resolution_template, duration_template, json_captions)
         positive = conditioning(CorePrompt(prompt, False, float(fps), options))
         negative = conditioning(CorePrompt(negative_prompt, True, float(fps), options))
@@ -76,7 +76,7 @@ class Cosmos3CoreTextEncode:
 
 class Cosmos3ConditionFrames:
     DESCRIPTION = ("Video-to-video on the core path: keep the chosen latent frames of a LATENT (VAE Encode of a clip, "
-                   "or Wan22ImageToVideoLatent) clean while the sampler makes the rest, through the LATENT's noise mask.")  # fmt: skip
+                   "or Wan22ImageToVideoLatent) clean while the sampler makes the rest, through the LATENT's noise mask.")
     CATEGORY = "cosmos3/core"
     RETURN_TYPES = ("LATENT",)
     RETURN_NAMES = ("latent",)
@@ -100,7 +100,7 @@ class Cosmos3ConditionFrames:
         frames = parse_frame_indexes(condition_frames)
         if latents.ndim != 5 or frames[-1] >= latents.shape[2]:
             raise InputError(f"condition frames {list(frames)} need a video LATENT with at least {frames[-1] + 1} "
-                             f"latent frames; this one is {list(latents.shape)}")  # fmt: skip
+                             f"latent frames; this one is {list(latents.shape)}")
         b, _, t, h, w = latents.shape
         mask = torch.ones(b, 1, t, h, w)
         mask[:, :, list(frames)] = 0.0

@@ -50,7 +50,7 @@ class PromptMarker(Refusing):
     refusal = ("a Cosmos3 CONDITIONING holds a prompt, not text embeddings: core nodes that edit embeddings "
                "(ConditioningZeroOut, ConditioningConcat, ConditioningAverage) do not work on Cosmos3 prompts (for an "
                "unconditional branch use the negative output), and only a Cosmos3 MODEL (Cosmos3 Core Model) can "
-               "sample with it")  # fmt: skip
+               "sample with it")
 
 
 def refusing(cls: type[Refusing], shape=(1,)) -> Refusing:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from ...cosmos3_runtime.vae import VAEConfig, WanVAE
 
 RESIDUAL = {"norm1.gamma": "residual.0.gamma", "conv1.": "residual.2.", "norm2.gamma": "residual.3.gamma",
-            "conv2.": "residual.6.", "conv_shortcut.": "shortcut."}  # fmt: skip
+            "conv2.": "residual.6.", "conv_shortcut.": "shortcut."}
 TOP_LEVEL = {"quant_conv.": "conv1.", "post_quant_conv.": "conv2."}
 ENDS = {"conv_in.": "conv1.", "conv_out.": "head.2.", "norm_out.gamma": "head.0.gamma"}
 
@@ -76,7 +76,7 @@ def core_vae(vae: WanVAE):
 
     config = vae.config
     widths = {"dim": config.base_dim, "dec_dim": config.decoder_dim, "dim_mult": list(config.dim_mult),
-              "num_res_blocks": config.num_res_blocks, "temperal_downsample": list(config.temperal_downsample)}  # fmt: skip
+              "num_res_blocks": config.num_res_blocks, "temperal_downsample": list(config.temperal_downsample)}
     state_dict = comfy_keys(vae.state_dict(), config)
     with _wan22_widths(widths):
         vae = comfy.sd.VAE(sd=state_dict)

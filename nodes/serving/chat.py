@@ -31,10 +31,10 @@ DEFAULT_MAX_TOKENS = 1024
 POLL_S = 0.05
 # Fields of OpenAI's request that change nothing here (when left at their neutral values).
 NEUTRAL = {"user": None, "logprobs": False, "top_logprobs": None, "frequency_penalty": 0, "repetition_penalty": 1,
-           "parallel_tool_calls": None, "store": False, "metadata": None, "service_tier": None}  # fmt: skip
+           "parallel_tool_calls": None, "store": False, "metadata": None, "service_tier": None}
 FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "presence_penalty", "seed", "stop", "n", "stream", "stream_options", "chat_template_kwargs",
-          "mm_processor_kwargs", "media_io_kwargs", *NEUTRAL}  # fmt: skip
+          "mm_processor_kwargs", "media_io_kwargs", *NEUTRAL}
 PENDING: dict[str, dict] = {}  # request key -> the call, its event loop and queue, and the answers per choice
 _active = 0  # chat requests being served now
 
@@ -46,7 +46,7 @@ def reasoning_checkpoints(url_choice: str | None = None) -> Checkpoints:
     names = checkpoint_names()
     capable = tuple(n for n in names if (Path(checkpoint_path(n)) / "config.json").is_file())
     return Checkpoints(tuple(names), capable, url_choice or None, CHAT_MODEL_ENV,
-                       "the Reasoner's root files (config.json beside model_index.json)", unknown_status=404)  # fmt: skip
+                       "the Reasoner's root files (config.json beside model_index.json)", unknown_status=404)
 
 
 @dataclass
@@ -78,7 +78,7 @@ def _media_file(url: str, where: str) -> Path:
     path = (folder / url).resolve()
     if os.path.isabs(url) or ".." in Path(url).parts or folder not in path.parents or not path.is_file():
         raise FieldError(where, f"{url!r} is not a file in ComfyUI's input folder; send a data: URL or the name of a "
-                                "file in the input folder")  # fmt: skip
+                                "file in the input folder")
     return path
 
 
@@ -89,7 +89,7 @@ def _url(part: dict, kind: str, where: str) -> tuple[str, dict]:
         raise FieldError(where, f"needs {kind}.url: a data: URL or the name of a file in ComfyUI's input folder")
     if url.lower().startswith(("http://", "https://", "ftp://", "file:")):
         raise FieldError(where, "the server never fetches URLs; send the media as a data: URL or put the file in "
-                                "ComfyUI's input folder and name it")  # fmt: skip
+                                "ComfyUI's input folder and name it")
     return url, holder if isinstance(holder, dict) else {}
 
 
@@ -166,13 +166,13 @@ def parse_chat(body, checkpoints: Checkpoints) -> ChatCall:
     if not isinstance(thinking, bool):
         raise FieldError("chat_template_kwargs.enable_thinking", "must be true or false")
     sample_fps = ((kwargs["media_io_kwargs"] or {}).get("video") or {}).get("fps") or \
-        (kwargs["mm_processor_kwargs"] or {}).get("fps")  # fmt: skip
+        (kwargs["mm_processor_kwargs"] or {}).get("fps")
     stream_options = body.get("stream_options") or {}
     if not isinstance(body.get("stream", False), bool) or not isinstance(stream_options, dict):
         raise FieldError("stream", "stream must be true or false and stream_options an object")
     sampling = {"temperature": _number(body, "temperature", float, 0.0, 2.0),
                 "top_p": _number(body, "top_p", float, 0.0, 1.0), "top_k": _number(body, "top_k", int, -1, 1000),
-                "presence_penalty": _number(body, "presence_penalty", float, -2.0, 2.0)}  # fmt: skip
+                "presence_penalty": _number(body, "presence_penalty", float, -2.0, 2.0)}
     if sampling["top_k"] == -1:  # vLLM's "no limit"
         sampling["top_k"] = 0
     try:
@@ -182,20 +182,20 @@ def parse_chat(body, checkpoints: Checkpoints) -> ChatCall:
         raise FieldError(str(exc).split(" ", 1)[0], str(exc)) from None
     options = {"max_new_tokens": _number(body, limit, int, 1, MAX_NEW_TOKENS) or DEFAULT_MAX_TOKENS,
                "seed": _number(body, "seed", int, 0, 2**63 - 1) or 0, "stop": stop, "thinking": thinking,
-               **sampling}  # fmt: skip
+               **sampling}
     turns, images, videos = _turns(body.get("messages"), sample_fps, checkpoint_path(model))
     return ChatCall(model, turns, images, videos, options, _number(body, "n", int, 1, MAX_CHOICES) or 1,
-                    body.get("stream", False), bool(stream_options.get("include_usage")))  # fmt: skip
+                    body.get("stream", False), bool(stream_options.get("include_usage")))
 
 
 def prompt_graph(call: ChatCall, key: str) -> dict:
     from ..loader import Cosmos3ModelLoader
 
     graph = {"model": {"class_type": Cosmos3ModelLoader.__name__,
-                       "inputs": {**_widget_defaults(Cosmos3ModelLoader), "model_name": call.model}}}  # fmt: skip
+                       "inputs": {**_widget_defaults(Cosmos3ModelLoader), "model_name": call.model}}}
     for c in range(call.choices):
         graph[f"chat_{c}"] = {"class_type": Cosmos3APIChat.__name__,
-                              "inputs": {"model": ["model", 0], "key": key, "choice": c}}  # fmt: skip
+                              "inputs": {"model": ["model", 0], "key": key, "choice": c}}
     for node_id, node in graph.items():
         node["_meta"] = {"title": f"chat endpoint: {node_id}"}
     return graph
@@ -212,7 +212,7 @@ class Cosmos3APIChat:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"model": ("COSMOS3_MODEL",), "key": ("STRING", {"default": ""}),
-                             "choice": ("INT", {"default": 0, "min": 0, "max": MAX_CHOICES})}}  # fmt: skip
+                             "choice": ("INT", {"default": 0, "min": 0, "max": MAX_CHOICES})}}
 
     def answer(self, model, key, choice):
         from ..reasoning import single_pipeline
@@ -265,7 +265,7 @@ def completion(call: ChatCall, request_id: str, created: int, answers: dict, pro
             "choices": [{"index": c, "message": _message(a, call.options["thinking"]), "finish_reason": a.finish_reason,
                          "logprobs": None} for c, a in sorted(answers.items())],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt + completion_tokens}, "cosmos3": {"prompt_id": prompt_id}}  # fmt: skip
+                      "total_tokens": prompt + completion_tokens}, "cosmos3": {"prompt_id": prompt_id}}
 
 
 def _gone(request) -> bool:
@@ -288,7 +288,7 @@ async def completions(request):
     global _active
     if _active >= max_connections():
         return _error(503, f"the server is answering {_active} chat requests, its limit (COSMOS3_API_MAX_CONNECTIONS); "
-                           "retry later", kind="server_busy")  # fmt: skip
+                           "retry later", kind="server_busy")
     _active += 1
     try:
         return await _complete(request)
@@ -344,7 +344,7 @@ async def _complete(request):
 
 def _chunk(call: ChatCall, request_id: str, created: int, choices: list, usage=None) -> bytes:
     document = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": call.model,
-                "choices": choices}  # fmt: skip
+                "choices": choices}
     if usage is not None:
         document["usage"] = usage
     return f"data: {json.dumps(document, ensure_ascii=False)}\n\n".encode()
@@ -368,12 +368,12 @@ async def _stream(request, call: ChatCall, key: str, request_id: str, created: i
         if delta:
             sent[choice] = tuple(max(n, o, key=len) for n, o in zip(parts, sent[choice]))
             await response.write(_chunk(call, request_id, created, [{"index": choice, "delta": delta,
-                                                                     "finish_reason": None}]))  # fmt: skip
+                                                                     "finish_reason": None}]))
 
     queue = PENDING[key]["queue"]
     for c in range(call.choices):
         await response.write(_chunk(call, request_id, created, [{"index": c, "delta": {"role": "assistant"},
-                                                                 "finish_reason": None}]))  # fmt: skip
+                                                                 "finish_reason": None}]))
     while not (done.done() and queue.empty()):
         if _gone(request):
             raise ConnectionResetError
@@ -388,7 +388,7 @@ async def _stream(request, call: ChatCall, key: str, request_id: str, created: i
         for c, answer in sorted(answers.items()):
             await send(c, _full_text(answer, thinking), final=True)
             await response.write(_chunk(call, request_id, created, [{"index": c, "delta": {},
-                                                                     "finish_reason": answer.finish_reason}]))  # fmt: skip
+                                                                     "finish_reason": answer.finish_reason}]))
         if call.include_usage:
             usage = completion(call, request_id, created, answers)["usage"]
             await response.write(_chunk(call, request_id, created, [], usage))

@@ -34,7 +34,7 @@ class Checkpoints:
     def ways(self) -> str:
         return (f"name it in the request's `model` field (openpi: the observation's `model` key), add "
                 f"?{QUERY_KEY}=NAME to the URL, or set {self.env} on the server; without them the one installed "
-                f"checkpoint with {self.capability} serves")  # fmt: skip
+                f"checkpoint with {self.capability} serves")
 
     def default(self) -> str | None:
         """The checkpoint a request that names none gets (None: it must name one)."""
@@ -54,14 +54,14 @@ class Checkpoints:
         if len(self.capable) == 1:
             return self.capable[0]
         found = (f"{len(self.capable)} are installed: {', '.join(self.capable)}" if self.capable
-                 else f"none is installed (installed: {', '.join(self.names) or 'none; put one in models/cosmos3'})")  # fmt: skip
+                 else f"none is installed (installed: {', '.join(self.names) or 'none; put one in models/cosmos3'})")
         raise FieldError("model", f"this request names no checkpoint and no single one can serve it: {self.ways}, "
-                                  f"and {found}")  # fmt: skip
+                                  f"and {found}")
 
     def _installed(self, name, where: str, source: str) -> str:
         if not isinstance(name, str) or name not in self.names:
             raise FieldError(where, f"{source}{name!r} is not an installed checkpoint; installed: "
-                                    f"{', '.join(self.names) or 'none'}", self.unknown_status)  # fmt: skip
+                                    f"{', '.join(self.names) or 'none'}", self.unknown_status)
         return name
 
 

@@ -24,7 +24,7 @@ class RunError(Exception):
         super().__init__(message)
         self.status = status
         self.body = {"detail": message, "error": {"message": message, "type": kind, "param": None,
-                                                  "prompt_id": prompt_id}}  # fmt: skip
+                                                  "prompt_id": prompt_id}}
 
 
 def _widget_defaults(node_class) -> dict:
@@ -55,7 +55,7 @@ def prompt_graph(call: ActionCall, key: str) -> dict:
         graph[f"action_{i}"] = (Cosmos3Action, {
             "mode": a.mode, "domain": a.domain, "chunk_size": a.chunk_size, "resolution_tier": str(a.resolution_tier),
             "view_point": a.view_point, "preset": a.preset,
-            "video" if a.mode == "inverse_dynamics" else "image": [f"observation_{i}", 0]})  # fmt: skip
+            "video" if a.mode == "inverse_dynamics" else "image": [f"observation_{i}", 0]})
         if a.state is not None:
             graph[f"state_{i}"] = (Cosmos3RobotState, {"values": ", ".join(map(str, a.state.numpy()))})  # float32
             graph[f"action_{i}"][1]["state"] = [f"state_{i}", 0]
@@ -64,12 +64,12 @@ def prompt_graph(call: ActionCall, key: str) -> dict:
             graph[f"sampler_{i}_{c}"] = (Cosmos3Sampler, {
                 "model": ["model", 0], "text": [f"text_{i}", 0], "schedule": ["schedule", 0],
                 "action": [f"action_{i}", 0], "seed": call.seed + c, "fps": call.fps or 0.0,
-                "guidance": call.guidance or 0.0, "cache": call.cache})  # fmt: skip
+                "guidance": call.guidance or 0.0, "cache": call.cache})
             graph[f"result_{i}_{c}"] = (Cosmos3APIResult, {"actions": [f"sampler_{i}_{c}", 1], "key": key, "index": i,
-                                                           "candidate": c})  # fmt: skip
+                                                           "candidate": c})
     return {node: {"class_type": cls.__name__, "inputs": {**_widget_defaults(cls), **inputs},
                    "_meta": {"title": f"action endpoint: {node}"}}
-            for node, (cls, inputs) in graph.items()}  # fmt: skip
+            for node, (cls, inputs) in graph.items()}
 
 
 async def run(call: ActionCall) -> tuple[str, dict]:
@@ -127,11 +127,11 @@ class Cosmos3APIResult:
     def INPUT_TYPES(cls):
         return {"required": {"actions": ("COSMOS3_ACTIONS",), "key": ("STRING", {"default": ""}),
                              "index": ("INT", {"default": 0, "min": 0, "max": MAX_BATCH}),
-                             "candidate": ("INT", {"default": 0, "min": 0, "max": MAX_CANDIDATES})}}  # fmt: skip
+                             "candidate": ("INT", {"default": 0, "min": 0, "max": MAX_CANDIDATES})}}
 
     def hand_back(self, actions, key, index, candidate):
         if key in PENDING:
             PENDING[key]["actions"][index, candidate] = actions
         table = actions["actions"]
         return {"ui": {"text": [f"{table.shape[0]} x {table.shape[1]} actions for request {key[:8]} "
-                                f"(input {index}, candidate {candidate})"]}}  # fmt: skip
+                                f"(input {index}, candidate {candidate})"]}}

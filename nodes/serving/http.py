@@ -54,7 +54,7 @@ async def read_request(request) -> tuple[dict, dict, dict]:
     limit = max_upload_bytes()
     if (request.content_length or 0) > limit:
         raise FieldError("body", f"is {request.content_length} bytes, over the upload limit of {limit // 2**20} MiB "
-                                 "(COSMOS3_API_MAX_UPLOAD_MB)", 413)  # fmt: skip
+                                 "(COSMOS3_API_MAX_UPLOAD_MB)", 413)
     if request.content_type == "multipart/form-data":
         body, uploads, form, left = {}, {}, {}, limit
         async for part in await request.multipart():
@@ -75,7 +75,7 @@ async def read_request(request) -> tuple[dict, dict, dict]:
     if request.content_type in ("application/json", "application/octet-stream", "") or request.content_type.endswith("+json"):
         return _json(await _read(lambda: request.content.read(2**20), limit, "body"), "body"), {}, {}
     raise FieldError("Content-Type", f"{request.content_type!r} is not served: send application/json, "
-                                     "application/msgpack or multipart/form-data", 415)  # fmt: skip
+                                     "application/msgpack or multipart/form-data", 415)
 
 
 def answer(request, document: dict, status: int = 200):

@@ -17,7 +17,7 @@ def _encode(value):
         if value.dtype.kind in REFUSED_KINDS:
             raise TypeError(f"arrays of dtype {value.dtype} are not sent")
         return {b"__ndarray__": True, b"data": np.ascontiguousarray(value).tobytes(), b"dtype": value.dtype.str,
-                b"shape": list(value.shape)}  # fmt: skip
+                b"shape": list(value.shape)}
     if isinstance(value, np.generic):
         return {b"__npgeneric__": True, b"data": value.item(), b"dtype": value.dtype.str}
     raise TypeError(f"cannot pack {type(value).__name__}")
@@ -36,7 +36,7 @@ def _decode(obj: dict):
         data = _field(obj, "data")
         if len(data) != dtype.itemsize * int(np.prod(shape)):
             raise ValueError(f"an array of shape {list(shape)} and dtype {dtype.str} needs "
-                             f"{dtype.itemsize * int(np.prod(shape))} bytes, got {len(data)}")  # fmt: skip
+                             f"{dtype.itemsize * int(np.prod(shape))} bytes, got {len(data)}")
         return np.frombuffer(data, dtype=dtype).reshape(shape).copy()  # writable, owned
     if obj.get(b"__npgeneric__") or obj.get("__npgeneric__"):
         return np.dtype(_field(obj, "dtype")).type(_field(obj, "data"))

@@ -50,7 +50,7 @@ def composed(observation: dict) -> np.ndarray:
     for key, (top, left, height, width) in SLOTS.items():
         if key in observation:
             canvas[top : top + height, left : left + width] = fitted(rgb_array(np.asarray(observation[key]), key),
-                                                                     height, width)  # fmt: skip
+                                                                     height, width)
     return canvas
 
 
@@ -70,12 +70,12 @@ def action_request(observation: dict) -> dict:
         if key not in observation:
             raise FieldError(key, "is missing from the observation; a DROID observation has "
                                   f"{', '.join((EXTERIOR_1, WRIST, JOINTS, GRIPPER))} and prompt "
-                                  f"({EXTERIOR_2} optional)")  # fmt: skip
+                                  f"({EXTERIOR_2} optional)")
     if not isinstance(observation["prompt"], str):
         raise FieldError("prompt", f"must be the instruction (a string), got {type(observation['prompt']).__name__}")
     state = _numbers(observation, JOINTS, JOINT_WIDTH - 1) + _numbers(observation, GRIPPER, 1)
     request = {"image": composed(observation), "state": state, "prompt": observation["prompt"], "preset": PRESET,
-               "domain_name": "droid_lerobot", **{k: observation[k] for k in TUNABLE if k in observation}}  # fmt: skip
+               "domain_name": "droid_lerobot", **{k: observation[k] for k in TUNABLE if k in observation}}
     if "model" in observation:
         request["model"] = observation["model"]
     return request
@@ -95,7 +95,7 @@ def policy_metadata(checkpoints) -> dict:
                    f"rows (the first against the observed joints) x {CONTROL_FPS:g}",
         "action_horizon": preset.chunk_size, "control_fps": CONTROL_FPS,
         "defaults": {"seed": DEFAULT_SEED, "num_inference_steps": preset.steps, "action_horizon": preset.chunk_size},
-    }  # fmt: skip
+    }
 
 
 async def policy(request):

@@ -43,7 +43,7 @@ OPTIONS = {  # request option -> its type (JSON values or multipart text fields)
     "raw_action_dim": int, "action_view_point": str, "fps": float, "height": int, "width": int,
     "num_inference_steps": int, "guidance_scale": float, "flow_shift": float, "seed": int, "negative_prompt": str,
     "preset": str, "candidate_count": int, "candidate_reducer": str, "return_candidates": bool, "cache": str,
-}  # fmt: skip
+}
 
 
 class FieldError(InputError):
@@ -86,7 +86,7 @@ def _encoded(value, where: str, kind: str) -> bytes | None:
         return None
     elif not value.startswith("data:"):
         raise FieldError(where, f"file paths and URLs are not accepted: send the {kind} as base64 "
-                                '({"b64_json": ...} or a data: URL) or upload it as multipart/form-data')  # fmt: skip
+                                '({"b64_json": ...} or a data: URL) or upload it as multipart/form-data')
     try:
         return base64.b64decode(value.split(",", 1)[-1] if value.startswith("data:") else value, validate=True)
     except (binascii.Error, ValueError):
@@ -141,7 +141,7 @@ def decode_image(value, where: str) -> torch.Tensor:
     array = _array(value, where)
     if array is None:
         raise FieldError(where, 'must be an image: base64 ({"b64_json": ...}), a data: URL, pixel lists [H][W][C] '
-                                'or {"values", "shape"}')  # fmt: skip
+                                'or {"values", "shape"}')
     return _frames([rgb_array(array, where)])
 
 
@@ -160,7 +160,7 @@ def decode_video(value, where: str, num_frames: int) -> torch.Tensor:
             raise FieldError(where, "the frames differ in size")
         return torch.cat(frames)
     raise FieldError(where, 'must be a video: base64 video bytes ({"b64_json": ...}), a list of images or pixels '
-                            "[T][H][W][C]")  # fmt: skip
+                            "[T][H][W][C]")
 
 
 # --- reading a request -----------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ class Options:
         except ValueError:
             pass
         raise FieldError(where, f"must be {'an integer' if kind is int else 'a number' if kind is float else 'a string'}, "
-                                f"got {value!r}")  # fmt: skip
+                                f"got {value!r}")
 
     def positive(self, name: str, default=None):
         value = self.get(name, default)
@@ -265,7 +265,7 @@ def parse_request(body, checkpoints, uploads: dict | None = None, form: dict | N
         raise FieldError("parameters", "must be an object")
     options = Options({**{k: v for k, v in observed.items() if k in OPTIONS},  # later layers win
                        **{k: (v, f"parameters.{k}") for k, v in parameters.items()},
-                       **{k: (v, k) for k, v in form.items() if k in OPTIONS}})  # fmt: skip
+                       **{k: (v, k) for k, v in form.items() if k in OPTIONS}})
     runtime = body.get("runtime") or {}
     if isinstance(runtime, dict) and str(runtime.get("response_format", "envelope")).lower() != "envelope":
         raise FieldError("runtime.response_format", "only the 'envelope' response is served")
@@ -279,7 +279,7 @@ def parse_request(body, checkpoints, uploads: dict | None = None, form: dict | N
     mode = (options.get("action_mode") or "policy").strip().lower()
     if mode == "forward_dynamics":
         raise FieldError(options.where("action_mode"), "forward_dynamics produces a video, not actions: run it as a "
-                                                       "workflow with the Cosmos3 Action node")  # fmt: skip
+                                                       "workflow with the Cosmos3 Action node")
     if mode not in ENDPOINT_MODES:
         raise FieldError(options.where("action_mode"), f"must be one of {', '.join(ENDPOINT_MODES)}, got {mode!r}")
     preset = options.get("preset") or DEFAULT_PRESET
@@ -291,17 +291,17 @@ def parse_request(body, checkpoints, uploads: dict | None = None, form: dict | N
     frames = _observation_frames(mode, observed, uploads, chunk + 1)
     if len(frames) > 1 and candidates > 1:
         raise FieldError(options.where("candidate_count"), "several candidates need exactly one observation image, "
-                                                           f"this request has {len(frames)}")  # fmt: skip
+                                                           f"this request has {len(frames)}")
     prompts = _prompts(observed, len(frames))
     # only the droid-server layout takes a state; SGLang ignores the state its clients often send
     states = _states(observed, len(frames)) if PRESETS[preset].joint_state else [None] * len(frames)
     if PRESETS[preset].joint_state and states[0] is None:
         raise FieldError("input.observation.state", f"the {preset} preset needs the robot state: {JOINT_WIDTH} numbers "
-                                                    "(7 joint positions and the gripper)")  # fmt: skip
+                                                    "(7 joint positions and the gripper)")
     tier = options.get("height")
     if tier is not None and tier not in TIERS:
         raise FieldError(options.where("height"), f"picks the resolution tier: one of {', '.join(map(str, TIERS))}, "
-                                                  f"got {tier}")  # fmt: skip
+                                                  f"got {tier}")
     view_point = options.get("action_view_point")
     if view_point is not None and view_point not in VIEW_POINTS:
         raise FieldError(options.where("action_view_point"), f"must be one of {', '.join(VIEW_POINTS)}")
@@ -310,7 +310,7 @@ def parse_request(body, checkpoints, uploads: dict | None = None, form: dict | N
         try:
             action = ActionRequest(mode=mode, chunk_size=chunk, domain=domain, resolution_tier=tier,
                                    **({"video": observation} if mode == "inverse_dynamics" else {"image": observation}),
-                                   view_point=view_point, preset=preset, state=state).resolved(preset)  # fmt: skip
+                                   view_point=view_point, preset=preset, state=state).resolved(preset)
         except InputError as exc:
             raise FieldError("input", str(exc)) from None
         inputs.append((prompt, action))
@@ -318,7 +318,7 @@ def parse_request(body, checkpoints, uploads: dict | None = None, form: dict | N
     width = options.get("raw_action_dim")
     if width is not None and width != action.width:
         raise FieldError(options.where("raw_action_dim"), f"{domain} actions are {action.width} wide with the {preset} "
-                                                          f"preset, got {width}")  # fmt: skip
+                                                          f"preset, got {width}")
     seed = options.get("seed", DEFAULT_SEED)
     if not 0 <= seed <= 2**64 - candidates:
         raise FieldError(options.where("seed"), f"must be in [0, 2^64 - candidate_count], got {seed}")
@@ -333,7 +333,7 @@ def parse_request(body, checkpoints, uploads: dict | None = None, form: dict | N
         flow_shift=options.positive("flow_shift"), fps=options.positive("fps"), negative_prompt=negative,
         candidates=candidates, return_candidates=options.get("return_candidates", False), cache=cache,
         **({"request_id": str(request_id)} if request_id else {}),
-    )  # fmt: skip
+    )
 
 
 async def parse_off_loop(body, uploads=None, form=None, url_choice: str | None = None):
@@ -372,7 +372,7 @@ def _domain(options: Options, preset: str) -> str:
         return name
     if number is None:
         raise FieldError("input.observation.domain_name", "an action request needs domain_name (or domain_id with "
-                                                          "raw_action_dim)")  # fmt: skip
+                                                          "raw_action_dim)")
     width = options.get("raw_action_dim")
     if width is None:
         raise FieldError(options.where("domain_id"), "raw_action_dim is required when only domain_id is given")
@@ -391,7 +391,7 @@ def _observation_frames(mode: str, observed: dict, uploads: dict, num_frames: in
         value, where = observed["images"]
         if not isinstance(value, dict) or len(value) > 1:
             raise FieldError(where, "takes one named image ({\"<camera>\": image}); multi-camera observations are "
-                                    "served on the openpi websocket")  # fmt: skip
+                                    "served on the openpi websocket")
         images += [(v, f"{where}.{k}") for k, v in value.items()]
     images += [(v, k) for k, v in uploads.items() if UPLOAD_FIELDS[k] == "image"]
     videos = [(v, w) for n, (v, w) in observed.items() if n in VIDEO_FIELDS]
@@ -400,11 +400,11 @@ def _observation_frames(mode: str, observed: dict, uploads: dict, num_frames: in
         raise FieldError(videos[0][1], f"give either an image or a video, not both (the image is in {images[0][1]})")
     if len(images) > 1 or len(videos) > 1:
         raise FieldError((images or videos)[1][1], f"one observation field per request (another is in "
-                                                   f"{(images or videos)[0][1]}); a batch is a list in one field")  # fmt: skip
+                                                   f"{(images or videos)[0][1]}); a batch is a list in one field")
     if mode == "inverse_dynamics":
         if not videos:
             raise FieldError("input.observation.video", "inverse_dynamics needs a video: the actions between its "
-                                                        "frames are what it infers")  # fmt: skip
+                                                        "frames are what it infers")
         return [decode_video(*videos[0], num_frames)]
     if not images:
         raise FieldError("input.observation.image", "a policy request needs the observation image")
@@ -432,7 +432,7 @@ def _prompts(observed: dict, count: int) -> list[str]:
         prompts = prompts * count
     if len(prompts) != count or not all(isinstance(p, str) for p in prompts):
         raise FieldError(where, f"must be one instruction (a string) or one per observation image ({count}), got "
-                                f"{len(prompts) if isinstance(prompt, list) else type(prompt).__name__}")  # fmt: skip
+                                f"{len(prompts) if isinstance(prompt, list) else type(prompt).__name__}")
     return prompts
 
 
@@ -462,7 +462,7 @@ def _state(observed: dict) -> list[float] | None:
         raise FieldError(where, f"must be a list of numbers, got {value!r}") from None
     if len(state) != JOINT_WIDTH or not all(np.isfinite(state)):
         raise FieldError(where, f"the robot state is {JOINT_WIDTH} finite numbers (7 joints and the gripper), got "
-                                f"{len(state)}")  # fmt: skip
+                                f"{len(state)}")
     return state
 
 
@@ -472,7 +472,7 @@ def _state(observed: dict) -> list[float] | None:
 def _action(table: np.ndarray, a: ActionRequest, numpy: bool) -> dict:
     return {"type": "continuous", "dtype": "float32", "shape": list(table.shape),
             "values": table if numpy else table.tolist(), "action_mode": a.mode, "domain_id": DOMAIN_IDS[a.domain],
-            "raw_action_dim": int(table.shape[1])}  # fmt: skip
+            "raw_action_dim": int(table.shape[1])}
 
 
 def envelope(call: ActionCall, results: dict, prompt_id: str, numpy: bool = False) -> dict:
@@ -487,7 +487,7 @@ def envelope(call: ActionCall, results: dict, prompt_id: str, numpy: bool = Fals
             item.update(candidate_count=call.candidates, candidate_reducer="mean")
         if call.return_candidates:
             item["candidates"] = [{"candidate_index": c, "seed": call.seed + c, "action": _action(t, a, numpy)}
-                                  for c, t in enumerate(tables)]  # fmt: skip
+                                  for c, t in enumerate(tables)]
         data.append(item)
     first = results[0, 0]
     horizon, width = first["actions"].shape
@@ -503,14 +503,14 @@ def envelope(call: ActionCall, results: dict, prompt_id: str, numpy: bool = Fals
                   "prefix_cache_hit": False},
         "cosmos3": {"prompt_id": prompt_id, "preset": a.preset, "domain": a.domain, "fps": first.get("fps"),
                     "units": first.get("units"), "seeds": [call.seed + c for c in range(call.candidates)]},
-    }  # fmt: skip
+    }
 
 
 def model_choice(checkpoints) -> dict:
     """The metadata's account of the checkpoints: every installed one, the one a request naming none gets, and how
     to choose."""
     return {"models": list(checkpoints.names), "action_models": list(checkpoints.capable),
-            "default_model": checkpoints.default(), "choosing_the_model": checkpoints.ways}  # fmt: skip
+            "default_model": checkpoints.default(), "choosing_the_model": checkpoints.ways}
 
 
 def max_connections() -> int:
@@ -542,4 +542,4 @@ def metadata(checkpoints) -> dict:
                          "max_candidates": MAX_CANDIDATES, "candidate_reducers": list(REDUCERS),
                          "realtime_websocket": True, "openpi_websocket": True, "multipart_uploads": True,
                          "max_websocket_connections": max_connections()},
-    }  # fmt: skip
+    }

@@ -23,14 +23,14 @@ _open = 0  # websocket connections being served
 
 
 async def serve(request, hello: dict, handle: Callable[[dict], Awaitable[dict]],
-                send_error: Callable[[object, str], Awaitable[None]]):  # fmt: skip
+                send_error: Callable[[object, str], Awaitable[None]]):
     """Run one websocket session: `hello` first, then `await handle(request document)` per frame."""
     global _open
     from aiohttp import WSMsgType, web
 
     if _open >= max_connections():
         return web.Response(status=503, text=f"{_open} websocket connections are open, the most served at once "
-                                             "(COSMOS3_API_MAX_CONNECTIONS); retry later")  # fmt: skip
+                                             "(COSMOS3_API_MAX_CONNECTIONS); retry later")
     ws = web.WebSocketResponse(max_msg_size=max_upload_bytes(), autoping=True)
     await ws.prepare(request)
     _open += 1

@@ -21,7 +21,7 @@ services.register_model_folder()
 if services.prompt_server() is not None:  # inside a running ComfyUI
     serving.register_routes()
     services.wake_for_flags(services.prompt_server().prompt_queue)
-    transfer.write_example_clips(services.input_directory())
+    services.prompt_server().add_on_prompt_handler(transfer.examples_for)  # nothing is written at import
 
 NODE_CLASS_MAPPINGS = {
     "Cosmos3ModelLoader": Cosmos3ModelLoader,

@@ -203,6 +203,17 @@ def example_scene(frames: int = 33, height: int = 216, width: int = 384) -> tupl
     return torch.from_numpy(np.stack(rgb)).float(), torch.from_numpy(np.stack(depth)).float()
 
 
+def examples_for(json_data: dict) -> dict:
+    """ComfyUI's on-prompt hook (it sees every queued prompt before validation): a prompt that names the transfer
+    workflows' example clips gets them written into the input folder first, where they are missing."""
+    prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
+    nodes = prompt.values() if isinstance(prompt, dict) else ()
+    if any(value in EXAMPLE_CLIPS for node in nodes if isinstance(node, dict)
+           for value in (node.get("inputs") or {}).values() if isinstance(value, str)):
+        write_example_clips(services.input_directory())
+    return json_data
+
+
 def write_example_clips(folder: str) -> None:
     """The transfer workflows' example clips in ComfyUI's input folder, when they are not there yet (never replaced)."""
     missing = [name for name in EXAMPLE_CLIPS if not os.path.exists(os.path.join(folder, name))]

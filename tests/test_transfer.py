@@ -242,3 +242,17 @@ def test_a_request_too_large_for_memory_is_refused_naming_the_controls(ours, mon
         ours.generate("a cat", request)
     monkeypatch.setattr(budget, "available_bytes", lambda device: needed)
     assert ours.generate("a cat", replace(request, steps=1)).frames.shape[0] == 9
+
+
+def test_the_example_clips_are_written_when_a_prompt_names_them_not_at_import(pack, tmp_path, monkeypatch):
+    """ComfyUI's on-prompt hook writes the transfer workflows' clips into the input folder only for a prompt that names
+    them (importing the pack writes nothing), and never replaces a file."""
+    monkeypatch.setenv("COSMOS3_INPUT_DIR", str(tmp_path))
+    clips = [tmp_path / name for name in pack.transfer.EXAMPLE_CLIPS]
+    other = {"prompt": {"1": {"class_type": "LoadVideo", "inputs": {"file": "mine.mp4"}}}}
+    assert pack.transfer.examples_for(other) is other and not any(c.exists() for c in clips)
+    named = {"prompt": {"1": {"class_type": "LoadVideo", "inputs": {"file": clips[0].name}}}}
+    assert pack.transfer.examples_for(named) is named and all(c.stat().st_size > 0 for c in clips)
+    clips[1].write_bytes(b"mine")
+    pack.transfer.examples_for(named)
+    assert clips[1].read_bytes() == b"mine"

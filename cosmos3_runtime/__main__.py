@@ -67,11 +67,12 @@ def cmd_generate(args) -> None:
             say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
                 "the output is noise.")
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind or ("gated" if args.control_videos else "edge"))
-        plan = planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only)
-        s, cond_ids, _ = plan.check(args.prompt, request)
-        if main and plan.device.type == "cpu":
-            guess = estimate.generation(plan.transformer_config, plan.vae_config, s, len(cond_ids), not latents_only,
-                                        plan.dtype, plan.device)
+        planning = planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only)
+        plan = planning.plan(args.prompt, request)
+        planning.check(plan)
+        if main and planning.device.type == "cpu":
+            guess = estimate.generation(planning.transformer_config, planning.vae_config, plan.settings,
+                                        len(plan.cond_ids), not latents_only, planning.dtype, planning.device)
             say(f"on the CPU this takes {guess.describe()}" + ("; --frames 17 --width 256 --height 256 --steps 8 "
                 "is a quick look" if guess.seconds > 600 else ""))
         pipe = load(args.checkpoint, device=device, dtype=args.dtype, vae_dtype=args.vae_dtype, **low_vram_options(args))

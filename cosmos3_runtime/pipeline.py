@@ -8,6 +8,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request, in_inte
 from .action import ActionTrack, action_prompt, canvas_frames
 from .sound import SoundTrack, load_sound_tokenizer
 from .step_cache import StepCache
-from .settings import TEMPORAL_FACTOR, Settings, resolve as resolve_settings
+from .settings import TEMPORAL_FACTOR, Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
                           linear_layers)
@@ -164,6 +165,19 @@ class CFG:
         return [u + g * (c - u) for c, u in zip(*outputs)]
 
 
+@dataclass
+class Plan:
+    """A generation resolved once: the request, its settings, token ids and memory estimate. Hosts read `estimate`
+    (ComfyUI's memory manager makes room for it) and `settings.notes`, then `generate(plan)` runs it as it is."""
+
+    prompt: Any
+    request: Request
+    settings: Settings
+    cond_ids: list[int]
+    uncond_ids: list[int]
+    estimate: budget.Estimate
+
+
 class Planner:
     """What requests need from a checkpoint, from its config files and tokenizer alone (no weight is read): resolved
     settings, token ids, and the memory a generation takes on `device`. `planner(path)` makes one; a loaded
@@ -181,12 +195,17 @@ class Planner:
     def variant(self) -> Variant:
         return self.checkpoint.variant
 
-    def check(self, prompt, r: Request) -> tuple[Settings, list[int], list[int]]:
-        """`prepare`, then the memory check (unless the request turns it off): what `generate` refuses up front."""
+    def plan(self, prompt, request: Request | None = None, **options) -> "Plan":
+        """A generation resolved once (settings, token ids, memory estimate; nothing is checked against the device
+        or logged yet): `check` refuses it, `generate` runs it."""
+        r = Request.build(request, **options)
         s, cond_ids, uncond_ids = self.prepare(prompt, r)
-        if r.check_memory:
-            budget.check(self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)), self.device)
-        return s, cond_ids, uncond_ids
+        return Plan(prompt, r, s, cond_ids, uncond_ids, self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)))
+
+    def check(self, plan: "Plan") -> None:
+        """The memory check (unless the request turns it off): what `generate` refuses up front."""
+        if plan.request.check_memory:
+            budget.check(plan.estimate, self.device)
 
     def token_ids(self, texts: tuple[str, str], system: str | None, max_length=None,
                   max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):
@@ -228,11 +247,6 @@ class Planner:
         if len(ids) > 1:
             s.chunk_ids = [cond for cond, _ in ids]
         return s, max((cond for cond, _ in ids), key=len), ids[0][1]
-
-    def memory_needed(self, prompt: str, request: Request) -> int:
-        """Bytes a generation would need beyond the weights (the estimate `generate` checks), without running it."""
-        s, cond_ids, uncond_ids = self.prepare(prompt, request)
-        return self.memory_estimate(s, request, len(cond_ids), len(uncond_ids)).total
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
         decode = r.output == "frames" and self.vae_config is not None
@@ -415,6 +429,7 @@ class Cosmos3Pipeline(Planner):
     ) -> Generation:
         """Generate an image (num_frames=1) or a video from a prompt, optionally conditioned on an image or video.
 
+        `prompt` may be a `Plan` (`plan(prompt, request)`, made once: a host reads its estimate and notes first).
         `options` are the fields of `Request` (negative_prompt, width, height, num_frames, fps, steps,
         guidance_scale, flow_shift, schedule, guidance_interval, seed, image, video, ...; see its help
         texts), or pass a ready `request` (options then override its fields). Unset options take the
@@ -431,8 +446,15 @@ class Cosmos3Pipeline(Planner):
         if not self.transformer.has_media:
             raise InputError("this pipeline was loaded with parts='reasoner' (no generator weights); load it with "
                              "parts='all' to generate")
-        r = Request.build(request, **options)
-        s, cond_ids, uncond_ids = self.check(prompt, r)
+        if isinstance(prompt, Plan):
+            if request is not None or options:
+                raise InputError("generate(plan) runs the plan as it was made; plan again to change its options")
+            plan = prompt
+        else:
+            plan = self.plan(prompt, request, **options)
+        r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
+        log_notes(s)
+        self.check(plan)
         self.transformer.media_block = compiled_media_block() if r.compile else DecoderLayer.media
         if parallel is not None and (r.sound or r.action is not None):
             raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
@@ -783,7 +805,8 @@ def load(
 def planner(path: str | os.PathLike, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
             load_vae_weights: bool = True, local_files_only: bool | None = None) -> Planner:
     """What `load` with these arguments would plan requests with, from the checkpoint's config files and tokenizer
-    (no weight is read): `planner(path).check(prompt, request)` refuses what `generate` would refuse up front (the
+    (no weight is read): `planner(path).check(planner(path).plan(prompt, request))` refuses what `generate` would
+    refuse up front (the
     variant's refusals, prompt length, memory) before minutes of loading."""
     device = resolve_device(device)
     checkpoint = Checkpoint(resolve(path, components=("tokenizer",), local_files_only=local_files_only))

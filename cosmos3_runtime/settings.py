@@ -6,6 +6,8 @@ the weights. Whenever the runtime changes or ignores something the user asked fo
 `Settings.notes` (also logged as a warning), never silently; the notes also name the action preset
 applied (logged at INFO: a robot loop repeats the same request).
 
+Resolving logs nothing: a run logs its notes once (`log_notes`), however often it was planned.
+
 Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge:
 7.0 for images, 5.0 for video), flow shift 3.0 for images and Edge, 10.0 for other video; Edge sizes
 640x640 (image) and 832x480 (video), others 1280x720; CFG on images only inside timesteps
@@ -56,6 +58,7 @@ class Settings:
     transfer: Any = None  # the transfer.Plan (transfer runs): controls and chunks
     chunks: Any = None  # the chunks.Chunks of a run made in chunks (a transfer's plan, a long video), else None
     chunk_ids: Any = None  # a long video with a prompt per chunk: each chunk's token ids (else one prompt serves all)
+    applied: int = 0  # the first `applied` notes say what was applied (INFO), the rest what changed (warnings)
     cache: CacheConfig | None = None  # the step cache (None: off)
 
     @property
@@ -186,13 +189,16 @@ def _cache(r: Request, noisy_video: bool, notes: list[str]) -> CacheConfig | Non
 
 
 def _report(settings: Settings, applied: list[str]) -> Settings:
-    """Log what was applied (INFO) and what of the request was changed or ignored (warnings); list both."""
-    for line in applied:
-        log.info(line)
-    for note in settings.notes:
-        log.warning(note)
+    """List what was applied before what of the request was changed or ignored (`log_notes` logs them)."""
     settings.notes[:0] = applied
+    settings.applied = len(applied)
     return settings
+
+
+def log_notes(settings: Settings) -> None:
+    """Log a run's notes once: what was applied at INFO, what was changed or ignored as warnings."""
+    for i, note in enumerate(settings.notes):
+        log.log(logging.INFO if i < settings.applied else logging.WARNING, note)
 
 
 def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:

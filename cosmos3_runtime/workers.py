@@ -169,6 +169,7 @@ class WorkerPool:
         self.checkpoint = Checkpoint(resolve(source, local_files_only=load_options.get("local_files_only")))
         self.devices = devices
         self.dtype = load_options.get("dtype")
+        self.planner = None  # made on the first plan
         self.device = torch.device("cpu")  # where results arrive
         context = torch.multiprocessing.get_context("spawn")
         self.requests = [context.Queue() for _ in devices]
@@ -240,12 +241,22 @@ class WorkerPool:
             raise cancelled
         return result
 
-    def generate(self, prompt: str, request: Request | None = None, *, callback=None, progress=None, **options):
+    def plan(self, prompt, request: Request | None = None, **options):
+        """The request planned here from the checkpoint's configs and tokenizer (a bad one fails in the caller, not in
+        the workers); its estimate is for one device in the pool's dtype."""
+        from .pipeline import planner
+
+        if self.planner is None:
+            self.planner = planner(self.checkpoint.root, "cpu", self.dtype)
+        return self.planner.plan(prompt, request, **options)
+
+    def generate(self, prompt, request: Request | None = None, *, callback=None, progress=None, **options):
         """Same arguments and result as `Cosmos3Pipeline.generate` (latents only, decode them with `decode`; a
         transfer's frames, which it decodes chunk by chunk). `callback` hears every step of every chunk; the stages
         around them (`progress`: prompts, chunks begun, decode) stay inside the workers."""
         options.pop("parallel", None)
-        request = Request.build(request, **options)  # a bad request fails here, in the caller
+        plan = prompt if hasattr(prompt, "settings") else self.plan(prompt, request, **options)
+        prompt, request = plan.prompt, plan.request
         if request.control_videos is None:
             request = Request.build(request, output="latents")
         self.cancel.clear()

@@ -196,10 +196,13 @@ class ModelHandle:
             self.holder.loaded = pipeline_for(self.spec)
         return self.holder.loaded
 
-    def memory_needed(self, prompt: str, request) -> int:
-        """Bytes a generation needs beyond the weights on this process's device (none for worker pools)."""
-        pipe = self.pipeline
-        return 0 if isinstance(pipe, WorkerPool) else pipe.memory_needed(prompt, request)
+    def plan(self, prompt, request):
+        """The generation planned once (its notes and its memory estimate read before it runs)."""
+        return self.pipeline.plan(prompt, request)
+
+    def memory_needed(self, plan) -> int:
+        """Bytes a planned generation needs beyond the weights on this process's device (none for worker pools)."""
+        return 0 if isinstance(self.pipeline, WorkerPool) else plan.estimate.total
 
     def model_patcher(self):
         """The transformer's ComfyUI patcher: the core MODEL (Cosmos3 Core Model), which the pack's own nodes

@@ -323,9 +323,10 @@ class Cosmos3Sampler:
         with services.widget_words(SAMPLER_WORDS):
             request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **media,
                                     action=action, output="latents")
+            plan = model.plan(prompt, request)
             # ComfyUI makes room for the run itself, not only for the weights
-            with model.use(memory_required=model.memory_needed(prompt, request)) as pipe:
-                result = pipe.generate(prompt, request, callback=on_step, progress=on_stage)
+            with model.use(memory_required=model.memory_needed(plan)) as pipe:
+                result = pipe.generate(plan, callback=on_step, progress=on_stage)
                 raw = pipe.raw_latents(result.latents)  # ComfyUI's LATENT holds the VAE's own latents
         s = result.settings
         report = [f"{s.mode}: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps",

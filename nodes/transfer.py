@@ -167,8 +167,9 @@ class Cosmos3TransferSampler:
             request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
                                     chunk_overlap_frames=chunk_overlap_frames, seed=seed, cache=cache, compile=compile,
                                     control_guidance_interval=control_guidance_interval)
-            with model.use(memory_required=model.memory_needed(text["prompt"], request)) as pipe:
-                result = pipe.generate(text["prompt"], request, callback=on_step, progress=on_stage)
+            plan = model.plan(text["prompt"], request)
+            with model.use(memory_required=model.memory_needed(plan)) as pipe:
+                result = pipe.generate(plan, callback=on_step, progress=on_stage)
         s = result.settings
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
                   f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",

@@ -149,11 +149,14 @@ def test_the_preset_is_reported_at_info_and_what_is_ignored_as_a_warning(tiny_fa
     import logging
 
     from cosmos3_runtime.checkpoint import detect_variant
-    from cosmos3_runtime.settings import resolve
+    from cosmos3_runtime.settings import log_notes, resolve
 
     variant = detect_variant(tiny_factory(kind="edge", action=True))
     with caplog.at_level(logging.INFO, logger="cosmos3_runtime"):
-        s = resolve(variant, cosmos3_runtime.Request(action=ActionRequest(image=picture(0), preset="sglang"), num_frames=9))
+        s = resolve(variant, cosmos3_runtime.Request(action=ActionRequest(image=picture(0), preset="sglang"),
+                                                     num_frames=9))
+        assert not caplog.records  # resolving logs nothing: the run logs its notes once
+        log_notes(s)
     levels = {r.getMessage(): r.levelname for r in caplog.records}
     assert levels[s.notes[0]] == "INFO" and s.notes[0].startswith("action preset 'sglang'")
     assert levels[s.notes[1]] == "WARNING" and "num_frames 9 ignored" in s.notes[1]

@@ -242,6 +242,21 @@ def test_image_and_video_conditioning_nodes(nodes):
         nodes.Cosmos3VideoToVideo().condition(torch.rand(6, 48, 64, 3), "first two", "first")
 
 
+def test_a_sampler_run_plans_once_and_logs_each_note_once(nodes, caplog):
+    """The node plans the run once (its estimate for ComfyUI's memory manager, then generate runs that plan), so
+    each note reaches the log once, not once per planning."""
+    import logging
+
+    model, _, _ = load(nodes)
+    with caplog.at_level(logging.INFO):
+        latent, messages = sample(nodes, model, text(nodes), frames=9, chunk_frames=5)  # Edge at 64x48: a note
+    logged = [r.getMessage() for r in caplog.records]
+    trained = [m for m in logged if m.startswith("Edge was trained at 256p and 480p; 64x48")]
+    chunked = [m for m in logged if m.startswith("long video: 9 frames in 2 chunks")]
+    assert len(trained) == 1 and len(chunked) == 1, logged
+    assert any(m.startswith("Edge was trained") for m in messages)  # and the node shows it
+
+
 def test_keyframes_node_reports_the_held_latents_and_sets_the_frame_count(nodes):
     model, _, _ = load(nodes)
     start, end = torch.rand(1, 48, 64, 3), torch.rand(5, 48, 64, 3)

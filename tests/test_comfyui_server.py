@@ -184,7 +184,7 @@ def test_every_api_workflow_runs_in_the_server(server, path):
         assert any(output.get("images") for output in history["outputs"].values()), history["outputs"]
         return
     reports = [text for output in history["outputs"].values() for text in output.get("text", [])]
-    modes = ("t2i", "t2v", "i2v", "v2v", "policy", "forward_dynamics", "inverse_dynamics", "transfer")
+    modes = ("t2i", "t2v", "i2v", "v2v", "keyframes", "policy", "forward_dynamics", "inverse_dynamics", "transfer")
     assert any(line.startswith(modes) for line in reports) or path.stem.endswith("_reason_image"), reports
     for node_id, node in prompt.items():
         if node["class_type"] == "Cosmos3Reason":  # the answer in the node, and in the text preview after it

@@ -310,22 +310,22 @@ def test_the_server_setting_serves_an_unmodified_openpi_client(tmp_path, tiny_fa
         assert status == 200 and answer["model"] == "Robot-B", answer  # the HTTP route: the same rule
 
 
-def readme_clients() -> dict[str, str]:
-    """The README's robot-client snippets ({its "# robot client: ..." title: code})."""
+def documented_clients() -> dict[str, str]:
+    """The robot-client snippets of docs/http-api.md ({its "# robot client: ..." title: code})."""
     from conftest import ROOT
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "http-api.md").read_text(encoding="utf-8")
     blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
     return {b.splitlines()[0]: b for b in blocks if b.startswith("# robot client:")}
 
 
-@pytest.mark.parametrize("title", sorted(readme_clients()))
-def test_the_readme_client_snippets_run(server, title):
+@pytest.mark.parametrize("title", sorted(documented_clients()))
+def test_the_documented_client_snippets_run(server, title):
     url, _ = server
     python = OPENPI_PYTHON if "openpi" in title else sys.executable
     if python is None:
         pytest.skip("set OPENPI_PYTHON to an interpreter with openpi-client installed")
-    done = subprocess.run([python, "-c", readme_clients()[title]], capture_output=True, text=True, timeout=600,
+    done = subprocess.run([python, "-c", documented_clients()[title]], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "COSMOS3_URL": url})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip(), title

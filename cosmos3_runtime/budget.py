@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
-from .request import SPATIAL_FACTOR
-from .chunks import latent_frames as chunk_latent_frames
+from .geometry import SPATIAL_FACTOR, latent_frames as chunk_latent_frames
 from .transformer import grouped_kv_native
 
 GIB = 1024**3

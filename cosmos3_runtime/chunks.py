@@ -13,17 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
-from .request import TEMPORAL_FACTOR
-
-
-def round_up_frames(n: int) -> int:
-    """Smallest 1 + 4k not below n."""
-    return 1 if n <= 1 else math.ceil((n - 1) / TEMPORAL_FACTOR) * TEMPORAL_FACTOR + 1
-
-
-def latent_frames(pixel_frames: int) -> int:
-    """Latent frames that hold the first `pixel_frames` frames (0 for none)."""
-    return 0 if pixel_frames <= 0 else (pixel_frames - 1) // TEMPORAL_FACTOR + 1
+from .geometry import latent_frames, pixel_frames, round_up_frames
 
 
 @dataclass(frozen=True)
@@ -75,7 +65,7 @@ def seed(pipe, previous: torch.Tensor, frames: int, shape: tuple) -> tuple[torch
     chunk's decoded pixels [1, 3, T, H, W] in [-1, 1]: they are encoded again as its first latent frames, the last
     frame repeated up to whole latent frames (the causal VAE's first latent holds one frame, each next one four)."""
     held = latent_frames(frames)
-    covered = TEMPORAL_FACTOR * (held - 1) + 1
+    covered = pixel_frames(held)
     target = previous[:, :, -frames:][:, :, :covered].to(pipe.vae.dtype)
     target = torch.cat([target, target[:, :, -1:].expand(-1, -1, covered - target.shape[2], -1, -1)], dim=2)
     clean = torch.zeros(shape, dtype=torch.float32, device=pipe.device)

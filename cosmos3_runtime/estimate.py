@@ -14,7 +14,7 @@ from functools import cache
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .request import SPATIAL_FACTOR
+from .geometry import SPATIAL_FACTOR, latent_frames as latent_count
 from .transformer import Cosmos3Transformer, TextKV
 from .vae import WanVAE
 
@@ -44,7 +44,7 @@ def generation(transformer_config, vae_config, s, cond_tokens: int, decode: bool
                device: torch.device) -> Estimate:
     """The estimate of a request resolved to settings `s` (a chunked run counts its chunks, a transfer its controls)."""
     plan = s.transfer
-    latent_frames = s.latent_frames if s.chunks is None else 1 + (s.chunks.chunk - 1) // 4
+    latent_frames = s.latent_frames if s.chunks is None else latent_count(s.chunks.chunk)
     h, w = s.height // SPATIAL_FACTOR, s.width // SPATIAL_FACTOR
     contexts = 0 if plan is None else len(plan.hints)
     forward = forward_flops(transformer_config, (latent_frames, h, w), cond_tokens, contexts, dtype)

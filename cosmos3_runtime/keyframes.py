@@ -23,17 +23,7 @@ import torch
 
 from .conditioning import frame_count, preprocess_image, preprocess_video
 from .errors import InputError
-from .request import TEMPORAL_FACTOR
-
-
-def latent_of(frame: int) -> int:
-    """The latent frame that holds pixel frame `frame`."""
-    return 0 if frame <= 0 else (frame - 1) // TEMPORAL_FACTOR + 1
-
-
-def latent_span(latent: int) -> range:
-    """The pixel frames latent frame `latent` holds."""
-    return range(0, 1) if latent == 0 else range(TEMPORAL_FACTOR * latent - 3, TEMPORAL_FACTOR * latent + 1)
+from .geometry import TEMPORAL_FACTOR, latent_of, latent_span
 
 
 @dataclass(frozen=True)

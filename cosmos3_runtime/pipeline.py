@@ -21,12 +21,14 @@ from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
 from .quantize import check_mode, expect_stored_fp8, quantize_fp8
-from .schedulers import FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, unipc_schedule
-from .request import DEFAULT_MAX_PROMPT_TOKENS, SPATIAL_FACTOR, Request, in_interval
+from .schedulers import (FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, in_interval,
+                         unipc_schedule)
+from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
+from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
 from .action import ActionTrack, action_prompt, canvas_frames
 from .sound import SoundTrack, load_sound_tokenizer
 from .step_cache import StepCache
-from .settings import TEMPORAL_FACTOR, Settings, log_notes, resolve as resolve_settings
+from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
                           linear_layers)

@@ -14,10 +14,10 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from .errors import InputError
+from .geometry import SPATIAL_FACTOR
+from .transfer import canonical
 from .vae import TileSpec
 
-SPATIAL_FACTOR = 16  # pixels per latent (Wan 2.2 VAE 16x spatial compression); checked against vae/config.json
-TEMPORAL_FACTOR = 4  # video frames per latent frame (Wan 2.2 VAE); checked against vae/config.json
 SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
 CACHES = ("seacache", "off")
 OUTPUTS = ("frames", "latents")
@@ -56,11 +56,6 @@ def parse_guidance_interval(value, name: str = "guidance_interval") -> tuple[flo
     if not 0 <= low <= high:
         raise InputError(f"{name} ({low:g}, {high:g}) must be LOW,HIGH with 0 <= LOW <= HIGH (timesteps)")
     return low, high
-
-
-def in_interval(interval: tuple[float, float] | None, t: float) -> bool:
-    """Whether guidance with this (parsed, inclusive) interval of timesteps applies at `t`; None: always."""
-    return interval is None or interval[0] <= t <= interval[1]
 
 
 def parse_frame_indexes(value) -> tuple[int, ...] | None:
@@ -227,8 +222,6 @@ class Request:
             raise InputError("control_guidance is a transfer option: give control_videos too")
 
     def _check_transfer(self) -> None:
-        from .transfer import canonical
-
         object.__setattr__(self, "control_videos", canonical(self.control_videos))
         others = [name for name, given in (("image", self.image is not None), ("video", self.has_video),
                                            ("action", self.action is not None), ("sound", self.sound)) if given]

@@ -41,6 +41,11 @@ UNSUPPORTED_UNIPC = {
 }
 
 
+def in_interval(interval: tuple[float, float] | None, t: float) -> bool:
+    """Whether guidance with this (parsed, inclusive) interval of timesteps applies at `t`; None: always."""
+    return interval is None or interval[0] <= t <= interval[1]
+
+
 FLOW_MATCH_EULER = "FlowMatchEulerDiscreteScheduler"
 UNSUPPORTED_FLOW_MATCH = {
     "use_dynamic_shifting": False,

@@ -22,7 +22,8 @@ from . import chunks, keyframes, transfer
 from .checkpoint import Variant
 from .errors import InputError
 from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
-from .request import LONGEST_WINDOW, TEMPORAL_FACTOR, Request
+from .geometry import TEMPORAL_FACTOR, latent_frames, pixel_frames, round_down_frames
+from .request import LONGEST_WINDOW, Request
 from .schedulers import FLOW_MATCH_EULER
 from .step_cache import CacheConfig
 
@@ -63,12 +64,7 @@ class Settings:
 
     @property
     def latent_frames(self) -> int:
-        return 1 + (self.num_frames - 1) // TEMPORAL_FACTOR
-
-
-def round_frames(n: int) -> int:
-    """Largest 1 + 4k not above n (1 stays 1)."""
-    return 1 + TEMPORAL_FACTOR * ((n - 1) // TEMPORAL_FACTOR)
+        return latent_frames(self.num_frames)
 
 
 def resolve(variant: Variant, request: Request) -> Settings:
@@ -85,7 +81,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
     kind = "image" if is_image else "video"
     if r.keyframes is not None:  # checked at the requested count: -1 must be the last frame
         keyframes.place(r.keyframes, requested_frames)
-    num_frames = round_frames(requested_frames)
+    num_frames = round_down_frames(requested_frames)
     if num_frames != requested_frames:
         notes.append(f"num_frames {requested_frames} rounded to {num_frames} (frame counts are 1 + 4k)")
     if num_frames == 1 and (r.has_image or r.has_video or r.keyframes is not None):
@@ -127,10 +123,10 @@ def resolve(variant: Variant, request: Request) -> Settings:
             shift = r.flow_shift
         interval = _guidance_interval(r.guidance_interval, is_image)
 
-    mode, condition_frames = _mode(r, num_frames == 1, 1 + (num_frames - 1) // TEMPORAL_FACTOR)
+    mode, condition_frames = _mode(r, num_frames == 1, latent_frames(num_frames))
     if r.action is not None:
         mode = r.action.mode
-        condition_frames = vision_condition_frames(r.action, 1 + (num_frames - 1) // TEMPORAL_FACTOR)
+        condition_frames = vision_condition_frames(r.action, latent_frames(num_frames))
     use_system_prompt = variant.default_use_system_prompt if r.use_system_prompt is None else r.use_system_prompt
     settings = Settings(
         width=width,
@@ -148,7 +144,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
         condition_frames=condition_frames,
         notes=notes,
         action=r.action,
-        cache=_cache(r, len(condition_frames) < 1 + (num_frames - 1) // TEMPORAL_FACTOR, notes),
+        cache=_cache(r, len(condition_frames) < latent_frames(num_frames), notes),
         chunks=_long_video(r, num_frames, notes, applied),
     )
     return _report(settings, applied)
@@ -171,7 +167,7 @@ def _long_video(r: Request, num_frames: int, notes: list[str], applied: list[str
                          f"in one window: lower the frame count to {plan.chunk} or less (or raise chunk_frames)")
     if (plan.overlap - 1) % TEMPORAL_FACTOR:
         raise InputError(f"a long video's chunk_overlap_frames must be 1 + 4k (whole latent frames carried from chunk to "
-                         f"chunk), got {plan.overlap}: use {1 + TEMPORAL_FACTOR * max(0, (plan.overlap - 1) // 4)}")
+                         f"chunk), got {plan.overlap}: use {round_down_frames(max(1, plan.overlap))}")
     applied.append(f"long video: {num_frames} frames in {plan.count} chunks of {plan.chunk}, each after the first "
                  f"continuing from the last {plan.overlap} frame{'s' * (plan.overlap > 1)} of the one before")
     return plan
@@ -302,19 +298,19 @@ def _guidance_interval(value, is_image: bool) -> tuple[float, float] | None:
     return value
 
 
-def _mode(r: Request, is_image: bool, latent_frames: int) -> tuple[str, tuple[int, ...]]:
+def _mode(r: Request, is_image: bool, latents: int) -> tuple[str, tuple[int, ...]]:
     if is_image:
         return "t2i", ()
     if r.keyframes is not None:
-        return "keyframes", keyframes.locked(keyframes.place(r.keyframes, 1 + (latent_frames - 1) * TEMPORAL_FACTOR))
+        return "keyframes", keyframes.locked(keyframes.place(r.keyframes, pixel_frames(latents)))
     if r.has_image:
         return "i2v", (0,)
     if r.has_video:
         frames = tuple(sorted(set(r.condition_frame_indexes if r.condition_frame_indexes is not None else (0, 1))))
-        if frames[-1] >= latent_frames:
+        if frames[-1] >= latents:
             raise InputError(
-                f"condition_frame_indexes {list(frames)} must be latent frames in [0, {latent_frames - 1}] "
-                f"({latent_frames} latent frames for this many video frames)"
+                f"condition_frame_indexes {list(frames)} must be latent frames in [0, {latents - 1}] "
+                f"({latents} latent frames for this many video frames)"
             )
         return "v2v", frames
     return "t2v", ()

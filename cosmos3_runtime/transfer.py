@@ -26,7 +26,7 @@ import torch
 from . import chunks
 from .conditioning import frame_size, frame_count, preprocess_video
 from .errors import InputError
-from .request import in_interval
+from .schedulers import in_interval
 from .vae import stage
 
 HINTS = ("edge", "blur", "depth", "seg", "wsm")  # also the order the controls take in the sequence

@@ -7,9 +7,10 @@ reach the prompt's metadata, the latent size and, through the decode node's fps 
 from ..cosmos3_runtime import keyframes
 from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, Variant
 from ..cosmos3_runtime.errors import InputError, reworded
+from ..cosmos3_runtime.geometry import SPATIAL_FACTOR, latent_frames
 from ..cosmos3_runtime.pipeline import prompt_list
 from ..cosmos3_runtime.prompts import parse_caption
-from ..cosmos3_runtime.request import (CACHES, KEEP, MAX_SIZE, SCHEDULES, SPATIAL_FACTOR, TRI_STATE, Request, help_of,
+from ..cosmos3_runtime.request import (CACHES, KEEP, MAX_SIZE, SCHEDULES, TRI_STATE, Request, help_of,
                                        parse_frame_indexes)
 from ..cosmos3_runtime.schedulers import unipc_schedule
 from ..cosmos3_runtime.settings import resolve as resolve_settings
@@ -236,7 +237,7 @@ class Cosmos3Keyframes:
             raise InputError("Cosmos3 Keyframes needs at least one keyframe: connect start, end or middle")
         placed = keyframes.place(given, frames)
         locked = keyframes.locked(placed)
-        report = [f"{frames} frames, {1 + (frames - 1) // 4} latent frames; held: {', '.join(map(str, locked))}",
+        report = [f"{frames} frames, {latent_frames(frames)} latent frames; held: {', '.join(map(str, locked))}",
                   *(k.describe() for k in placed)]
         return {"ui": {"text": report}, "result": ({"keyframes": given, "num_frames": frames},)}
 

@@ -4,7 +4,7 @@ import torch
 
 from ..cosmos3_runtime import InputError
 from ..cosmos3_runtime.request import help_of
-from ..cosmos3_runtime.settings import round_frames
+from ..cosmos3_runtime.geometry import round_down_frames
 from ..cosmos3_runtime.vae import TileSpec
 from . import services
 
@@ -60,7 +60,7 @@ class Cosmos3VAEEncode:
         return {"required": {"vae": ("COSMOS3_VAE",), "images": ("IMAGE",)}}
 
     def encode(self, vae, images):
-        count = round_frames(images.shape[0])
+        count = round_down_frames(images.shape[0])
         if count != images.shape[0]:
             services.log.warning("Cosmos3 VAE encode: %d frames, using the first %d (1 + 4k)", images.shape[0], count)
         with vae.use() as pipe:

@@ -42,13 +42,9 @@ def installed(api, *names, capable=None):
 
 def run_graph(graph, pack, call) -> dict:
     """What `graph.run` does, without ComfyUI's queue: the request's prompt executed by the harness."""
-    key = "k1"
-    graph.PENDING[key] = {"frames": [a.clip() for _, a in call.inputs], "actions": {}}
-    try:
-        execute(graph.prompt_graph(call, key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
-        return graph.PENDING[key]["actions"]
-    finally:
-        graph.PENDING.pop(key)
+    with pack.serving.jobs.Job({"frames": [a.clip() for _, a in call.inputs]}, 0) as job:
+        execute(graph.prompt_graph(call, job.key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
+        return job.results
 
 
 @pytest.fixture
@@ -184,8 +180,8 @@ def test_bad_requests_are_refused_naming_the_field(api, body, where, words):
     assert error.value.status == 400 and error.value.body()["error"]["param"] == where
 
 
-def test_an_oversized_image_is_refused_from_its_header(api, monkeypatch):
-    monkeypatch.setattr(api, "MAX_FRAME_PIXELS", 100 * 100)
+def test_an_oversized_image_is_refused_from_its_header(api, pack, monkeypatch):
+    monkeypatch.setattr(pack.serving.fields, "MAX_FRAME_PIXELS", 100 * 100)
     with pytest.raises(api.FieldError) as error:
         api.decode_image(b64(png(200, 200)), "input.observation.image")
     assert error.value.status == 413 and "over the limit" in str(error.value)
@@ -219,7 +215,7 @@ def test_metadata_describes_the_defaults(api):
 
 
 def test_a_failed_run_maps_to_the_status_that_says_whose_fault_it_was(pack):
-    failure = pack.services.failure
+    failure = pack.serving.jobs.failure
 
     def record(event, **data):
         return {"status": {"status_str": "error", "messages": [["execution_start", {}], [event, data]]}}

@@ -47,14 +47,12 @@ def run_graph(chat, pack, call) -> dict:
     """What the route does, without ComfyUI's queue: the request's prompt executed by the harness."""
     import asyncio
 
-    key = "k1"
     loop = asyncio.new_event_loop()
-    chat.PENDING[key] = {"call": call, "loop": loop, "queue": asyncio.Queue(), "answers": {}, "cancelled": False}
     try:
-        execute(chat.prompt_graph(call, key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
-        return chat.PENDING[key]["answers"]
+        with pack.serving.jobs.Job({"call": call, "loop": loop, "queue": asyncio.Queue()}, 0) as job:
+            execute(chat.prompt_graph(call, job.key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
+            return job.results
     finally:
-        chat.PENDING.pop(key)
         loop.close()
 
 

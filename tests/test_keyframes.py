@@ -15,7 +15,8 @@ from PIL import Image
 import cosmos3_runtime
 from cosmos3_runtime import InputError
 from cosmos3_runtime import pipeline as pipeline_module
-from cosmos3_runtime.keyframes import latent_span, locked, place, reference
+from cosmos3_runtime.geometry import latent_span
+from cosmos3_runtime.keyframes import locked, place, reference
 
 SIZE = dict(width=64, height=48)
 RUN = dict(**SIZE, steps=2, seed=4, cache="off", negative_prompt="blurry", guidance_scale=4.0)

@@ -44,3 +44,52 @@ for ci in ("true", ""):
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["ModuleNotFoundError", "Skipped"], done.stderr
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the pack's modules it imports (module level and inside functions), for cosmos3_runtime and nodes.
+    `from package import name` points at the submodule when `name` is one, else at the package's __init__."""
+    import ast
+
+    modules = {}
+    for package in ("cosmos3_runtime", "nodes"):
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(here[: len(here) - node.level + 1] + [node.module or ""] if node.level else [node.module])
+                base = base.rstrip(".")
+                for alias in node.names:
+                    target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    if target in modules and target != name:
+                        graph[name].add(target)
+            elif isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names if a.name in modules and a.name != name)
+    return graph
+
+
+def test_the_import_graph_has_no_cycles_and_no_upward_imports():
+    graph = import_graph()
+    assert "cosmos3_runtime.pipeline" in graph["cosmos3_runtime"] and "nodes.serving.jobs" in graph["nodes.serving.chat"]
+    upward = [(a, b) for a, targets in graph.items() if a.startswith("cosmos3_runtime") for b in targets
+              if b.startswith("nodes")]
+    assert upward == []
+    done, path = set(), []
+
+    def visit(module):  # depth first; a module met again on the current path closes a cycle
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + [module]))
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph[module]):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)

@@ -28,8 +28,8 @@ import torch
 
 from ...cosmos3_runtime import InputError, Request, TextKV
 from ...cosmos3_runtime.budget import estimate
-from ...cosmos3_runtime.request import SPATIAL_FACTOR
-from ...cosmos3_runtime.settings import TEMPORAL_FACTOR, default_flow_shift
+from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
+from ...cosmos3_runtime.settings import default_flow_shift
 from .prompt_marker import PROMPT_KEY, PromptMarker
 
 log = logging.getLogger("cosmos3")

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,22 +19,22 @@ from ...cosmos3_runtime import Cosmos3Error, InputError
 from ...cosmos3_runtime.reasoner import MAX_NEW_TOKENS, Clip, Sampling, check_stop, split_thinking
 from .. import services
 from .checkpoints import Checkpoints, named_in_url
-from .graph import RunError, _widget_defaults
-from .requests import FieldError, _decoded, decode_image, max_connections
+from .fields import FieldError, decode_image, decoded, encoded
+from .graph import _widget_defaults
+from .jobs import POLL_S, Job, Refused, RunError
+from .requests import max_connections
 
 ROUTE = "/cosmos3/v1/chat/completions"
 MODELS_ROUTE = "/cosmos3/v1/models"
 CHAT_MODEL_ENV = "COSMOS3_CHAT_MODEL"
 MAX_CHOICES = 4
 DEFAULT_MAX_TOKENS = 1024
-POLL_S = 0.05
 # Fields of OpenAI's request that change nothing here (when left at their neutral values).
 NEUTRAL = {"user": None, "logprobs": False, "top_logprobs": None, "frequency_penalty": 0, "repetition_penalty": 1,
            "parallel_tool_calls": None, "store": False, "metadata": None, "service_tier": None}
 FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "presence_penalty", "seed", "stop", "n", "stream", "stream_options", "chat_template_kwargs",
           "mm_processor_kwargs", "media_io_kwargs", *NEUTRAL}
-PENDING: dict[str, dict] = {}  # request key -> the call, its event loop and queue, and the answers per choice
 _active = 0  # chat requests being served now
 
 
@@ -100,14 +99,13 @@ def _image(part: dict, where: str):
 
 def _video(part: dict, where: str, sample_fps: float | None, root: str) -> Clip:
     from ...cosmos3_runtime.reasoner import read_clip
-    from .requests import _encoded
 
     url, holder = _url(part, "video_url", where)
     fps = holder.get("fps", sample_fps)
     if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 60):
         raise FieldError(f"{where}.video_url.fps", f"must be a number in (0, 60], got {fps!r}")
-    source = _encoded(url, where, "video") if url.startswith("data:") else _media_file(url, where)
-    return _decoded(lambda: read_clip(source, None if fps is None else float(fps), root), where)
+    source = encoded(url, where, "video") if url.startswith("data:") else _media_file(url, where)
+    return decoded(lambda: read_clip(source, None if fps is None else float(fps), root), where)
 
 
 def _turns(messages, sample_fps: float | None, root: str) -> tuple[list[dict], list, list[Clip]]:
@@ -217,24 +215,22 @@ class Cosmos3APIChat:
     def answer(self, model, key, choice):
         from ..reasoning import single_pipeline
 
-        pending = PENDING.get(key)
-        if pending is None:
-            raise InputError(f"the chat request {key!r} is gone (its client disconnected)")
-        call: ChatCall = pending["call"]
+        job = Job.of(key, "chat")
+        call: ChatCall = job.payload["call"]
         options = dict(call.options)
         options["seed"] += choice
         progress = services.Progress(options["max_new_tokens"], previews=False)
 
         def stream(count, total, text):
             progress.update(count)  # Cancel in ComfyUI stops it here
-            if pending["cancelled"]:
+            if job.cancelled:
                 raise InputError("the client disconnected")
-            pending["loop"].call_soon_threadsafe(pending["queue"].put_nowait, (choice, text))
+            job.payload["loop"].call_soon_threadsafe(job.payload["queue"].put_nowait, (choice, text))
 
         single_pipeline(model)
         with model.use(reasoner=True) as pipe:
             result = pipe.chat(call.messages, call.images, call.videos, callback=stream, **options)
-        pending["answers"][choice] = result
+        job.results[choice] = result
         return {"ui": {"text": [f"{len(result.token_ids)} tokens for chat request {key[:8]} (choice {choice})"]}}
 
 
@@ -305,41 +301,25 @@ async def _complete(request):
         return _error(exc.status, str(exc), exc.field)
     except Cosmos3Error as exc:
         return _error(400, str(exc))
-    key, loop = uuid.uuid4().hex, asyncio.get_running_loop()
-    PENDING[key] = {"call": call, "loop": loop, "queue": asyncio.Queue(), "answers": {}, "cancelled": False}
-    request_id, created = f"chatcmpl-{key}", int(time.time())
-    response = None
-    try:
-        prompt_id, refusal = await services.queue_prompt(prompt_graph(call, key))
-        if prompt_id is None:
-            return _error(400, services.refusal_text(refusal), "model")
-        done = asyncio.ensure_future(services.finished(prompt_id))
+    payload = {"call": call, "loop": asyncio.get_running_loop(), "queue": asyncio.Queue()}
+    with Job(payload, call.choices) as job:
+        request_id, created = f"chatcmpl-{job.key}", int(time.time())
+        try:
+            await job.start(prompt_graph(call, job.key))
+        except Refused as exc:
+            return _error(400, str(exc), "model")
         try:
             if call.stream:
-                response = await _stream(request, call, key, request_id, created, done)
-            else:
-                while not done.done():
-                    if _gone(request):
-                        raise ConnectionResetError
-                    await asyncio.sleep(POLL_S)
+                return await _stream(request, call, job, request_id, created)
+            answers = await job.wait(gone=lambda: _gone(request))
         except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client went away: its work goes too
-            PENDING[key]["cancelled"] = True
-            services.unqueue(prompt_id)
-            done.cancel()
+            job.cancel()
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            return response or web.Response(status=499)  # nobody is there to read it
-        if response is not None:
-            return response
-        record, answers = done.result(), PENDING[key]["answers"]
-        if record["status"].get("status_str") != "success" or len(answers) != call.choices:
-            status, message = services.failure(record)
-            raise RunError(status, message, prompt_id)
-        return web.json_response(completion(call, request_id, created, answers, prompt_id))
-    except RunError as exc:
-        return _error(exc.status, str(exc))
-    finally:
-        PENDING.pop(key, None)
+            return web.Response(status=499)  # nobody is there to read it
+        except RunError as exc:
+            return _error(exc.status, str(exc))
+        return web.json_response(completion(call, request_id, created, answers, job.prompt_id))
 
 
 def _chunk(call: ChatCall, request_id: str, created: int, choices: list, usage=None) -> bytes:
@@ -350,7 +330,7 @@ def _chunk(call: ChatCall, request_id: str, created: int, choices: list, usage=N
     return f"data: {json.dumps(document, ensure_ascii=False)}\n\n".encode()
 
 
-async def _stream(request, call: ChatCall, key: str, request_id: str, created: int, done):
+async def _stream(request, call: ChatCall, job: Job, request_id: str, created: int):
     """Server-sent events: the role, then each choice's new text as it is written, its finish reason, [DONE]."""
     from aiohttp import web
 
@@ -370,20 +350,21 @@ async def _stream(request, call: ChatCall, key: str, request_id: str, created: i
             await response.write(_chunk(call, request_id, created, [{"index": choice, "delta": delta,
                                                                      "finish_reason": None}]))
 
-    queue = PENDING[key]["queue"]
+    queue = job.payload["queue"]
     for c in range(call.choices):
         await response.write(_chunk(call, request_id, created, [{"index": c, "delta": {"role": "assistant"},
                                                                  "finish_reason": None}]))
-    while not (done.done() and queue.empty()):
+    while not (job.done.done() and queue.empty()):
         if _gone(request):
             raise ConnectionResetError
         try:
             await send(*await asyncio.wait_for(queue.get(), POLL_S))
         except asyncio.TimeoutError:
             pass
-    record, answers = done.result(), PENDING[key]["answers"]
-    if record["status"].get("status_str") != "success" or len(answers) != call.choices:
-        await response.write(f"data: {json.dumps(error_object(*services.failure(record)))}\n\n".encode())
+    try:
+        answers = job.outcome()
+    except RunError as exc:
+        await response.write(f"data: {json.dumps(error_object(exc.status, str(exc)))}\n\n".encode())
     else:
         for c, answer in sorted(answers.items()):
             await send(c, _full_text(answer, thinking), final=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ...cosmos3_runtime import Cosmos3Error
 from ...cosmos3_runtime.checkpoint import detect_variant
-from .requests import FieldError
+from .fields import FieldError
 
 ACTION_MODEL_ENV = "COSMOS3_ACTION_MODEL"
 QUERY_KEY = "model"

@@ -7,24 +7,9 @@ never used), and Cosmos3 API Result hands the actions back. A batch or several c
 in the same prompt (one model, one schedule). As in SGLang, the video the model co-generates is not decoded.
 """
 
-import asyncio
-import uuid
-
-from ...cosmos3_runtime import InputError
-from .. import services
-from .requests import MAX_BATCH, MAX_CANDIDATES, ActionCall, FieldError
-
-PENDING: dict[str, dict] = {}  # request key -> {"frames": [IMAGE per input], "actions": {(input, candidate): ...}}
-
-
-class RunError(Exception):
-    """A queued request that did not produce actions; `status` is its HTTP status, `body` the JSON answer."""
-
-    def __init__(self, status: int, message: str, prompt_id: str | None = None, kind: str = "generation_error"):
-        super().__init__(message)
-        self.status = status
-        self.body = {"detail": message, "error": {"message": message, "type": kind, "param": None,
-                                                  "prompt_id": prompt_id}}
+from .fields import FieldError
+from .jobs import JOBS, Job, Refused
+from .requests import MAX_BATCH, MAX_CANDIDATES, ActionCall
 
 
 def _widget_defaults(node_class) -> dict:
@@ -76,25 +61,12 @@ async def run(call: ActionCall) -> tuple[str, dict]:
     """Queue `call`'s graph and wait for it: (prompt id, {(input, candidate): COSMOS3_ACTIONS}). A request ComfyUI
     refuses raises FieldError; a run that fails, RunError. Cancelled (the client went away) before its turn, the
     prompt leaves the queue; the observation is dropped either way."""
-    key = uuid.uuid4().hex
-    PENDING[key] = {"frames": [a.clip() for _, a in call.inputs], "actions": {}}
-    try:
-        prompt_id, refusal = await services.queue_prompt(prompt_graph(call, key))
-        if prompt_id is None:
-            where = "model" if "model" in refusal.get("node_errors", {}) else "body"  # the loader's node id is "model"
-            raise FieldError(where, services.refusal_text(refusal))
+    with Job({"frames": [a.clip() for _, a in call.inputs]}, len(call.inputs) * call.candidates) as job:
         try:
-            record = await services.finished(prompt_id)
-        except asyncio.CancelledError:
-            services.unqueue(prompt_id)
-            raise
-        results = PENDING[key]["actions"]
-        if record["status"].get("status_str") == "success" and len(results) == len(call.inputs) * call.candidates:
-            return prompt_id, results
-        status, message = services.failure(record)
-        raise RunError(status, message, prompt_id)
-    finally:
-        PENDING.pop(key, None)
+            await job.start(prompt_graph(call, job.key))
+        except Refused as exc:  # the loader's node id is "model"
+            raise FieldError("model" if "model" in exc.refusal.get("node_errors", {}) else "body", str(exc)) from None
+        return job.prompt_id, await job.wait()
 
 
 class Cosmos3APIObservation:
@@ -110,9 +82,7 @@ class Cosmos3APIObservation:
         return {"required": {"key": ("STRING", {"default": ""}), "index": ("INT", {"default": 0, "min": 0, "max": MAX_BATCH})}}
 
     def frames(self, key, index):
-        if key not in PENDING:
-            raise InputError(f"the action request {key!r} is gone (its client disconnected)")
-        return (PENDING[key]["frames"][index],)
+        return (Job.of(key, "action").payload["frames"][index],)
 
 
 class Cosmos3APIResult:
@@ -130,8 +100,8 @@ class Cosmos3APIResult:
                              "candidate": ("INT", {"default": 0, "min": 0, "max": MAX_CANDIDATES})}}
 
     def hand_back(self, actions, key, index, candidate):
-        if key in PENDING:
-            PENDING[key]["actions"][index, candidate] = actions
+        if key in JOBS:
+            JOBS[key].results[index, candidate] = actions
         table = actions["actions"]
         return {"ui": {"text": [f"{table.shape[0]} x {table.shape[1]} actions for request {key[:8]} "
                                 f"(input {index}, candidate {candidate})"]}}

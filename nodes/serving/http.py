@@ -8,9 +8,11 @@ request is msgpack or its `Accept` names msgpack; JSON otherwise.
 import json
 
 from .checkpoints import for_request, named_in_url
-from .graph import RunError, run
+from .fields import FieldError
+from .graph import run
+from .jobs import RunError
 from .msgpack_numpy import packb, unpackb
-from .requests import UPLOAD_FIELDS, FieldError, envelope, max_upload_bytes, metadata, parse_off_loop
+from .requests import UPLOAD_FIELDS, envelope, max_upload_bytes, metadata, parse_off_loop
 
 ROUTE = "/cosmos3/v1/actions/generations"
 METADATA_ROUTE = "/cosmos3/v1/actions/metadata"

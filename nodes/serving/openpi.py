@@ -18,8 +18,9 @@ from PIL import Image
 
 from ...cosmos3_runtime.action import JOINT_WIDTH, PRESETS
 from .checkpoints import for_request, named_in_url
+from .fields import FieldError, rgb_array
 from .graph import run
-from .requests import DEFAULT_SEED, FieldError, model_choice, parse_off_loop, rgb_array
+from .requests import DEFAULT_SEED, model_choice, parse_off_loop
 from .sessions import serve
 
 ROUTE = "/cosmos3/openpi/policy"

@@ -14,9 +14,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .. import services
-from .graph import RunError
+from .fields import FieldError
+from .jobs import RunError
 from .msgpack_numpy import packb, unpackb
-from .requests import FieldError, max_connections, max_upload_bytes
+from .requests import max_connections, max_upload_bytes
 
 CLOSE_REASON = "Internal server error. Error included in previous frame."
 _open = 0  # websocket connections being served

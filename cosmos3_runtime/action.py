@@ -15,7 +15,6 @@ the model was trained on. `ActionTrack` is the action segment of the sampling lo
 
 import json
 import logging
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 

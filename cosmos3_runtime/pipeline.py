@@ -274,7 +274,9 @@ def prompt_list(prompt) -> list[str]:
 
 
 class Cosmos3Pipeline(Planner):
-    """A loaded checkpoint: its variant, its components, and `generate`."""
+    """A loaded checkpoint: its variant, its components, and `generate` (a `runner.Runner` in this process)."""
+
+    local = True
 
     def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
         super().__init__(checkpoint, tokenizer, transformer.config, None if vae is None else vae.config, device, dtype)

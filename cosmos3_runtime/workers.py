@@ -162,6 +162,10 @@ def _tail(path: str, chars: int = 4000) -> str:
 
 
 class WorkerPool:
+    """A checkpoint loaded in worker processes, one per GPU (a `runner.Runner` whose weights live elsewhere)."""
+
+    local = False
+
     def __init__(self, source: str, devices: list[str], sp: int = 1, cfg_parallel: bool = False, **load_options):
         """Start len(devices) workers on `devices` and load `source` on each (world = sp x (2 if cfg_parallel))."""
         if len(devices) != sp * (2 if cfg_parallel else 1):

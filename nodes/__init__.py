@@ -17,10 +17,10 @@ from .transfer import (Cosmos3BlurControl, Cosmos3DepthControl, Cosmos3EdgeContr
                        Cosmos3TransferSampler, Cosmos3WorldScenarioMapControl)
 from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 
-services.register_model_folder()
+services.files.register_model_folder()
 if services.prompt_server() is not None:  # inside a running ComfyUI
     serving.register_routes()
-    services.wake_for_flags(services.prompt_server().prompt_queue)
+    services.server.wake_for_flags(services.prompt_server().prompt_queue)
     services.prompt_server().add_on_prompt_handler(transfer.examples_for)  # nothing is written at import
 
 NODE_CLASS_MAPPINGS = {

@@ -74,7 +74,7 @@ class Cosmos3RobotState:
 
     @classmethod
     def VALIDATE_INPUTS(cls, values):
-        return services.validation(lambda: parse_state(values), values)
+        return services.words.validation(lambda: parse_state(values), values)
 
     def build(self, values):
         return (parse_state(values),)
@@ -92,7 +92,7 @@ def parse_state(values: str) -> torch.Tensor:
 
 def input_file(name: str) -> str:
     """A file of ComfyUI's input folder by its name; names that leave the folder are refused."""
-    folder = os.path.abspath(services.input_directory())
+    folder = os.path.abspath(services.files.input_directory())
     path = os.path.abspath(os.path.join(folder, name))
     if os.path.isabs(name) or os.path.commonpath([folder, path]) != folder:
         raise InputError(f"action file {name!r} is refused: names are files in ComfyUI's input folder")
@@ -110,7 +110,7 @@ class Cosmos3LoadActions:
 
     @classmethod
     def INPUT_TYPES(cls):
-        folder = services.input_directory()
+        folder = services.files.input_directory()
         files = sorted(f for f in os.listdir(folder) if f.lower().endswith(ACTION_FILES)) if os.path.isdir(folder) else []
         return {"required": {"file": (files or ["(no action files in input/)"],),
                              "domain": (sorted(WIDTHS), {"default": "droid_lerobot"})}}
@@ -147,7 +147,7 @@ class Cosmos3SaveActions:
                              "filename_prefix": ("STRING", {"default": "actions/cosmos3"})}}
 
     def save(self, actions, filename_prefix):
-        folder, name = services.output_path(filename_prefix)
+        folder, name = services.files.output_path(filename_prefix)
         table = actions["actions"]
         meta = {k: v for k, v in actions.items() if k != "actions"}
         with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as f:

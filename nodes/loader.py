@@ -7,8 +7,9 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..cosmos3_runtime import CheckpointError, Cosmos3Pipeline, InputError, load
+from ..cosmos3_runtime import CheckpointError, InputError, load
 from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, looks_like_repo_id, resolve_repo
+from ..cosmos3_runtime.runner import Runner
 from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 
@@ -30,7 +31,7 @@ def is_cosmos3_folder(path: str) -> bool:
 def checkpoint_names() -> list[str]:
     """Cosmos3 checkpoint folders up to two levels below each model root."""
     names = set()
-    for root in services.model_roots():
+    for root in services.files.model_roots():
         if not os.path.isdir(root):
             continue
         for first in sorted(os.listdir(root)):
@@ -50,7 +51,7 @@ def checkpoint_path(name: str) -> str:
         raise CheckpointError(
             f"model name {name!r} is refused: names are folders under models/cosmos3 (no '..', no absolute paths)"
         )
-    roots = services.model_roots()
+    roots = services.files.model_roots()
     for root in roots:
         root = os.path.abspath(root)
         candidate = os.path.normpath(os.path.join(root, *parts))
@@ -84,13 +85,13 @@ class ModelSpec:
         return self.offload_text or self.blocks_to_swap > 0
 
     def compute_device(self):
-        return services.torch_device() if self.device != "cpu" else services.offload_device()
+        return services.memory.torch_device() if self.device != "cpu" else services.memory.offload_device()
 
 
 # What is loaded, held weakly: ComfyUI's cache owns the pipelines (through the handles it caches), so /free
 # and cache eviction release them. One checkpoint is kept: loading another releases every handle's hold
 # on the previous one first (a handle that is used again reloads).
-_loaded: "weakref.WeakValueDictionary[ModelSpec, Cosmos3Pipeline | WorkerPool]" = weakref.WeakValueDictionary()
+_loaded: "weakref.WeakValueDictionary[ModelSpec, Runner]" = weakref.WeakValueDictionary()
 _holders: "weakref.WeakSet[Holder]" = weakref.WeakSet()
 
 
@@ -111,47 +112,47 @@ class Holder:
         return patcher
 
 
-def pipeline_for(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
+def pipeline_for(spec: ModelSpec) -> Runner:
     """The loaded pipeline of a spec, loading it (and releasing any other) when it is not loaded."""
     loaded = _loaded.get(spec)
     if loaded is None:
         release_all()
         loaded = _loaded[spec] = load_pipeline(spec)
-        weakref.finalize(loaded, services.return_freed_memory_soon)  # when ComfyUI lets go of it
+        weakref.finalize(loaded, services.memory.return_freed_memory_soon)  # when ComfyUI lets go of it
     return loaded
 
 
-def load_pipeline(spec: ModelSpec) -> Cosmos3Pipeline | WorkerPool:
+def load_pipeline(spec: ModelSpec) -> Runner:
     compute = spec.compute_device()
     dtype = spec.dtype
     if dtype == "auto" and compute.type != "cpu":
         dtype = "bf16"  # the released precision; resolved here because offloaded weights load on the CPU
     if spec.gpus > 1:
         return worker_pool(spec, compute, dtype)
-    home = services.offload_device() if spec.device == "offload" else compute
+    home = services.memory.offload_device() if spec.device == "offload" else compute
     if home.type != "cpu" and os.path.isdir(spec.source):
         extra = os.path.getsize(spec.transformer_file) if spec.transformer_file else 0
-        services.free_memory(_folder_bytes(spec.source) + extra, home)
+        services.memory.free_memory(_folder_bytes(spec.source) + extra, home)
     pipe = load(spec.source, device=home, dtype=dtype, local_files_only=spec.local_files_only,
                 offload_text=spec.offload_text, blocks_to_swap=spec.blocks_to_swap, quantize=spec.quantize,
-                linear_class=None if spec.quantize or spec.runtime_placement else services.linear_class(),
+                linear_class=None if spec.quantize or spec.runtime_placement else services.memory.linear_class(),
                 transformer_file=spec.transformer_file, parts=spec.parts)
-    pipe.transformer.use_media_attention(services.media_attention())  # ComfyUI's backend, inside ComfyUI
+    pipe.transformer.use_media_attention(services.memory.media_attention())  # ComfyUI's backend, inside ComfyUI
     return pipe
 
 
 def release_all() -> None:
     """Release every loaded pipeline: worker processes stop, ComfyUI unloads our models, handles let go."""
     for loaded in list(_loaded.values()):
-        if isinstance(loaded, WorkerPool):
-            loaded.close()
+        if loaded.local:
+            services.memory.forget_managed(loaded)
         else:
-            services.forget_managed(loaded)
+            loaded.close()
     _loaded.clear()
     for holder in list(_holders):
         holder.loaded, holder.patchers = None, []
     gc.collect()
-    services.empty_cache()
+    services.memory.empty_cache()
 
 
 MULTI_GPU_LAYOUTS = {"sequence": (1, False), "cfg": (2, True), "cfg+sequence": (2, True)}
@@ -166,8 +167,8 @@ def worker_pool(spec: ModelSpec, compute, dtype: str) -> WorkerPool:
                          "'cfg+sequence' an even number")
     if compute.type == "cuda":
         first = compute.index or 0
-        if first + spec.gpus > services.cuda_device_count():
-            raise InputError(f"{spec.gpus} GPUs from cuda:{first} requested, {services.cuda_device_count()} present")
+        if first + spec.gpus > services.memory.cuda_device_count():
+            raise InputError(f"{spec.gpus} GPUs from cuda:{first} requested, {services.memory.cuda_device_count()} present")
         devices = [f"cuda:{first + i}" for i in range(spec.gpus)]
     else:
         devices = ["cpu"] * spec.gpus
@@ -191,7 +192,7 @@ class ModelHandle:
     holder: Holder = field(default_factory=Holder, compare=False, repr=False)
 
     @property
-    def pipeline(self) -> Cosmos3Pipeline | WorkerPool:
+    def pipeline(self) -> Runner:
         if self.holder.loaded is None:
             self.holder.loaded = pipeline_for(self.spec)
         return self.holder.loaded
@@ -202,7 +203,7 @@ class ModelHandle:
 
     def memory_needed(self, plan) -> int:
         """Bytes a planned generation needs beyond the weights on this process's device (none for worker pools)."""
-        return 0 if isinstance(self.pipeline, WorkerPool) else plan.estimate.total
+        return plan.estimate.total if self.pipeline.local else 0
 
     def model_patcher(self):
         """The transformer's ComfyUI patcher: the core MODEL (Cosmos3 Core Model), which the pack's own nodes
@@ -213,12 +214,12 @@ class ModelHandle:
         if not pipe.transformer.has_media:
             raise InputError("this checkpoint was loaded with parts 'reasoner' (no generator weights); set the "
                              "loader's parts to 'all' to generate")
-        compute, offload = spec.compute_device(), services.offload_device()
+        compute, offload = spec.compute_device(), services.memory.offload_device()
 
         def reload(disable_dynamic=True):  # an independent copy, when ComfyUI asks for one (dynamic VRAM)
             return model_patcher(load_pipeline(spec), compute, offload, disable_dynamic=disable_dynamic)
 
-        return self.holder.keep(services.managed_patcher(pipe, pipe.transformer, compute, offload,
+        return self.holder.keep(services.memory.managed_patcher(pipe, pipe.transformer, compute, offload,
                                                          make=lambda: model_patcher(pipe, compute, offload, reload=reload)))
 
     @contextmanager
@@ -233,7 +234,7 @@ class ModelHandle:
         text offload or block swap the runtime places the transformer itself.
         """
         pipe = self.pipeline
-        if isinstance(pipe, WorkerPool):  # the workers own their devices
+        if not pipe.local:  # the workers own their devices
             yield pipe
             return
         if self.spec.device == "offload":
@@ -244,19 +245,19 @@ class ModelHandle:
                 yield pipe
             finally:
                 for item in moving:
-                    item.to(services.offload_device())
-                services.empty_cache()
+                    item.to(services.memory.offload_device())
+                services.memory.empty_cache()
             return
         if services.in_comfyui():
-            compute, offload = self.spec.compute_device(), services.offload_device()
-            patchers = [self.holder.keep(services.managed_patcher(pipe, m, compute, offload))
+            compute, offload = self.spec.compute_device(), services.memory.offload_device()
+            patchers = [self.holder.keep(services.memory.managed_patcher(pipe, m, compute, offload))
                         for m in (pipe.vae, pipe.sound_tokenizer) if m is not None]
             if self.part == "model" and not self.spec.runtime_placement:  # (a Reasoner-only load: its text tower)
                 patchers.append(self.model_patcher() if pipe.transformer.has_media else
-                                self.holder.keep(services.managed_patcher(pipe, pipe.transformer, compute, offload)))
+                                self.holder.keep(services.memory.managed_patcher(pipe, pipe.transformer, compute, offload)))
             if reasoner:
-                patchers.append(self.holder.keep(services.managed_patcher(pipe, pipe.reasoner.parts, compute, offload)))
-            services.load_managed(patchers, memory_required)
+                patchers.append(self.holder.keep(services.memory.managed_patcher(pipe, pipe.reasoner.parts, compute, offload)))
+            services.memory.load_managed(patchers, memory_required)
             pipe.device = compute  # the run's device; ComfyUI may leave small modules (norms, embeddings) in RAM
             if reasoner:
                 pipe.reasoner.device = pipe.device
@@ -300,7 +301,7 @@ class Cosmos3ModelLoader:
                 "quantize": (["none", "fp8", "fp8_scaled"], {"default": "none", "tooltip": "fp8: transformer weights "
                              "in fp8 with per-channel scales (about half the VRAM; small differences); fp8_scaled: "
                              "also the media blocks' matmuls in fp8 (H100 and newer; about twice fp8's error)"}),
-                "transformer_file": ([OWN_WEIGHTS, *services.gguf_names()], {"default": OWN_WEIGHTS, "tooltip": "a "
+                "transformer_file": ([OWN_WEIGHTS, *services.files.gguf_names()], {"default": OWN_WEIGHTS, "tooltip": "a "
                                      "GGUF transformer (Q8_0 ... Q4) from models/diffusion_models or models/unet, kept "
                                      "quantized in memory; a single .gguf in the checkpoint's transformer/ folder is "
                                      "used without this"}),
@@ -326,7 +327,7 @@ class Cosmos3ModelLoader:
             raise CheckpointError("no checkpoint selected: put diffusers-layout Cosmos3 folders in ComfyUI/models/cosmos3/")
         else:
             source, name, local_only = checkpoint_path(model_name), model_name, True
-        gguf = None if transformer_file == OWN_WEIGHTS else services.gguf_path(transformer_file)
+        gguf = None if transformer_file == OWN_WEIGHTS else services.files.gguf_path(transformer_file)
         if parts == "reasoner" and gpus > 1:
             raise InputError("parts 'reasoner' runs on one GPU; set gpus to 1")
         spec = ModelSpec(source, dtype, device, local_only, gpus, multi_gpu, offload_text, blocks_to_swap,

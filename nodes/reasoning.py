@@ -10,7 +10,6 @@ from ..cosmos3_runtime.errors import InputError
 from ..cosmos3_runtime.reasoner import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_VIDEO_FPS, MAX_NEW_TOKENS,
                                         Clip, Sampling, upsample)
 from ..cosmos3_runtime.reasoner.decoding import RECOMMENDED
-from ..cosmos3_runtime.workers import WorkerPool
 from . import services
 from .sampling import seed_widget, size_widgets
 
@@ -49,19 +48,19 @@ class Streamer:
     """The answer as progress text on the node and the token count on the progress bar; Cancel raises here."""
 
     def __init__(self, node_id, total: int):
-        self.node_id, self.progress, self.shown_at = node_id, services.Progress(total, previews=False), 0.0
+        self.node_id, self.progress, self.shown_at = node_id, services.progress.Progress(total, previews=False), 0.0
 
     def __call__(self, count: int, total: int, text: str) -> None:
         self.progress.update(count)
         now = time.monotonic()
         if now - self.shown_at >= STREAM_INTERVAL_S or count == total:
             self.shown_at = now
-            services.progress_text(text, self.node_id)
+            services.progress.progress_text(text, self.node_id)
 
 
 def single_pipeline(model):
     pipe = model.pipeline
-    if isinstance(pipe, WorkerPool):
+    if not pipe.local:
         raise InputError("the Reasoner runs on one GPU; load the checkpoint with gpus = 1 for Cosmos3 Reason and "
                          "Cosmos3 Upsample Prompt")
     return pipe

@@ -169,7 +169,7 @@ class ClipCondition:
 
     @classmethod
     def VALIDATE_INPUTS(cls, condition_frames):
-        return services.validation(lambda: parse_frame_indexes(condition_frames), condition_frames)
+        return services.words.validation(lambda: parse_frame_indexes(condition_frames), condition_frames)
 
     def media(self, clip, condition_frames: str, keep: str):
         return ({self.SOURCE[3]: clip, "condition_frame_indexes": parse_frame_indexes(condition_frames),
@@ -220,7 +220,7 @@ class Cosmos3Keyframes:
 
     @classmethod
     def VALIDATE_INPUTS(cls, frames, middle_frames=""):
-        return services.validation(lambda: (parse_middle_frames(middle_frames), keyframes.check_frames(frames)),
+        return services.words.validation(lambda: (parse_middle_frames(middle_frames), keyframes.check_frames(frames)),
                                    middle_frames)
 
     def condition(self, frames, start=None, end=None, middle=None, middle_frames=""):
@@ -297,7 +297,7 @@ class Cosmos3Sampler:
     def VALIDATE_INPUTS(cls, width, height, guidance_interval):
         """Checked when the prompt is queued, before any model loads (linked values arrive as None)."""
         widgets = {"width": width, "height": height, "guidance_interval": guidance_interval}
-        return services.validation(lambda: Request.build(**sampler_options({k: v for k, v in widgets.items() if v is not None})),
+        return services.words.validation(lambda: Request.build(**sampler_options({k: v for k, v in widgets.items() if v is not None})),
                         widgets, SAMPLER_WORDS)
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
@@ -314,14 +314,14 @@ class Cosmos3Sampler:
 
         def on_step(step, total, denoised):
             nonlocal progress
-            progress = progress or services.Progress(total)
+            progress = progress or services.progress.Progress(total)
             progress.update(step, denoised)
 
         def on_stage(stage, done, total):
             if stage == "chunk":
-                services.progress_text(f"chunk {done} of {total}", node_id)
+                services.progress.progress_text(f"chunk {done} of {total}", node_id)
 
-        with services.widget_words(SAMPLER_WORDS):
+        with services.words.widget_words(SAMPLER_WORDS):
             request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **media,
                                     action=action, output="latents")
             plan = model.plan(prompt, request)

@@ -50,7 +50,7 @@ class ControlNode:
     @classmethod
     def VALIDATE_INPUTS(cls, derive=GIVEN):
         """Deriving needs OpenCV (optional): without it the node turns red when queued, saying how to get it."""
-        return True if derive == GIVEN else services.validation(opencv, derive)
+        return True if derive == GIVEN else services.words.validation(opencv, derive)
 
     def add(self, images, derive=GIVEN, controls=None):
         controls = dict(controls or {})
@@ -142,7 +142,7 @@ class Cosmos3TransferSampler:
 
     @classmethod
     def VALIDATE_INPUTS(cls, control_guidance_interval="auto"):
-        return services.validation(lambda: Request.build(control_guidance_interval=control_guidance_interval),
+        return services.words.validation(lambda: Request.build(control_guidance_interval=control_guidance_interval),
                                    control_guidance_interval)
 
     def sample(self, model, text, controls, width, height, frames, fps, guidance, control_guidance, chunk_frames,
@@ -156,14 +156,14 @@ class Cosmos3TransferSampler:
 
         def on_step(step, total, denoised):
             nonlocal progress
-            progress = progress or services.Progress(total)
+            progress = progress or services.progress.Progress(total)
             progress.update(step, denoised)
 
         def on_stage(stage, done, total):
             if stage == "chunk":
-                services.progress_text(f"chunk {done} of {total}", node_id)
+                services.progress.progress_text(f"chunk {done} of {total}", node_id)
 
-        with services.widget_words(TRANSFER_WORDS):
+        with services.words.widget_words(TRANSFER_WORDS):
             request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
                                     chunk_overlap_frames=chunk_overlap_frames, seed=seed, cache=cache, compile=compile,
                                     control_guidance_interval=control_guidance_interval)
@@ -211,7 +211,7 @@ def examples_for(json_data: dict) -> dict:
     nodes = prompt.values() if isinstance(prompt, dict) else ()
     if any(value in EXAMPLE_CLIPS for node in nodes if isinstance(node, dict)
            for value in (node.get("inputs") or {}).values() if isinstance(value, str)):
-        write_example_clips(services.input_directory())
+        write_example_clips(services.files.input_directory())
     return json_data
 
 

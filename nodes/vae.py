@@ -43,7 +43,7 @@ class Cosmos3VAEDecode:
         latents = latent_samples(samples)
         tile = TileSpec(tile_size, tile_overlap) if tiled else None
         with vae.use() as pipe:
-            frames = pipe.decode(latents, tile=tile, progress=services.Progress.bar(), raw=True)
+            frames = pipe.decode(latents, tile=tile, progress=services.progress.Progress.bar(), raw=True)
         fps = float(samples.get("cosmos3", {}).get("fps", 24.0))
         return (frames, fps)
 
@@ -64,7 +64,7 @@ class Cosmos3VAEEncode:
         if count != images.shape[0]:
             services.log.warning("Cosmos3 VAE encode: %d frames, using the first %d (1 + 4k)", images.shape[0], count)
         with vae.use() as pipe:
-            return ({"samples": pipe.encode(images[:count], progress=services.Progress.bar(), raw=True)},)
+            return ({"samples": pipe.encode(images[:count], progress=services.progress.Progress.bar(), raw=True)},)
 
 
 class Cosmos3SoundDecode:
@@ -93,5 +93,5 @@ class Cosmos3SoundDecode:
         seconds = meta["num_frames"] / meta["fps"] if trim else None
         with vae.use() as pipe:
             waveform = pipe.decode_sound(meta["sound_latents"], seconds)
-        services.check_interrupt()
+        services.progress.check_interrupt()
         return ({"waveform": waveform.unsqueeze(0), "sample_rate": int(meta["sample_rate"])},)

@@ -300,7 +300,7 @@ def test_media_attention_runs_on_comfyuis_backend_and_matches_sdpa(core, models,
     try:
         torch.testing.assert_close(ours, transformer(x, t, text, None, 24.0).vision, atol=1e-5, rtol=0)
     finally:
-        transformer.use_media_attention(core.pack.services.media_attention())
+        transformer.use_media_attention(core.pack.services.memory.media_attention())
     assert len(calls) == len(transformer.layers)
 
 
@@ -391,7 +391,7 @@ def merged_model(core, models, name, deltas, strength):
 
     runtime = sys.modules["cosmos3_tier2.cosmos3_runtime"]
     pipe = runtime.load(models / name, dtype=torch.float32)
-    pipe.transformer.use_media_attention(core.pack.services.media_attention())
+    pipe.transformer.use_media_attention(core.pack.services.memory.media_attention())
     with torch.no_grad():
         for module, delta in deltas.items():
             pipe.transformer.get_submodule(module).weight += strength * delta

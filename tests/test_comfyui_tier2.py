@@ -104,13 +104,13 @@ def test_linear_layers_are_comfyui_cast_weight_layers_and_stream_per_layer(comfy
     import cosmos3_runtime
 
     root = tiny_factory(kind="gated")
-    ours = cosmos3_runtime.load(root, dtype="fp32", linear_class=comfyui.nodes.services.linear_class())
+    ours = cosmos3_runtime.load(root, dtype="fp32", linear_class=comfyui.nodes.services.memory.linear_class())
     plain = cosmos3_runtime.load(root, dtype="fp32")
     linears = [m for m in ours.transformer.modules() if isinstance(m, torch.nn.Linear)]
     assert sum(isinstance(m, comfy.ops.disable_weight_init.Linear) for m in linears) == len(linears) - 2  # time embedder
     request = dict(width=64, height=48, num_frames=5, steps=2, seed=3, output="latents")
     expected = plain.generate("a cat", **request).latents
-    part = comfyui.nodes.services.ManagedPart([ours.transformer], torch.device("cpu"))
+    part = comfyui.nodes.services.memory.ManagedPart([ours.transformer], torch.device("cpu"))
     patcher = comfy.model_patcher.CoreModelPatcher(part, load_device=mm.get_torch_device(),
                                                    offload_device=torch.device("cpu"))
     patcher.load(mm.get_torch_device(), lowvram_model_memory=1)  # as good as nothing fits: stream every layer
@@ -193,5 +193,5 @@ def test_free_reaches_the_prompt_worker_even_while_it_collects_garbage(comfyui):
     plain = execution.PromptQueue(SimpleNamespace(queue_updated=lambda: None))
     assert worker_takes(plain) == [({"free_memory": True}, False)]  # ComfyUI's own queue: read only at the timeout
     nudged = execution.PromptQueue(SimpleNamespace(queue_updated=lambda: None))
-    assert comfyui.nodes.services.wake_for_flags(nudged)
+    assert comfyui.nodes.services.server.wake_for_flags(nudged)
     assert worker_takes(nudged) == [({"free_memory": True}, True)]

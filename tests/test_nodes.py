@@ -151,7 +151,7 @@ def test_interrupt_during_sampling_then_a_successful_run(nodes, monkeypatch):
         if len(calls) == 2:
             raise Interrupted
 
-    monkeypatch.setattr(nodes.services, "check_interrupt", interrupt_on_second_step)
+    monkeypatch.setattr(nodes.services.progress, "check_interrupt", interrupt_on_second_step)
     with pytest.raises(Interrupted):
         sample(nodes, model, text(nodes))
     monkeypatch.undo()
@@ -191,7 +191,7 @@ def test_the_pack_holds_no_pipeline_that_comfyui_dropped(nodes):
 def test_offload_mode_moves_to_the_compute_device_only_while_a_node_runs(nodes, monkeypatch):
     """A stand-in compute device distinct from the offload device (CPU): every move is recorded, in order."""
     compute = torch.device("cuda", 3)
-    monkeypatch.setattr(nodes.services, "torch_device", lambda: compute)
+    monkeypatch.setattr(nodes.services.memory, "torch_device", lambda: compute)
     model, vae, info = nodes.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "offload")["result"]
     pipe = model.pipeline
     assert "offload" in info and pipe.device.type == "cpu"  # loaded at home, not on the compute device
@@ -325,7 +325,7 @@ def test_cancel_during_vae_decode_and_encode_nodes(nodes, monkeypatch):
         if len(checks) == 2:
             raise Interrupted
 
-    monkeypatch.setattr(nodes.services, "check_interrupt", interrupt_on_second)
+    monkeypatch.setattr(nodes.services.progress, "check_interrupt", interrupt_on_second)
     with pytest.raises(Interrupted):
         nodes.Cosmos3VAEDecode().decode(vae, latent, False, 32, 8)
     assert len(checks) == 2  # stopped after the second of four latent frames
@@ -450,7 +450,7 @@ def reason(nodes, model, question="What is this?", sampling=GREEDY, **extra):
 def test_reason_node_streams_into_the_node_and_matches_the_runtime(nodes, monkeypatch):
     model, _, _ = load(nodes, "Cosmos3-Nano")
     shown = []
-    monkeypatch.setattr(nodes.services, "progress_text", lambda text, node_id: shown.append((node_id, text)))
+    monkeypatch.setattr(nodes.services.progress, "progress_text", lambda text, node_id: shown.append((node_id, text)))
     pictures = torch.rand(2, 40, 56, 3)  # a batch: two pictures
     out = reason(nodes, model, image=pictures, node_id="9")
     answer, thinking = out["result"]
@@ -484,7 +484,7 @@ def test_cancel_while_reasoning_then_the_next_question_works(nodes, monkeypatch)
         if len(calls) == 3:
             raise Interrupted
 
-    monkeypatch.setattr(nodes.services, "check_interrupt", interrupt_on_third_token)
+    monkeypatch.setattr(nodes.services.progress, "check_interrupt", interrupt_on_third_token)
     with pytest.raises(Interrupted):
         reason(nodes, model)
     monkeypatch.undo()

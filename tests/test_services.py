@@ -57,7 +57,7 @@ def comfy(monkeypatch, tmp_path):
 
 def test_progress_updates_with_previews_and_interrupt_checks(pack, comfy):
     calls, _ = comfy
-    progress = pack.services.Progress(3)
+    progress = pack.services.progress.Progress(3)
     for step in (1, 2, 3):
         progress.update(step, torch.randn(1, 48, 2, 6, 8))
     (bar,) = FakeProgressBar.instances
@@ -68,20 +68,20 @@ def test_progress_updates_with_previews_and_interrupt_checks(pack, comfy):
 
 def test_previews_follow_the_preview_setting(pack, comfy):
     sys.modules["comfy.cli_args"].args.preview_method = types.SimpleNamespace(value="none")
-    progress = pack.services.Progress(1)
+    progress = pack.services.progress.Progress(1)
     progress.update(1, torch.randn(1, 48, 1, 4, 4))
     assert FakeProgressBar.instances[0].updates == [(1, 1, None)]
 
 
 def test_model_folders_are_registered_and_listed(pack, comfy):
     _, folder_paths = comfy
-    pack.services.register_model_folder()
+    pack.services.files.register_model_folder()
     assert folder_paths.folder_names_and_paths["cosmos3"][0] == [f"{folder_paths.models_dir}/cosmos3"]
-    assert pack.services.model_roots() == [f"{folder_paths.models_dir}/cosmos3", f"{folder_paths.models_dir}/diffusers"]
+    assert pack.services.files.model_roots() == [f"{folder_paths.models_dir}/cosmos3", f"{folder_paths.models_dir}/diffusers"]
 
 
 def test_sampler_node_reports_progress_through_comfyui(pack, comfy, models_dir, monkeypatch):
-    monkeypatch.setattr(pack.services, "model_roots", lambda: [str(models_dir)])
+    monkeypatch.setattr(pack.services.files, "model_roots", lambda: [str(models_dir)])
     pack.loader.release_all()
     model, _, _ = pack.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default")["result"]
     text = pack.Cosmos3TextEncode().encode("a cat", "", "auto", True, True, True)["result"][0]

@@ -46,7 +46,7 @@ class Cosmos3LoraLoader:
         return {
             "required": {
                 "model": ("MODEL", {"tooltip": "a Cosmos3 MODEL (Cosmos3 Core Model)"}),
-                "lora_name": (services.lora_names() or [NO_LORAS], {"tooltip": "a .safetensors file in models/loras"}),
+                "lora_name": (services.files.lora_names() or [NO_LORAS], {"tooltip": "a .safetensors file in models/loras"}),
                 "strength": ("FLOAT", {"default": 1.0, "min": -100.0, "max": 100.0, "step": 0.01}),
             }
         }
@@ -56,7 +56,7 @@ class Cosmos3LoraLoader:
 
         if lora_name == NO_LORAS:
             raise InputError("no LoRA selected: put .safetensors LoRAs in ComfyUI/models/loras")
-        lora = {lora_key(k): v for k, v in services.read_lora(lora_name).items()}
+        lora = {lora_key(k): v for k, v in services.files.read_lora(lora_name).items()}
         key_map = comfy.lora.model_lora_keys_unet(model.model, {})
         unplaced = sorted(k for k in lora if lora_module(k) not in key_map)
         if len(unplaced) == len(lora):

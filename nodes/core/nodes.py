@@ -7,7 +7,7 @@ sound and multi-GPU; what the core path cannot do is refused here with a message
 
 import torch
 
-from ...cosmos3_runtime import InputError, WorkerPool
+from ...cosmos3_runtime import InputError
 from ...cosmos3_runtime.request import help_of, parse_frame_indexes
 from .. import services
 from ..sampling import prompt_inputs, prompt_options
@@ -40,7 +40,7 @@ class Cosmos3CoreModel:
                              "MODEL is placed by ComfyUI's memory manager (start ComfyUI with --lowvram or "
                              "--reserve-vram to stream layers), so turn them off on the loader")
         pipe = model.pipeline
-        if isinstance(pipe, WorkerPool):
+        if not pipe.local:
             raise InputError("the core MODEL needs the checkpoint loaded in this process (gpus 1)")
         from .vae import core_vae
 
@@ -93,7 +93,7 @@ class Cosmos3ConditionFrames:
 
     @classmethod
     def VALIDATE_INPUTS(cls, condition_frames):
-        return services.validation(lambda: parse_frame_indexes(condition_frames), condition_frames)
+        return services.words.validation(lambda: parse_frame_indexes(condition_frames), condition_frames)
 
     def mask(self, samples, condition_frames):
         latents = samples["samples"]

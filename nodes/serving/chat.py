@@ -73,7 +73,7 @@ def _number(body: dict, name: str, kind, low, high):
 
 def _media_file(url: str, where: str) -> Path:
     """A file named in ComfyUI's input folder; nothing outside it."""
-    folder = Path(services.input_directory()).resolve()
+    folder = Path(services.files.input_directory()).resolve()
     path = (folder / url).resolve()
     if os.path.isabs(url) or ".." in Path(url).parts or folder not in path.parents or not path.is_file():
         raise FieldError(where, f"{url!r} is not a file in ComfyUI's input folder; send a data: URL or the name of a "
@@ -219,7 +219,7 @@ class Cosmos3APIChat:
         call: ChatCall = job.payload["call"]
         options = dict(call.options)
         options["seed"] += choice
-        progress = services.Progress(options["max_new_tokens"], previews=False)
+        progress = services.progress.Progress(options["max_new_tokens"], previews=False)
 
         def stream(count, total, text):
             progress.update(count)  # Cancel in ComfyUI stops it here

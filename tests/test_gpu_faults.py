@@ -223,7 +223,7 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
                     **tracks)
     assert out.vision.shape == (1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
     settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
-                               transfer=None)
+                               transfer=None, chunks=None)
     parts = budget.estimate(config, None, settings, 300, 300, dtype, device=meta).parts
     planned = parts["media tower"] + parts["rotary tables"] + parts["text K/V cache"]
     assert virtual.peak <= 1.25 * planned, (virtual.peak / 2**30, planned / 2**30)
@@ -248,7 +248,7 @@ def test_the_planned_vae_decode_holds_what_a_decode_takes_at_the_released_width(
     with torch.inference_mode(), VirtualDevice() as virtual:
         vae.decode(latents, tile=spec)
     settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
-                               transfer=None)
+                               transfer=None, chunks=None)
     parts = budget.estimate(TransformerConfig(**RELEASED["edge"]), config, settings, 10, 10, BF16, spec).parts
     planned = parts["VAE decode"] + 3 * f * h * w * 2  # the working set and the decode's own output
     assert virtual.peak <= planned <= 1.1 * virtual.peak, (virtual.peak / 2**30, planned / 2**30)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .conditioning import frame_size, preprocess_video
 from .errors import InputError
-from .schedulers import FlowEuler, Schedule, UniPC
+from .schedulers import Schedule, stepper_for
 from .transformer import ActionTokens
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ class ActionTrack:
         self.latents = (mask * clean + (1.0 - mask) * noise).to(device)
         self.latents[:, self.width :] = 0
         self.noisy = [i for i in range(chunk) if i not in self.clean_rows]
-        self.stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
+        self.stepper = stepper_for(schedule)
 
     def tokens(self) -> ActionTokens:
         start = 0 if self.with_state else 1  # the state row sits at the observation's time
@@ -299,10 +299,7 @@ class ActionTrack:
             return
         velocity = velocity * (1.0 - self.mask)
         velocity[:, self.width :] = 0
-        if isinstance(self.stepper, FlowEuler):
-            self.latents = self.stepper.step(velocity, self.latents, generator)
-        else:
-            self.latents = self.stepper.step(velocity, self.latents)
+        self.latents = self.stepper.step(velocity, self.latents, generator)
         # Clean rows (the robot state) stay exactly clean, as conditioned video frames do.
         self.latents = self.mask * self.clean + (1.0 - self.mask) * self.latents
         self.latents[:, self.width :] = 0

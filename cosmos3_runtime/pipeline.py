@@ -21,7 +21,7 @@ from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
 from .quantize import check_mode, expect_stored_fp8, quantize_fp8
-from .schedulers import (FlowEuler, Schedule, UniPC, checkpoint_schedule, distilled_schedule, in_interval,
+from .schedulers import (Schedule, checkpoint_schedule, distilled_schedule, in_interval, stepper_for,
                          unipc_schedule)
 from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
 from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
@@ -653,7 +653,7 @@ class Cosmos3Pipeline(Planner):
         its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack.
         """
         schedule = self.schedule_for(s)
-        stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
+        stepper = stepper_for(schedule)
         noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
         sp, cfg = (parallel.sp, parallel.cfg) if parallel is not None else (None, None)
         if cache is not None:
@@ -681,10 +681,7 @@ class Cosmos3Pipeline(Planner):
             velocity = combined[0]
             if callback is not None:  # the model's current guess of the result: what previews should show
                 denoised = latents - schedule.sigmas[i].to(latents.device) * velocity
-            if isinstance(stepper, FlowEuler):
-                latents = stepper.step(velocity, latents, generator)
-            else:
-                latents = stepper.step(velocity, latents)
+            latents = stepper.step(velocity, latents, generator)
             for track, track_velocity in zip(tracks, combined[1:]):
                 track.step(track_velocity, generator)
             if mask is not None:  # keep conditioned frames exactly at their clean latents

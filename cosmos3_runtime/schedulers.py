@@ -200,7 +200,8 @@ class UniPC:
         b = hh if self.schedule.solver_type == "bh1" else e
         return 1 - sigma_to, h, hh, e, b
 
-    def step(self, velocity: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+    def step(self, velocity: torch.Tensor, sample: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The next sample (`generator` unused: UniPC draws no noise; it keeps one interface with FlowEuler)."""
         sigmas = self.schedule.sigmas.to(sample.device)
         k = self.index
         x0 = sample - sigmas[k] * velocity  # from the uncorrected sample
@@ -249,7 +250,7 @@ class FlowEuler:
         self.schedule = schedule
         self.index = 0
 
-    def step(self, velocity: torch.Tensor, sample: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    def step(self, velocity: torch.Tensor, sample: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         sigma, sigma_next = self.schedule.sigmas[self.index], self.schedule.sigmas[self.index + 1]
         self.index += 1
         if not self.schedule.stochastic:
@@ -257,3 +258,8 @@ class FlowEuler:
         x0 = sample - sigma.to(sample.device) * velocity
         noise = torch.randn(sample.shape, generator=generator, dtype=torch.float32).to(sample.device)
         return (1.0 - sigma_next).to(sample.device) * x0 + sigma_next.to(sample.device) * noise
+
+
+def stepper_for(schedule: Schedule) -> "UniPC | FlowEuler":
+    """A fresh stepper for one run (and one modality) of `schedule`: `step(velocity, sample, generator=None)`."""
+    return FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)

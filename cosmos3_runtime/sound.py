@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import CheckpointError, InputError
-from .schedulers import FlowEuler, Schedule, UniPC
+from .schedulers import Schedule, stepper_for
 from .transformer import SoundTokens
 from .weights import read_headers
 
@@ -285,7 +285,7 @@ class SoundTrack:
 
     def __init__(self, noise: torch.Tensor, schedule: Schedule):
         self.latents = noise
-        self.stepper = FlowEuler(schedule) if schedule.stepper == "euler" else UniPC(schedule)
+        self.stepper = stepper_for(schedule)
 
     @classmethod
     def for_clip(cls, num_frames, fps, sound_dim, tokenizer: SoundTokenizer, generator, device, schedule):
@@ -298,7 +298,4 @@ class SoundTrack:
         return SoundTokens(self.latents)
 
     def step(self, velocity: torch.Tensor, generator) -> None:
-        if isinstance(self.stepper, FlowEuler):
-            self.latents = self.stepper.step(velocity, self.latents, generator)
-        else:
-            self.latents = self.stepper.step(velocity, self.latents)
+        self.latents = self.stepper.step(velocity, self.latents, generator)

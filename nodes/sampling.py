@@ -130,12 +130,17 @@ def schedule_sigmas(pipe, options: dict, frames: int | None):
     return unipc_schedule(s.steps, s.flow_shift).sigmas
 
 
-class Cosmos3ImageToVideo:
-    DESCRIPTION = "Condition the first frame of the video on an image (resized to cover the sampler's size, centre-cropped)."
+class MediaCondition:
+    """A node that makes the sampler's `media` input (the conditioning of a run)."""
+
     CATEGORY = "cosmos3/conditioning"
     RETURN_TYPES = ("COSMOS3_MEDIA",)
     RETURN_NAMES = ("media",)
     FUNCTION = "condition"
+
+
+class Cosmos3ImageToVideo(MediaCondition):
+    DESCRIPTION = "Condition the first frame of the video on an image (resized to cover the sampler's size, centre-cropped)."
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -147,13 +152,9 @@ class Cosmos3ImageToVideo:
         return ({"image": image[:1]},)
 
 
-class ClipCondition:
+class ClipCondition(MediaCondition):
     """Video-to-video conditioning: a clip (SOURCE input) and which of its latent frames are held fixed."""
 
-    CATEGORY = "cosmos3/conditioning"
-    RETURN_TYPES = ("COSMOS3_MEDIA",)
-    RETURN_NAMES = ("media",)
-    FUNCTION = "condition"
     SOURCE: tuple[str, str, str, str]  # (input name, type, tooltip, Request field it fills)
 
     @classmethod
@@ -193,14 +194,10 @@ class Cosmos3LatentToVideo(ClipCondition):
         return self.media(samples["samples"], condition_frames, keep)
 
 
-class Cosmos3Keyframes:
+class Cosmos3Keyframes(MediaCondition):
     DESCRIPTION = ("First-last frame (and any-frame) to video: images or clips held at frames of the video. A still "
                    "holds the latent frame that holds its frame (4 frames), a clip every latent frame it covers; the "
                    "rest is generated. Connect it to the sampler's media; its frame count is the sampler's.")
-    CATEGORY = "cosmos3/conditioning"
-    RETURN_TYPES = ("COSMOS3_MEDIA",)
-    RETURN_NAMES = ("media",)
-    FUNCTION = "condition"
 
     @classmethod
     def INPUT_TYPES(cls):

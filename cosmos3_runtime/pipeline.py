@@ -502,7 +502,7 @@ class Cosmos3Pipeline(Planner):
 
         guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
         self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-        latents = self._denoise(latents, s, guidance, clean, mask, generator, callback, parallel, tracks, cache)
+        latents = self.denoise(latents, s, guidance, clean, mask, generator, callback, parallel, tracks, cache)
         frames = None
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile, progress=stage(progress, "decode"))
@@ -545,7 +545,7 @@ class Cosmos3Pipeline(Planner):
                 if callback is not None:
                     callback(k * total + step, p.count * total, denoised)
 
-            latents = self._denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, (), cache)
+            latents = self.denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, (), cache)
             kept_latents.append(latents[:, :, held:].cpu())
             if k + 1 < p.count or r.output == "frames":  # the next chunk starts from these frames
                 previous = self.vae.decode(self.vae.denormalize(latents), tile=r.vae_tile,
@@ -644,9 +644,10 @@ class Cosmos3Pipeline(Planner):
             return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)
         return unipc_schedule(s.steps, s.flow_shift)
 
-    def _denoise(self, latents, s: Settings, guidance, clean, mask, generator, callback, parallel, tracks: list = (),
-                 cache: StepCache | None = None):
-        """The sampling loop over the video latents and the tracks beside them (sound, action).
+    def denoise(self, latents, s: Settings, guidance, clean, mask, generator, callback, parallel, tracks: list = (),
+                cache: StepCache | None = None):
+        """The sampling loop over the video latents and the tracks beside them (sound, action): the one loop every
+        mode runs (a plain generation, each transfer chunk, each chunk of a long video).
 
         `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
         transfer's). A track gives the transformer its tokens (`tokens()`, passed as its `segment`) and takes

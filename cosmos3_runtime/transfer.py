@@ -197,7 +197,7 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
             if callback is not None:
                 callback(k * steps + step, p.count * steps, denoised)
 
-        latents = pipe._denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, cache=cache)
+        latents = pipe.denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, cache=cache)
         previous = vae.decode(vae.denormalize(latents), tile=r.vae_tile, progress=stage(progress, "decode")).float()
         stitched.append(previous[:, :, seed:].cpu())  # the device holds one chunk at a time
     video = torch.cat(stitched, dim=2)[:, :, : p.total]

@@ -111,8 +111,8 @@ IMAGE_JSON = {
 RULES_VIDEO = """4. Then `temporal_caption`: the clip as a timeline from 0:00 to the duration, one timestamped beat for each
    thing that happens (an action, a camera move, a change of light); as many beats as there are events. Then
    `audio_description`: what is heard, timestamped where sounds start and stop; if the clip is silent, say so.
-5. Copy these values into their keys unchanged: duration "{duration}", fps {fps}, aspect_ratio "{aspect_ratio}",
-   resolution {"W": {resolution_w}, "H": {resolution_h}}.
+5. Copy these values into their keys unchanged: duration "{duration}" (the clip's length), fps {fps} (its frame
+   rate), aspect_ratio "{aspect_ratio}", resolution {"W": {resolution_w}, "H": {resolution_h}}.
 6. Write times as M:SS, and ranges as M:SS-M:SS. No beat, action or segment ends after the duration; `actions`
    and `segments` agree with the timeline."""
 RULES_IMAGE = """4. Then `comprehensive_t2i_caption`: one dense paragraph of 80 to 200 words that gathers every concrete

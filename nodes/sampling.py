@@ -307,16 +307,7 @@ class Cosmos3Sampler:
                        chunk_frames=chunk_frames, chunk_overlap_frames=chunk_overlap_frames)
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
-        progress = None
-
-        def on_step(step, total, denoised):
-            nonlocal progress
-            progress = progress or services.progress.Progress(total)
-            progress.update(step, denoised)
-
-        def on_stage(stage, done, total):
-            if stage == "chunk":
-                services.progress.progress_text(f"chunk {done} of {total}", node_id)
+        progress = services.progress.RunProgress(node_id)
 
         with services.words.widget_words(SAMPLER_WORDS):
             request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **media,
@@ -324,7 +315,7 @@ class Cosmos3Sampler:
             plan = model.plan(prompt, request)
             # ComfyUI makes room for the run itself, not only for the weights
             with model.use(memory_required=model.memory_needed(plan)) as pipe:
-                result = pipe.generate(plan, callback=on_step, progress=on_stage)
+                result = pipe.generate(plan, callback=progress.step, progress=progress.stage)
                 raw = pipe.raw_latents(result.latents)  # ComfyUI's LATENT holds the VAE's own latents
         s = result.settings
         report = [f"{s.mode}: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps",

@@ -152,16 +152,7 @@ class Cosmos3TransferSampler:
                        control_guidance=control_guidance, chunk_frames=chunk_frames)
         options = {field: widgets[name] or None for name, field in TRANSFER_FIELDS.items()}
         text_options = {k: v for k, v in text.items() if k in ("negative_prompt", "use_system_prompt")}
-        progress = None
-
-        def on_step(step, total, denoised):
-            nonlocal progress
-            progress = progress or services.progress.Progress(total)
-            progress.update(step, denoised)
-
-        def on_stage(stage, done, total):
-            if stage == "chunk":
-                services.progress.progress_text(f"chunk {done} of {total}", node_id)
+        progress = services.progress.RunProgress(node_id)
 
         with services.words.widget_words(TRANSFER_WORDS):
             request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
@@ -169,7 +160,7 @@ class Cosmos3TransferSampler:
                                     control_guidance_interval=control_guidance_interval)
             plan = model.plan(text["prompt"], request)
             with model.use(memory_required=model.memory_needed(plan)) as pipe:
-                result = pipe.generate(plan, callback=on_step, progress=on_stage)
+                result = pipe.generate(plan, callback=progress.step, progress=progress.stage)
         s = result.settings
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
                   f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",

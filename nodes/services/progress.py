@@ -76,3 +76,19 @@ def progress_text(text: str, node_id: str | None) -> None:
     server = prompt_server()
     if server is not None and node_id is not None:
         server.send_progress_text(text, node_id)
+
+
+class RunProgress:
+    """A sampler's run in ComfyUI: the progress bar and previews over every step (of every chunk), and "chunk k of N"
+    under the node (`step` is generate's callback, `stage` its progress)."""
+
+    def __init__(self, node_id: str | None):
+        self.node_id, self.bar = node_id, None
+
+    def step(self, step: int, total: int, denoised) -> None:
+        self.bar = self.bar or Progress(total)
+        self.bar.update(step, denoised)
+
+    def stage(self, stage: str, done: int, total: int) -> None:
+        if stage == "chunk":
+            progress_text(f"chunk {done} of {total}", self.node_id)

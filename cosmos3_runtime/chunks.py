@@ -14,6 +14,7 @@ import torch
 
 from .errors import InputError
 from .geometry import latent_frames, pixel_frames, round_up_frames
+from .vae import image_frames
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,16 @@ class Chunks:
     def seed_frames(self, k: int) -> int:
         """Frames chunk k takes from its predecessor (0 for the first)."""
         return 0 if k == 0 else min(self.overlap, self.chunk)
+
+    def step_callback(self, callback, k: int):
+        """`callback(step, total, denoised)` over the whole run, from chunk k's own steps (None stays None)."""
+        if callback is None:
+            return None
+        return lambda step, total, denoised: callback(k * total + step, self.count * total, denoised)
+
+    def stitch(self, tails: list[torch.Tensor]) -> torch.Tensor:
+        """Each chunk's decoded pixels without the frames it took from its predecessor -> the clip's frames."""
+        return image_frames(torch.cat(tails, dim=2)[:, :, : self.total])
 
 
 def plan(total: int, chunk_frames: int | None, overlap: int | None, default_chunk: int, default_overlap: int,

@@ -33,7 +33,7 @@ from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
                           linear_layers)
 from . import reasoner as reasoning
-from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, stage
+from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, image_frames, stage
 from .weights import load_weights, read_headers
 
 log = logging.getLogger(__name__)
@@ -479,13 +479,10 @@ class Cosmos3Pipeline(Planner):
                                  "pipeline with its VAE")
             return self._long_video(s, r, cond_ids, uncond_ids, callback, parallel, progress, cache)
 
-        shape = (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
-                 s.width // SPATIAL_FACTOR)
-        clean, mask = self._conditioning(s, shape, r)
-        shape = shape if clean is None else tuple(clean.shape)  # an action canvas is cropped to its content
+        clean, mask = self._conditioning(s, self.latent_shape(s), r)
+        shape = self.latent_shape(s) if clean is None else tuple(clean.shape)  # an action canvas is cropped to its content
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
-        noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
-        latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
+        latents = self.start_latents(shape, generator, clean, mask)
 
         # Each track's noise follows the video's from the same generator: sound, then action.
         sound_track = action_track = None
@@ -533,29 +530,19 @@ class Cosmos3Pipeline(Planner):
             held = chunks.latent_frames(seed)
             chunk = replace(s, num_frames=p.chunk, chunks=None,
                             condition_frames=s.condition_frames if k == 0 else tuple(range(held)))
-            shape = (1, self.transformer.config.latent_channel, chunk.latent_frames, s.height // SPATIAL_FACTOR,
-                     s.width // SPATIAL_FACTOR)
+            shape = self.latent_shape(chunk)
             clean, mask = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self, previous, seed, shape)
-            noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
-            latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
+            latents = self.start_latents(shape, generator, clean, mask)
             guidance = CFG(prompts[k], uncond_ids, s.guidance_scale, s.guidance_interval)
             self._encode_prompts(prompts[k], uncond_ids, chunk, parallel, progress)
-
-            def on_step(step, total, denoised, k=k):
-                if callback is not None:
-                    callback(k * total + step, p.count * total, denoised)
-
-            latents = self.denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, (), cache)
+            latents = self.denoise(latents, chunk, guidance, clean, mask, generator, p.step_callback(callback, k),
+                                   parallel, (), cache)
             kept_latents.append(latents[:, :, held:].cpu())
             if k + 1 < p.count or r.output == "frames":  # the next chunk starts from these frames
-                previous = self.vae.decode(self.vae.denormalize(latents), tile=r.vae_tile,
-                                           progress=stage(progress, "decode")).float()
+                previous = self.decode_pixels(latents, r.vae_tile, stage(progress, "decode"))
                 kept_frames.append(previous[:, :, seed:].cpu())  # the device holds one chunk at a time
         latents = torch.cat(kept_latents, dim=2)[:, :, : s.latent_frames]
-        frames = None
-        if r.output == "frames":
-            video = torch.cat(kept_frames, dim=2)[:, :, : p.total]
-            frames = (video / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0)
+        frames = p.stitch(kept_frames) if r.output == "frames" else None
         return Generation(latents, frames, s, cache=cache and cache.report())
 
     @torch.inference_mode()
@@ -716,9 +703,23 @@ class Cosmos3Pipeline(Planner):
         """
         if self.vae is None:
             raise InputError("decoding needs the VAE; load the pipeline with its VAE")
+        return image_frames(self.decode_pixels(latents, tile, progress, raw))
+
+    def decode_pixels(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
+                      raw: bool = False) -> torch.Tensor:
+        """Latents [1, 48, T, h, w] -> pixels [1, 3, F, H, W] in [-1, 1], float32 on the device."""
         z = latents.to(self.device)
-        pixels = self.vae.decode(z if raw else self.vae.denormalize(z), tile=tile, progress=progress).float()
-        return (pixels / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()
+        return self.vae.decode(z if raw else self.vae.denormalize(z), tile=tile, progress=progress).float()
+
+    def start_latents(self, shape: tuple, generator: torch.Generator, clean, mask) -> torch.Tensor:
+        """A run's first latents: noise drawn from `generator` (on the CPU, so every device draws the same), with the
+        conditioned frames (`mask`) at their `clean` latents."""
+        noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+        return noise if mask is None else mask * clean + (1.0 - mask) * noise
+
+    def latent_shape(self, s: Settings) -> tuple[int, ...]:
+        return (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
+                s.width // SPATIAL_FACTOR)
 
     @torch.inference_mode()
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:

@@ -174,10 +174,8 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
     """The stitched frames [F, H, W, 3] in 0..1 (CPU) of a transfer; `s.transfer` is its plan. `progress(stage, done,
     total)` hears of each chunk begun ("chunk") and each latent frame decoded ("decode")."""
     p: Plan = s.transfer
-    vae = pipe.vae
     pixels = control_pixels(r.control_videos, p, s.height, s.width, pipe.transformer.dtype)
     generator = torch.Generator("cpu").manual_seed(int(r.seed))
-    steps = s.steps
     stitched, previous = [], None
     for k in range(p.count):
         if progress is not None:
@@ -186,19 +184,13 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
         controls = [pipe.encode_pixels(reflect_pad(c[:, :, start:end], p.chunk)) for c in pixels]
         seed = p.seed_frames(k)
         chunk = replace(s, num_frames=p.chunk, condition_frames=tuple(range(chunks.latent_frames(seed))))
-        shape = (1, pipe.transformer.config.latent_channel, chunk.latent_frames, *controls[0].shape[3:])
+        shape = pipe.latent_shape(chunk)
         clean, mask = chunks.seed(pipe, previous, seed, shape) if seed else (None, None)
-        noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(pipe.device)
-        latents = noise if mask is None else mask * clean + (1.0 - mask) * noise
+        latents = pipe.start_latents(shape, generator, clean, mask)
         guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
                             p.control_guidance, p.control_interval)
-
-        def on_step(step, total, denoised, k=k):
-            if callback is not None:
-                callback(k * steps + step, p.count * steps, denoised)
-
-        latents = pipe.denoise(latents, chunk, guidance, clean, mask, generator, on_step, parallel, cache=cache)
-        previous = vae.decode(vae.denormalize(latents), tile=r.vae_tile, progress=stage(progress, "decode")).float()
+        latents = pipe.denoise(latents, chunk, guidance, clean, mask, generator, p.step_callback(callback, k), parallel,
+                               cache=cache)
+        previous = pipe.decode_pixels(latents, r.vae_tile, stage(progress, "decode"))
         stitched.append(previous[:, :, seed:].cpu())  # the device holds one chunk at a time
-    video = torch.cat(stitched, dim=2)[:, :, : p.total]
-    return (video / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()
+    return p.stitch(stitched)

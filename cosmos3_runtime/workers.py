@@ -258,8 +258,10 @@ class WorkerPool:
         """Same arguments and result as `Cosmos3Pipeline.generate` (latents only, decode them with `decode`; a
         transfer's frames, which it decodes chunk by chunk). `callback` hears every step of every chunk; the stages
         around them (`progress`: prompts, chunks begun, decode) stay inside the workers."""
+        from .pipeline import Plan
+
         options.pop("parallel", None)
-        plan = prompt if hasattr(prompt, "settings") else self.plan(prompt, request, **options)
+        plan = prompt if isinstance(prompt, Plan) else self.plan(prompt, request, **options)
         prompt, request = plan.prompt, plan.request
         if request.control_videos is None:
             request = Request.build(request, output="latents")

@@ -51,7 +51,7 @@ steps = [b - a for a, b in zip(stamps, stamps[1:])]
 result = dict(step_s=statistics.median(steps), total_s=total, peak_mb=memory.mb())
 if {which!r} == "ours":
     from cosmos3_runtime.request import Request
-    _, ids, _ = pipe.prepare(args["prompt"], Request(width=args["width"], height=args["height"],
+    _, ids, _ = pipe.planner.prepare(args["prompt"], Request(width=args["width"], height=args["height"],
                                                      num_frames=args["frames"]))
     t0 = time.perf_counter()
     for _ in range(3):

@@ -47,7 +47,7 @@ from virtual_device import place_like_a_host  # noqa: E402
 import cosmos3_runtime  # noqa: E402
 from cosmos3_runtime.quantize import Fp8Linear, scaled_fp8_available  # noqa: E402
 from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint  # noqa: E402
-from cosmos3_runtime.transformer import ActionTokens, TransformerConfig, attention  # noqa: E402
+from cosmos3_runtime.transformer import TrackTokens, TransformerConfig, attention  # noqa: E402
 from cosmos3_runtime.vae import WanVAE  # noqa: E402
 
 # SeaCache off where precision is compared: a skip decided differently in bf16 and fp32 is not a precision error
@@ -211,9 +211,9 @@ def check_host_placement(c: Check) -> None:
     for model in (whole, held):
         with torch.inference_mode():
             text = model.encode_text(torch.arange(40) % 500, c.device)
-            out = model(latents, torch.tensor(900), text, action=ActionTokens(actions.to(c.device), domain=2))
+            out = model(latents, torch.tensor(900), text, tracks=[TrackTokens("action", actions.to(c.device), domain=2)])
         outputs.append(out)
-    same = torch.equal(outputs[0].vision, outputs[1].vision) and torch.equal(outputs[0].action, outputs[1].action)
+    same = torch.equal(outputs[0].vision, outputs[1].vision) and torch.equal(outputs[0].tracks[0], outputs[1].tracks[0])
     where = outputs[1].vision.device
     c.row("small modules in CPU memory, linears on the device", same and where.type == c.device.type,
           f"ran on {where}, bit-identical to the model wholly on the device={same}")
@@ -321,7 +321,7 @@ def released_pipeline(c: Check, config: TransformerConfig):
     for name, p in pipe.vae.named_parameters():
         with torch.no_grad():
             p.fill_(1.0) if name.endswith("gamma") else p.normal_(0, 0.02)
-    pipe.transformer_config, pipe.vae_config = config, vae_config
+    pipe.planner.transformer_config, pipe.planner.vae_config = config, vae_config
     return pipe
 
 
@@ -331,7 +331,7 @@ def check_generate_stages(c: Check) -> None:
     pipe = released_pipeline(c, config)
     request = cosmos3_runtime.Request(width=w, height=h, num_frames=f, steps=3, guidance_scale=5.0, output="latents",
                                       cache="off")  # every step runs in full
-    _, cond, uncond = pipe.prepare("A robot arm stacks two cubes.", request)
+    _, cond, uncond = pipe.planner.prepare("A robot arm stacks two cubes.", request)
     c.sync()
     start = time.perf_counter()
     pipe.text_kv(cond), pipe.text_kv(uncond)

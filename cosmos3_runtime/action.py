@@ -23,8 +23,9 @@ import torch.nn.functional as F
 
 from .conditioning import frame_size, preprocess_video
 from .errors import InputError
+from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
 from .schedulers import Schedule, stepper_for
-from .transformer import ActionTokens
+from .transformer import TrackTokens
 
 log = logging.getLogger(__name__)
 
@@ -204,15 +205,19 @@ def normalize(actions: torch.Tensor, stats: dict) -> torch.Tensor:
 
 
 def canvas_size(clip, tier: int) -> tuple[int, int]:
-    """The tier's (height, width) closest in aspect ratio to the clip's frames rounded to multiples of 16."""
-    height, width = (v // 16 * 16 for v in frame_size(clip))
+    """The tier's (height, width) closest in aspect ratio to the clip's frames rounded down to whole latents."""
+    height, width = _whole_latents(frame_size(clip))
     ratio = height / width
     return min(TIERS[tier], key=lambda hw: abs(hw[0] / hw[1] - ratio))
 
 
+def _whole_latents(size: tuple[int, int]) -> tuple[int, int]:
+    return tuple(v // SPATIAL_FACTOR * SPATIAL_FACTOR for v in size)
+
+
 def canvas_frames(clip, tier: int, num_frames: int, dtype: torch.dtype):
     """The clip on its action canvas: ([1, 3, num_frames, H, W] in [-1, 1], (H, W), (content_h, content_w))."""
-    h16, w16 = (v // 16 * 16 for v in frame_size(clip))
+    h16, w16 = _whole_latents(frame_size(clip))
     frames = preprocess_video(clip, h16, w16).to(dtype)
     target_h, target_w = canvas_size(clip, tier)
     if frames.shape[2] < num_frames:
@@ -261,8 +266,6 @@ def vision_condition_frames(req: ActionRequest, latent_frames: int) -> tuple[int
 class ActionTrack:
     """Action latents [chunk, action_dim]: clean (forward dynamics) or noisy, zero beyond the domain's width."""
 
-    segment = "action"
-
     def __init__(self, req: ActionRequest, action_dim: int, generator, device, schedule: Schedule):
         if req.width > action_dim:
             raise InputError(f"domain {req.domain!r} has {req.width}-wide actions; this checkpoint's action head "
@@ -290,9 +293,19 @@ class ActionTrack:
         self.noisy = [i for i in range(chunk) if i not in self.clean_rows]
         self.stepper = stepper_for(schedule)
 
-    def tokens(self) -> ActionTokens:
-        start = 0 if self.with_state else 1  # the state row sits at the observation's time
-        return ActionTokens(self.latents, DOMAIN_IDS[self.req.domain], self.noisy, start_frame=start)
+    @classmethod
+    def for_request(cls, pipe, s, r, generator) -> "ActionTrack | None":
+        """The track a request with an action asks for, its noise drawn after the video's (and the sound's)."""
+        if s.action is None:
+            return None
+        return cls(s.action, pipe.transformer.config.action_dim, generator, pipe.device, pipe.schedule_for(s))
+
+    def tokens(self) -> TrackTokens:
+        """One token per action, at the video's frame rate (4 per latent frame), from the frame after the
+        observation; the state row sits at the observation's time."""
+        start = 0 if self.with_state else 1
+        return TrackTokens("action", self.latents, self.noisy, base_temporal_factor=TEMPORAL_FACTOR,
+                           start_frame=start, domain=DOMAIN_IDS[self.req.domain])
 
     def step(self, velocity: torch.Tensor, generator) -> None:
         if not self.noisy:  # every action clean: nothing to denoise
@@ -303,6 +316,9 @@ class ActionTrack:
         # Clean rows (the robot state) stay exactly clean, as conditioned video frames do.
         self.latents = self.mask * self.clean + (1.0 - self.mask) * self.latents
         self.latents[:, self.width :] = 0
+
+    def finish(self, result, pipe, s, r) -> None:
+        result.actions = self.actions()
 
     def actions(self) -> torch.Tensor | None:
         """The predicted actions [chunk, width] (policy, inverse dynamics), float32 on the CPU; None otherwise."""

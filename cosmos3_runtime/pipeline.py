@@ -142,6 +142,11 @@ class Generation:
 # (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
 StepCallback = Callable[[int, int, torch.Tensor], None]
 
+# What a run may denoise beside the video, in the order their noise is drawn. Each kind makes its track from a request
+# (`for_request(pipe, settings, request, generator)`, None when not asked), gives the transformer its tokens
+# (`tokens()`), steps on its velocity (`step`) and puts its output on the result (`finish`).
+TRACKS = (SoundTrack, ActionTrack)
+
 
 @dataclass(frozen=True)
 class CFG:
@@ -183,7 +188,7 @@ class Plan:
 class Planner:
     """What requests need from a checkpoint, from its config files and tokenizer alone (no weight is read): resolved
     settings, token ids, and the memory a generation takes on `device`. `planner(path)` makes one; a loaded
-    `Cosmos3Pipeline` is one too."""
+    `Cosmos3Pipeline` plans with its own (`pipe.planner`)."""
 
     def __init__(self, checkpoint: Checkpoint, tokenizer, transformer_config, vae_config, device, dtype):
         self.checkpoint = checkpoint
@@ -273,13 +278,16 @@ def prompt_list(prompt) -> list[str]:
     return prompts
 
 
-class Cosmos3Pipeline(Planner):
-    """A loaded checkpoint: its variant, its components, and `generate` (a `runner.Runner` in this process)."""
+class Cosmos3Pipeline:
+    """A loaded checkpoint: its variant, its components, its `planner`, and `generate` (a `runner.Runner` in this
+    process)."""
 
     local = True
 
     def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
-        super().__init__(checkpoint, tokenizer, transformer.config, None if vae is None else vae.config, device, dtype)
+        self.checkpoint, self.device, self.dtype = checkpoint, device, dtype
+        self.planner = Planner(checkpoint, tokenizer, transformer.config, None if vae is None else vae.config, device,
+                               dtype)
         self.text_offload: TextOffload | None = None
         self.block_swap: BlockSwap | None = None
         self.transformer = transformer
@@ -291,6 +299,14 @@ class Cosmos3Pipeline(Planner):
         self.linear_class: type | None = None  # how the transformer was built: the Reasoner's parts are built alike
         self.quantize: str | None = None
         self._reasoner: reasoning.Reasoner | None = None
+
+    @property
+    def variant(self) -> Variant:
+        return self.checkpoint.variant
+
+    def plan(self, prompt, request: Request | None = None, **options) -> Plan:
+        """A generation resolved once (`Planner.plan`): a host reads its estimate and notes, then `generate(plan)`."""
+        return self.planner.plan(prompt, request, **options)
 
     def __repr__(self) -> str:
         return f"Cosmos3Pipeline({str(self.checkpoint.root)!r}, {self.variant.describe()}, {self.dtype}, {self.device})"
@@ -312,7 +328,7 @@ class Cosmos3Pipeline(Planner):
                 part.to(device)
         if self._reasoner is not None:
             self._reasoner.to(device)
-        self.device = device
+        self.device = self.planner.device = device
         self._text_cache.clear()
         return self
 
@@ -458,7 +474,7 @@ class Cosmos3Pipeline(Planner):
             plan = self.plan(prompt, request, **options)
         r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
         log_notes(s)
-        self.check(plan)
+        self.planner.check(plan)
         self.transformer.media_block = compiled_media_block() if r.compile else DecoderLayer.media
         if parallel is not None and (r.sound or r.action is not None):
             raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
@@ -484,18 +500,8 @@ class Cosmos3Pipeline(Planner):
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
         latents = self.start_latents(shape, generator, clean, mask)
 
-        # Each track's noise follows the video's from the same generator: sound, then action.
-        sound_track = action_track = None
-        if r.sound:
-            if self.sound_tokenizer is None:
-                raise InputError("sound needs the checkpoint's sound tokenizer: load the pipeline with its VAE "
-                                 "(the sound tokenizer loads with it)")
-            sound_track = SoundTrack.for_clip(s.num_frames, s.fps, self.transformer.config.sound_dim,
-                                              self.sound_tokenizer, generator, self.device, self.schedule_for(s))
-        if s.action is not None:
-            action_track = ActionTrack(s.action, self.transformer.config.action_dim, generator, self.device,
-                                       self.schedule_for(s))
-        tracks = [t for t in (sound_track, action_track) if t is not None]
+        # Each track's noise follows the video's from the same generator, in TRACKS order.
+        tracks = [track for kind in TRACKS if (track := kind.for_request(self, s, r, generator)) is not None]
 
         guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
         self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
@@ -504,13 +510,8 @@ class Cosmos3Pipeline(Planner):
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile, progress=stage(progress, "decode"))
         result = Generation(latents.cpu(), frames, s, cache=cache and cache.report())
-        if sound_track is not None:
-            result.sound_latents = sound_track.latents.cpu()
-            result.sample_rate = self.sound_tokenizer.config.sampling_rate
-            if r.output == "frames":
-                result.sound = self.decode_sound(result.sound_latents, s.num_frames / s.fps if r.sound_trim else None)
-        if action_track is not None:
-            result.actions = action_track.actions()
+        for track in tracks:
+            track.finish(result, self, s, r)
         return result
 
     def _long_video(self, s: Settings, r: Request, cond_ids, uncond_ids, callback, parallel, progress,
@@ -637,8 +638,8 @@ class Cosmos3Pipeline(Planner):
         mode runs (a plain generation, each transfer chunk, each chunk of a long video).
 
         `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
-        transfer's). A track gives the transformer its tokens (`tokens()`, passed as its `segment`) and takes
-        its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack.
+        transfer's). A track (see `TRACKS`) gives the transformer its tokens (`tokens()`, a `TrackTokens`) and
+        takes its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack.
         """
         schedule = self.schedule_for(s)
         stepper = stepper_for(schedule)
@@ -649,11 +650,10 @@ class Cosmos3Pipeline(Planner):
 
         def velocities(k, ids, context) -> list[torch.Tensor]:
             # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
-            segments = {track.segment: track.tokens() for track in tracks}
             stack = None if cache is None else cache.layers(k)  # each pass (k-th of its step) caches on its own
-            out = self.transformer(latents, t, self.text_kv(ids), noisy, s.fps, sp=sp, context=context, stack=stack,
-                                   **segments)
-            return [out.vision.float()] + [getattr(out, track.segment).float() for track in tracks]
+            out = self.transformer(latents, t, self.text_kv(ids), noisy, s.fps, [track.tokens() for track in tracks],
+                                   sp=sp, context=context, stack=stack)
+            return [out.vision.float()] + [v.float() for v in out.tracks]
 
         for i, t in enumerate(schedule.timesteps):
             if cache is not None:

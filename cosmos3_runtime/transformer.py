@@ -17,6 +17,7 @@ C latent channels, p latent patch size.
 import functools
 import logging
 import math
+from collections.abc import Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import CheckpointError, InputError
+from .geometry import TEMPORAL_FACTOR
 from .parallel import Group, SequenceShards, check_heads
 from .rope import apply_rope, inverse_frequencies, media_positions, mrope_cos_sin, text_positions
 
@@ -46,7 +48,6 @@ _IGNORED_CONFIG_KEYS = {
 }
 _reported_unknown_keys: set[tuple[str, tuple[str, ...]]] = set()
 EDGE_BACKBONE = "cosmos3_edge_nemotron_dense"
-VAE_TEMPORAL_FACTOR = 4
 TIME_FREQ_CHANNELS = 256
 
 
@@ -410,24 +411,31 @@ class TextKV:
 
 
 @dataclass
-class SoundTokens:
-    latents: torch.Tensor  # [sound_dim, T_s]
-    noisy_frames: list[int] | None = None  # default: all
+class TrackTokens:
+    """Tokens denoised beside the video (a sound track, an action chunk): one token per row of `latents` [n, dim],
+    through the checkpoint's head named `head` (a key of TRACK_HEADS). The track places itself in time: its rows
+    sit at `fps` (None: the video's), every `temporal_factor` of them per latent frame of a video scaled by
+    `base_temporal_factor`, from `start_frame`."""
+
+    head: str
+    latents: torch.Tensor  # [n, dim]
+    noisy_frames: list[int] | None = None  # rows being denoised (default all); the rest are clean, zero velocity
+    fps: float | None = None
+    base_temporal_factor: int | None = None
+    start_frame: int = 0
+    domain: int | None = None  # the embodiment domain, for a head with one table per domain
 
 
-@dataclass
-class ActionTokens:
-    latents: torch.Tensor  # [T_a, action_dim]
-    domain: int
-    noisy_frames: list[int] | None = None  # default: all
-    start_frame: int = 1  # temporal position of the first action (0 when it is the current robot state)
+# The heads a checkpoint may carry for tracks: input projection, output projection, modality embedding, by the
+# checkpoint's own names.
+TRACK_HEADS = {"sound": ("audio_proj_in", "audio_proj_out", "audio_modality_embed"),
+               "action": ("action_proj_in", "action_proj_out", "action_modality_embed")}
 
 
 @dataclass
 class Velocity:
     vision: torch.Tensor  # [1, C, T, h, w], zero on conditioned frames
-    sound: torch.Tensor | None = None  # [sound_dim, T_s]
-    action: torch.Tensor | None = None  # [T_a, action_dim]
+    tracks: list[torch.Tensor] = field(default_factory=list)  # one [n, dim] per input track, in order
 
 
 class Cosmos3Transformer(nn.Module):
@@ -525,8 +533,7 @@ class Cosmos3Transformer(nn.Module):
         text: TextKV,
         noisy_frames: list[int] | None = None,
         fps: float = 24.0,
-        sound: SoundTokens | None = None,
-        action: ActionTokens | None = None,
+        tracks: Sequence[TrackTokens] = (),
         sp: Group | None = None,
         context: list[torch.Tensor] = (),
         stack=None,
@@ -536,7 +543,8 @@ class Cosmos3Transformer(nn.Module):
         latents [1, C, T, h, w] on the device the forward runs on; timestep a scalar tensor; text the prompt's cached
         K/V;
         noisy_frames the latent frames being denoised (default all; the rest are clean conditioning
-        and get no timestep embedding and zero velocity); fps the video frame rate; sp a
+        and get no timestep embedding and zero velocity); fps the video frame rate; tracks the tokens denoised beside
+        the video (their velocities come back in `Velocity.tracks`, in order); sp a
         sequence-parallel group (every rank passes the same inputs and gets the same result);
         context clean latent items [1, C, T', h', w'] placed before the video (transfer controls): no
         timestep embedding, no output, each at the positions the video would have at its size; stack(hidden, run)
@@ -563,33 +571,28 @@ class Cosmos3Transformer(nn.Module):
         for item in context:  # every item restarts at the media offset: a control and its video align token by token
             item_patches, item_grid = self.patchify(item.to(device=device, dtype=dtype)[0])
             segments.append(self.proj_in(item_patches))
-            positions.append(positions_of(item_grid, fps, temporal_factor=VAE_TEMPORAL_FACTOR))
+            positions.append(positions_of(item_grid, fps, temporal_factor=TEMPORAL_FACTOR))
         n_context = sum(segment.shape[0] for segment in segments)
         patches, grid = self.patchify(x)
         vision = self.proj_in(patches).view(T, grid[1] * grid[2], -1)
         vision[noisy] += temb
         segments.append(vision.flatten(0, 1))
-        positions.append(positions_of(grid, fps, temporal_factor=VAE_TEMPORAL_FACTOR))
-        if sound is not None:
-            tokens = self.audio_proj_in(sound.latents.to(device, dtype).t()) + self.audio_modality_embed.to(device)
-            tokens[_frames(sound.noisy_frames, tokens.shape[0])] += temb
+        positions.append(positions_of(grid, fps, temporal_factor=TEMPORAL_FACTOR))
+        for track in tracks:
+            proj_in, _, modality = self.track_head(track.head)
+            tokens = _project(proj_in, track.latents.to(device, dtype), track.domain) + modality.to(device)
+            tokens[_frames(track.noisy_frames, tokens.shape[0])] += temb
             segments.append(tokens)
-            positions.append(positions_of((tokens.shape[0], 1, 1), c.sound_latent_fps, temporal_factor=1))
-        if action is not None:
-            tokens = self.action_proj_in(action.latents.to(device, dtype), action.domain)
-            tokens = tokens + self.action_modality_embed.to(device)
-            tokens[_frames(action.noisy_frames, tokens.shape[0])] += temb
-            segments.append(tokens)
-            positions.append(positions_of((tokens.shape[0], 1, 1), fps, temporal_factor=1,
-                                          base_temporal_factor=VAE_TEMPORAL_FACTOR,
-                                          start_frame=action.start_frame))
+            positions.append(positions_of((tokens.shape[0], 1, 1), fps if track.fps is None else track.fps,
+                                          temporal_factor=1, base_temporal_factor=track.base_temporal_factor,
+                                          start_frame=track.start_frame))
 
         hidden = torch.cat(segments)
         cos, sin = self.rope(torch.cat(positions, dim=1))
         shards = None
         if sp is not None:
-            if action is not None:
-                raise InputError("action generation does not support sequence parallelism; run it with sp=1")
+            if tracks:
+                raise InputError("sound and action tracks do not run under sequence parallelism; run them with sp=1")
             check_heads(sp, c.num_attention_heads, c.num_key_value_heads)
             shards = SequenceShards(sp, hidden.shape[0])
             hidden, cos, sin = shards.shard(hidden), shards.shard(cos), shards.shard(sin)
@@ -607,30 +610,34 @@ class Cosmos3Transformer(nn.Module):
 
         n_vision = vision.shape[0] * vision.shape[1]
         video = slice(n_context, n_context + n_vision)
-        if shards is not None and sound is None:  # gather 192-wide patch outputs, not hidden states
+        if shards is not None:  # gather 192-wide patch outputs, not hidden states (no tracks: refused above)
             patches = shards.gather(self.proj_out(hidden))[video]
             vision_out = patches.view(T, -1, patches.shape[-1])[noisy].flatten(0, 1)
         else:
-            if shards is not None:
-                hidden = shards.gather(hidden)
             vision_out = self.proj_out(hidden[video].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1))
         velocity = torch.zeros_like(x)
         if noisy:
             velocity[:, noisy] = self.unpatchify(vision_out, len(noisy), grid, h, w)
         result = Velocity(velocity.unsqueeze(0))
         start = video.stop
-        if sound is not None:
-            n = sound.latents.shape[1]
-            frames = _frames(sound.noisy_frames, n)
-            result.sound = torch.zeros_like(sound.latents, dtype=dtype, device=device)
-            result.sound[:, frames] = self.audio_proj_out(hidden[start : start + n][frames]).t()
+        for track in tracks:
+            n = track.latents.shape[0]
+            rows = _frames(track.noisy_frames, n)
+            out = torch.zeros_like(track.latents, dtype=dtype, device=device)
+            out[rows] = _project(self.track_head(track.head)[1], hidden[start : start + n][rows], track.domain)
+            result.tracks.append(out)
             start += n
-        if action is not None:
-            n = action.latents.shape[0]
-            frames = _frames(action.noisy_frames, n)
-            result.action = torch.zeros_like(action.latents, dtype=dtype, device=device)
-            result.action[frames] = self.action_proj_out(hidden[start : start + n][frames], action.domain)
         return result
+
+    def track_head(self, name: str) -> tuple[nn.Module, nn.Module, torch.Tensor]:
+        """The input projection, output projection and modality embedding of the track head `name`."""
+        if name not in TRACK_HEADS or not hasattr(self, TRACK_HEADS[name][0]):
+            raise InputError(f"this checkpoint has no {name} head (its transformer config does not enable it)")
+        return tuple(getattr(self, attribute) for attribute in TRACK_HEADS[name])
+
+
+def _project(module: nn.Module, x: torch.Tensor, domain: int | None) -> torch.Tensor:
+    return module(x) if domain is None else module(x, domain)
 
 
 MEDIA_PATHWAY = ("_moe_gen", "self_attn.add_", "self_attn.to_add_out", "self_attn.norm_added_")

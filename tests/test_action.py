@@ -77,7 +77,7 @@ def test_action_prompt_token_ids_match_diffusers(checkpoint, ours):
     height, width = canvas_size(request.clip(), 480)
     expected = reference.tokenize_prompt("Stack the cups", "low quality", num_frames=9, height=height, width=width,
                                          fps=15.0, action_mode="policy", action_view_point="wrist_view")
-    _, cond, uncond = ours.prepare("Stack the cups", cosmos3_runtime.Request(action=request, fps=15.0,
+    _, cond, uncond = ours.planner.prepare("Stack the cups", cosmos3_runtime.Request(action=request, fps=15.0,
                                                                                negative_prompt="low quality"))
     assert (cond, uncond) == tuple(list(ids) for ids in expected)
 
@@ -181,9 +181,10 @@ def test_droid_server_layout(tiny_factory):
     seen = []
     original = type(pipe.transformer).forward
 
-    def forward(model, *args, action=None, **kwargs):
+    def forward(model, latents, timestep, text, noisy_frames, fps, tracks, **kwargs):
+        (action,) = tracks
         seen.append((action.start_frame, list(action.noisy_frames), action.latents.clone()))
-        return original(model, *args, action=action, **kwargs)
+        return original(model, latents, timestep, text, noisy_frames, fps, tracks, **kwargs)
 
     type(pipe.transformer).forward = forward
     try:

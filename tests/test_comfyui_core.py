@@ -88,7 +88,7 @@ def test_one_forward_equals_the_pack_transformer(core, models):
     conds = model.model.extra_conds(**positive[0][1], cross_attn=positive[0][0], noise=x, device=torch.device("cpu"))
     denoised = model.model.apply_model(x, sigma, **{k: c.cond for k, c in conds.items()})
     request = dict(num_frames=9, **SIZE, fps=16.0, negative_prompt="")
-    _, ids, _ = pipe.prepare("a red ball rolls", core.pack.sampling.Request(**request))
+    _, ids, _ = pipe.planner.prepare("a red ball rolls", core.pack.sampling.Request(**request))
     expected = pipe.transformer(x, sigma * 1000, pipe.text_kv(ids), None, 16.0).vision
     torch.testing.assert_close((x - denoised) / sigma, expected, atol=1e-5, rtol=0)
 

@@ -33,7 +33,7 @@ def forward_calls(pipe, monkeypatch):
 def test_cfg_runs_each_branch_at_its_own_text_length(pipe, forward_calls):
     result = pipe.generate("a long and detailed prompt about a cat", negative_prompt="", num_frames=5, steps=3,
                            guidance_scale=4.0, **SMALL)
-    _, cond_ids, uncond_ids = pipe.prepare("a long and detailed prompt about a cat",
+    _, cond_ids, uncond_ids = pipe.planner.prepare("a long and detailed prompt about a cat",
                                            cosmos3_runtime.Request(negative_prompt="", num_frames=5, **SMALL))
     assert len(cond_ids) != len(uncond_ids)
     lengths = [length for length, _ in forward_calls]
@@ -223,7 +223,7 @@ def test_the_memory_check_can_be_turned_off_and_the_estimate_follows_the_request
 
     def total(**options):
         r = Request(**options)
-        return pipe.memory_estimate(resolve(pipe.variant, r), r, 300, 40).total
+        return pipe.planner.memory_estimate(resolve(pipe.variant, r), r, 300, 40).total
 
     assert total(width=1280, height=720, num_frames=81) > total(width=640, height=352, num_frames=81)
     assert total(num_frames=81, vae_tile=8) < total(num_frames=81)

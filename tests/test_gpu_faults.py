@@ -15,7 +15,7 @@ import cosmos3_runtime
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.quantize import Fp8Linear, per_row_fp8, scaled_fp8_linear
 from cosmos3_runtime.tiny import RELEASED
-from cosmos3_runtime.transformer import (ActionTokens, Cosmos3Transformer, SoundTokens, TransformerConfig, attention,
+from cosmos3_runtime.transformer import (Cosmos3Transformer, TrackTokens, TransformerConfig, attention,
                                          takes_grouped_kv)
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -151,12 +151,12 @@ def test_a_forward_runs_where_its_inputs_are_when_small_modules_stay_in_ram(tiny
     model = held_by_a_host(tiny_factory(kind=kind, **heads), quantize=quantize).transformer
     meta = torch.device("meta")
     assert model.layers[0].input_layernorm.weight.device.type == "cpu"
-    tracks = {"action": ActionTokens(torch.randn(5, 64, device=meta), domain=3)} if "action" in heads else \
-        {"sound": SoundTokens(torch.randn(16, 7, device=meta))}
+    tracks = [TrackTokens("action", torch.randn(5, 64, device=meta), domain=3) if "action" in heads else
+              TrackTokens("sound", torch.randn(7, 16, device=meta))]
     with torch.inference_mode(), VirtualDevice() as virtual:
         text = model.encode_text(torch.arange(12), meta)
-        out = model(torch.randn(1, 48, 2, 4, 6, device=meta), torch.tensor(900), text, **tracks)
-    assert out.vision.device == meta and all(getattr(out, name).device == meta for name in tracks)
+        out = model(torch.randn(1, 48, 2, 4, 6, device=meta), torch.tensor(900), text, tracks=tracks)
+    assert out.vision.device == meta and len(out.tracks) == 1 and out.tracks[0].device == meta
     assert virtual.ops > 100
 
 
@@ -215,12 +215,12 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
         quantize_fp8(model)
     meta = torch.device("meta")
     w, h, f = size
-    tracks = {"action": ActionTokens(torch.randn(16, 64, device=meta), domain=0)} if config.action_gen else \
-        {"sound": SoundTokens(torch.randn(64, 126, device=meta))} if config.sound_gen else {}
+    tracks = [TrackTokens("action", torch.randn(16, 64, device=meta), domain=0)] if config.action_gen else \
+        [TrackTokens("sound", torch.randn(126, 64, device=meta))] if config.sound_gen else []
     with torch.inference_mode(), VirtualDevice() as virtual:
         text = model.encode_text(torch.arange(300) % 1000, meta)
         out = model(torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device=meta), torch.tensor(900), text,
-                    **tracks)
+                    tracks=tracks)
     assert out.vision.shape == (1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
     settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
                                transfer=None, chunks=None)

@@ -132,7 +132,7 @@ def test_long_video_takes_a_prompt_per_chunk_and_reports_each_chunk(pipe):
     original = pipe.text_kv
 
     def spy(ids):
-        texts.append(pipe.tokenizer.tokenizer.decode(ids))
+        texts.append(pipe.planner.tokenizer.tokenizer.decode(ids))
         return original(ids)
 
     pipe.text_kv = spy

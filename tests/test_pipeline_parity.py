@@ -103,7 +103,7 @@ def test_token_ids_match_diffusers(checkpoint, ours, prompt, negative, frames, s
     expected = pipe.tokenize_prompt(prompt, negative, **options)
     request = cosmos3_runtime.Request(num_frames=frames, width=832, height=480, negative_prompt=negative,
                                       use_system_prompt=system, json_captions=False)
-    _, cond, uncond = ours.prepare(prompt, request)
+    _, cond, uncond = ours.planner.prepare(prompt, request)
     assert (cond, uncond) == tuple(list(ids) for ids in expected)
 
 

@@ -92,12 +92,12 @@ def test_transfer_matches_diffusers(ours, theirs, case):
 
 
 def test_the_prompt_is_read_verbatim_under_the_transfer_system_prompt(ours, theirs):
-    s, cond, uncond = ours.prepare(PROMPT, Request(control_videos={"edge": clip(5, 0)}))
+    s, cond, uncond = ours.planner.prepare(PROMPT, Request(control_videos={"edge": clip(5, 0)}))
     assert cond == ref.transfer_tokens(theirs, PROMPT) and uncond == ref.transfer_tokens(theirs, "")
-    text = ours.tokenizer.tokenizer.decode(cond)
+    text = ours.planner.tokenizer.tokenizer.decode(cond)
     assert transfer.SYSTEM_PROMPT in text and "resolution" not in text and s.mode == "transfer"
-    _, plain, _ = ours.prepare(PROMPT, Request(control_videos={"edge": clip(5, 0)}, use_system_prompt=False))
-    assert transfer.SYSTEM_PROMPT not in ours.tokenizer.tokenizer.decode(plain)
+    _, plain, _ = ours.planner.prepare(PROMPT, Request(control_videos={"edge": clip(5, 0)}, use_system_prompt=False))
+    assert transfer.SYSTEM_PROMPT not in ours.planner.tokenizer.tokenizer.decode(plain)
 
 
 @pytest.mark.parametrize("total, chunk_frames, overlap, expected", [

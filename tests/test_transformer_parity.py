@@ -5,7 +5,8 @@ from conftest import require
 import torch
 
 import cosmos3_runtime
-from cosmos3_runtime.transformer import ActionTokens, SoundTokens
+from cosmos3_runtime.geometry import TEMPORAL_FACTOR
+from cosmos3_runtime.transformer import TrackTokens
 
 require("diffusers", minversion="0.42.1")
 import diffusers_reference as ref  # noqa: E402
@@ -67,13 +68,15 @@ def test_sound_and_action_heads_match_diffusers(models):
         _timestep(700),
         ours.encode_text(ids),
         noisy_frames=[1, 2],
-        sound=SoundTokens(sound),
-        action=ActionTokens(action, domain=8, noisy_frames=list(range(1, 8))),
+        tracks=[TrackTokens("sound", sound.t(), fps=ours.config.sound_latent_fps),
+                TrackTokens("action", action, list(range(1, 8)), base_temporal_factor=TEMPORAL_FACTOR, start_frame=1,
+                            domain=8)],
     )
-    for ours_v, theirs_v in zip((got.vision, got.sound, got.action), expected):
+    sound_v, action_v = got.tracks
+    for ours_v, theirs_v in zip((got.vision, sound_v.t(), action_v), expected):
         assert theirs_v.abs().max() > 0.1
         torch.testing.assert_close(ours_v, theirs_v, atol=TOL, rtol=0)
-    assert torch.count_nonzero(got.action[0]) == 0
+    assert torch.count_nonzero(action_v[0]) == 0
 
 
 def test_cached_text_kv_equals_fresh_encoding(models):

@@ -28,7 +28,7 @@ import torch
 
 from ...cosmos3_runtime import InputError, Request, TextKV
 from ...cosmos3_runtime.budget import estimate
-from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
+from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, pixel_frames
 from ...cosmos3_runtime.settings import default_flow_shift
 from .prompt_marker import PROMPT_KEY, PromptMarker
 
@@ -191,12 +191,12 @@ class Cosmos3Model(comfy.model_base.BaseModel):
 def prompt_ids(pipeline, prompt, latent_shape) -> list[int]:
     """The token ids of a core-path prompt for a latent [B, C, T, h, w], as the pack's sampler builds them."""
     _, _, frames, h, w = latent_shape
-    request = Request.build(**prompt.options, num_frames=1 + (frames - 1) * TEMPORAL_FACTOR, height=h * SPATIAL_FACTOR,
+    request = Request.build(**prompt.options, num_frames=pixel_frames(frames), height=h * SPATIAL_FACTOR,
                             width=w * SPATIAL_FACTOR, fps=prompt.fps, check_memory=False)
     if prompt.negative:
-        _, _, ids = pipeline.prepare("", Request.build(request, negative_prompt=prompt.text))
+        _, _, ids = pipeline.planner.prepare("", Request.build(request, negative_prompt=prompt.text))
     else:
-        _, ids, _ = pipeline.prepare(prompt.text, request)
+        _, ids, _ = pipeline.planner.prepare(prompt.text, request)
     return ids
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .action import default_preset
 from .errors import CheckpointError
+from .modelopt_fp8 import Quantization, read_quantization
 from .schedulers import FLOW_MATCH_EULER
 from .transformer import EDGE_BACKBONE, TransformerConfig
 
@@ -49,6 +50,7 @@ class Variant:
     pipeline_class: str
     scheduler_class: str  # scheduler/scheduler_config.json _class_name (the 'checkpoint' schedule runs it)
     default_action_preset: str = "framework"  # droid-server when the folder or repo id names Policy-DROID
+    quantization: Quantization | None = None  # an official FP8 checkpoint's (transformer config's quantization_config)
 
     def describe(self) -> str:
         parts = ["Edge (dense relu2)" if self.is_edge else "gated (SwiGLU)"]
@@ -61,6 +63,8 @@ class Variant:
             parts.append("action head")
         if self.has_sound:
             parts.append("sound head" if self.has_sound_tokenizer else "sound head (no sound tokenizer)")
+        if self.quantization is not None:
+            parts.append(self.quantization.describe())
         return ", ".join(parts)
 
 
@@ -173,6 +177,8 @@ def _detect(root: Path) -> Variant:
         pipeline_class=index["_class_name"],
         scheduler_class=str(scheduler.get("_class_name", "UniPCMultistepScheduler")),
         default_action_preset=default_preset(str(root)),
+        quantization=read_quantization(transformer_raw.get("quantization_config"),
+                                       str(root / "transformer" / "config.json")),
     )
 
 

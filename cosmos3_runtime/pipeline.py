@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import budget, chunks, keyframes, transfer
+from . import budget, chunks, keyframes, modelopt_fp8, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError
@@ -30,7 +30,7 @@ from .sound import SoundTrack, load_sound_tokenizer
 from .step_cache import StepCache
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
-from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
+from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block, pathway_of,
                           linear_layers)
 from . import reasoner as reasoning
 from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, image_frames, stage
@@ -102,10 +102,9 @@ def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.
         load_gguf_weights(model, gguf, dtype, device, rename, keep_fp32=("time_embedder.",))
         return model
     headers, _ = read_headers(checkpoint.path("transformer"))
-    fp8_weights = {rename(key) for key, entry in headers.items() if entry["dtype"] == "F8_E4M3"}  # ModelOpt fp8
     with torch.device("meta"), linear_layers(linear_class):
         model = Cosmos3Transformer(config, media)
-        expect_stored_fp8(model, fp8_weights)
+        expect_stored_fp8(model, headers, rename, pathway_of)  # ModelOpt FP8
     load_weights(
         model,
         checkpoint.path("transformer"),
@@ -294,7 +293,7 @@ class Cosmos3Pipeline:
         self.vae = vae
         self.sound_tokenizer = sound_tokenizer
         self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
-        self._text_cache: OrderedDict[tuple[int, ...], TextKV] = OrderedDict()
+        self._text_cache: OrderedDict[tuple, TextKV] = OrderedDict()
         self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
         self.linear_class: type | None = None  # how the transformer was built: the Reasoner's parts are built alike
         self.quantize: str | None = None
@@ -343,7 +342,7 @@ class Cosmos3Pipeline:
 
     def text_kv(self, ids: list[int]) -> TextKV:
         """The prompt's per-layer text K/V, computed once and kept for the last two prompts (cond, uncond)."""
-        key = tuple(ids)
+        key = self._text_key(ids)
         if key in self._text_cache:
             self._text_cache.move_to_end(key)
         else:
@@ -353,6 +352,10 @@ class Cosmos3Pipeline:
             while len(self._text_cache) > TEXT_CACHE_SIZE:
                 self._text_cache.popitem(last=False)
         return self._text_cache[key]
+
+    @staticmethod
+    def _text_key(ids: list[int]) -> tuple:
+        return tuple(ids), modelopt_fp8.runs_w8a8("text")  # an FP8 text tower's K/V depend on its precision
 
     @property
     def reasoner(self) -> reasoning.Reasoner:
@@ -433,7 +436,8 @@ class Cosmos3Pipeline:
         sampling = reasoning.Sampling.resolve(thinking, temperature, top_p, top_k, presence_penalty)
         reasoner = self.reasoner
         on_device = self.text_offload.on(self.device) if self.text_offload is not None else nullcontext()
-        with on_device:
+        quantization = self.variant.quantization
+        with on_device, modelopt_fp8.for_text(quantization and quantization.policy):
             return reasoner.answer(messages, images, videos, sampling=sampling, thinking=thinking, **options)
 
     @torch.inference_mode()
@@ -472,9 +476,13 @@ class Cosmos3Pipeline:
             plan = prompt
         else:
             plan = self.plan(prompt, request, **options)
-        r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
-        log_notes(s)
+        log_notes(plan.settings)
         self.planner.check(plan)
+        with modelopt_fp8.for_text(plan.settings.fp8_policy):  # each step sets the media pathway's own precision
+            return self._generate(plan, callback, parallel, progress)
+
+    def _generate(self, plan: Plan, callback, parallel, progress) -> Generation:
+        r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
         self.transformer.media_block = compiled_media_block() if r.compile else DecoderLayer.media
         if parallel is not None and (r.sound or r.action is not None):
             raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
@@ -616,7 +624,7 @@ class Cosmos3Pipeline:
         if parallel is not None and parallel.cfg is not None:
             return
         prompts = [cond_ids] + ([uncond_ids] if s.guidance_scale != 1.0 else [])
-        new = any(tuple(ids) not in self._text_cache for ids in prompts)
+        new = any(self._text_key(ids) not in self._text_cache for ids in prompts)
         on_device = self.text_offload.on(self.device) if self.text_offload is not None and new else nullcontext()
         with on_device:  # an offloaded text tower visits the device once for both prompts
             for done, ids in enumerate(prompts, 1):
@@ -661,10 +669,11 @@ class Cosmos3Pipeline:
             # Each pass runs at its own text length: padding one to the other's would leave zero keys that the
             # (unmasked) media attention still weights.
             passes = guidance.passes(float(t))
-            if cfg is not None and len(passes) == 2:  # one pass per rank group, exchanged (no tracks)
-                outputs = [[v] for v in exchange_branches(cfg, velocities(cfg.rank, *passes[cfg.rank])[0])]
-            else:
-                outputs = [velocities(k, *p) for k, p in enumerate(passes)]
+            with modelopt_fp8.for_step(s.fp8_policy, i, len(schedule)):
+                if cfg is not None and len(passes) == 2:  # one pass per rank group, exchanged (no tracks)
+                    outputs = [[v] for v in exchange_branches(cfg, velocities(cfg.rank, *passes[cfg.rank])[0])]
+                else:
+                    outputs = [velocities(k, *p) for k, p in enumerate(passes)]
             combined = guidance.combine(float(t), outputs)
             velocity = combined[0]
             if callback is not None:  # the model's current guess of the result: what previews should show

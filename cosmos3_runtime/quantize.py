@@ -1,5 +1,6 @@
 """fp8 weights: float8_e4m3fn with one scale per output channel, made at load time from bf16 checkpoints
-(or read from ModelOpt fp8 checkpoints, whose per-tensor scale is broadcast to the rows).
+(or read from ModelOpt fp8 checkpoints, whose per-tensor scale is broadcast to the rows; those with a static input
+scale run as their checkpoint says, see `modelopt_fp8`).
 
 Each quantized linear keeps `weight` [out, in] in float8_e4m3fn and `scale` [out] in float32
 (amax of the row / 448, the format's largest value). Two ways to run it:
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import InputError
+from .modelopt_fp8 import runs_w8a8, w8a8_linear
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -41,9 +43,10 @@ def per_row_fp8(weight: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
 
 
 class Fp8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, stored: bool = False):
+    def __init__(self, linear: nn.Linear, stored: bool = False, calibrated: bool = False, pathway: str | None = None):
         """From a full-precision linear, or (`stored`) an empty shell for fp8 weights and scales read from a
-        pre-quantized checkpoint (ModelOpt: a per-tensor scale, broadcast to the rows)."""
+        pre-quantized checkpoint (ModelOpt: a per-tensor scale, broadcast to the rows; `calibrated`: with the
+        static input range `input_amax` that W8A8 quantizes the activations by, for a linear of `pathway`)."""
         super().__init__()
         if stored:
             shape = linear.weight.shape
@@ -51,6 +54,8 @@ class Fp8Linear(nn.Module):
             self.scale = nn.Parameter(torch.empty(shape[0], device="meta"), requires_grad=False)
         else:
             self.weight, self.scale = per_row_fp8(linear.weight.data)
+        self.input_amax = nn.Parameter(torch.empty((), device="meta"), requires_grad=False) if calibrated else None
+        self.pathway = pathway
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
@@ -60,6 +65,9 @@ class Fp8Linear(nn.Module):
         # a host's memory manager may leave this layer in CPU memory: its fp8 bytes come over at use
         weight, scale = self.weight.to(x.device, non_blocking=True), self.scale.to(x.device, non_blocking=True)
         bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
+        if self.input_amax is not None and runs_w8a8(self.pathway):  # tensorwise scales: every row holds the same
+            input_scale = self.input_amax.to(x.device).float() / FP8_MAX
+            return w8a8_linear(x, weight, scale[0].float(), input_scale, bias)
         if self.scaled and self.in_features % 16 == 0 and self.out_features % 16 == 0:
             return scaled_fp8_linear(x, weight, scale, bias)
         return F.linear(x, weight.to(x.dtype) * scale.to(x.dtype)[:, None], bias)
@@ -173,13 +181,20 @@ class Fp8Embedding(nn.Module):
         return self.weight[ids].to(self.dtype) * self.scale[ids].to(self.dtype)[:, None]
 
 
-def expect_stored_fp8(model: nn.Module, fp8_weights: set[str]) -> None:
-    """Make fp8 shells of the linears whose `<name>.weight` a checkpoint stores in fp8 (built on the meta device)."""
+def expect_stored_fp8(model: nn.Module, headers: dict, rename, pathway_of=lambda name: None) -> None:
+    """Make fp8 shells (built on the meta device) of the linears whose weight the checkpoint (its safetensors
+    `headers`, keys mapped by `rename`) stores in fp8, with a static input range where it has one (ModelOpt FP8);
+    `pathway_of(name)` says which pathway's precision a linear follows."""
+    names = {key: rename(key) for key in headers}  # every key mapped first: unreadable buffers are refused now
+    fp8_weights = {names[key] for key, entry in headers.items() if entry["dtype"] == "F8_E4M3"}
+    calibrated = {name for name in names.values() if name is not None and name.endswith(".input_amax")}
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and f"{full}.weight" in fp8_weights:
-                setattr(module, child_name, Fp8Linear(child, stored=True))
+                shell = Fp8Linear(child, stored=True, calibrated=f"{full}.input_amax" in calibrated,
+                                  pathway=pathway_of(full))
+                setattr(module, child_name, shell)
 
 
 def weight_bytes(model: nn.Module) -> int:

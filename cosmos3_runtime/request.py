@@ -20,6 +20,7 @@ from .vae import TileSpec
 
 SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
 CACHES = ("seacache", "off")
+FP8_POLICIES = ("checkpoint", "on", "off")
 OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
 LONGEST_WINDOW = 201  # frames generated in one window by default; longer videos run in chunks (NVIDIA lists <= 200 at 720p)
@@ -166,6 +167,13 @@ class Request:
                                     "runs in full again; higher skips more (0: never skips)", type=float)
     cache_residual_order: int = option(1, "SeaCache: how a skipped pass extrapolates the stored residuals: 0 reuses "
                                        "the last, 1 linear, 2 quadratic", type=int)
+    fp8_policy: str = option("checkpoint", "official FP8 checkpoints: checkpoint (its step policy: W8A16 on the first "
+                             "and last 3 steps, W8A8 between; distilled ones W8A8 throughout), off (W8A8 throughout), "
+                             "on (the first/last policy even where the checkpoint declares none)", choices=FP8_POLICIES)
+    fp8_first_steps: int | None = option(None, "official FP8 checkpoints: W8A16 steps at the start (auto: the "
+                                         "checkpoint's, 3)", type=int)
+    fp8_last_steps: int | None = option(None, "official FP8 checkpoints: W8A16 steps at the end (auto: the "
+                                        "checkpoint's, 3)", type=int)
     compile: bool = option(False, "compile the transformer's media block with torch.compile (one compile serves "
                            "every layer): the first run pays the compile, and once more at a new size")
 
@@ -202,6 +210,11 @@ class Request:
             raise InputError(f"cache_threshold must be 0 or more (0: never skips), got {self.cache_threshold}")
         if self.cache_residual_order not in (0, 1, 2):
             raise InputError(f"cache_residual_order must be 0, 1 or 2, got {self.cache_residual_order}")
+        if self.fp8_policy not in FP8_POLICIES:
+            raise InputError(f"fp8_policy must be one of {', '.join(FP8_POLICIES)}, got {self.fp8_policy!r}")
+        for name in ("fp8_first_steps", "fp8_last_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise InputError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if sum(x is not None for x in (self.image, self.video, self.condition_latents)) > 1:
             raise InputError("give one of an image (image-to-video), a video or condition latents (video-to-video)")
         if self.action is not None and (self.image is not None or self.video is not None):

@@ -22,6 +22,7 @@ from . import chunks, keyframes, transfer
 from .checkpoint import Variant
 from .errors import InputError
 from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
+from .modelopt_fp8 import StepPolicy, resolve_policy
 from .geometry import TEMPORAL_FACTOR, latent_frames, pixel_frames, round_down_frames
 from .request import LONGEST_WINDOW, Request
 from .schedulers import FLOW_MATCH_EULER
@@ -61,6 +62,7 @@ class Settings:
     chunk_ids: Any = None  # a long video with a prompt per chunk: each chunk's token ids (else one prompt serves all)
     applied: int = 0  # the first `applied` notes say what was applied (INFO), the rest what changed (warnings)
     cache: CacheConfig | None = None  # the step cache (None: off)
+    fp8_policy: StepPolicy | None = None  # an official FP8 checkpoint's W8A16 steps (None: W8A8 throughout, or not FP8)
 
     @property
     def latent_frames(self) -> int:
@@ -146,8 +148,13 @@ def resolve(variant: Variant, request: Request) -> Settings:
         action=r.action,
         cache=_cache(r, len(condition_frames) < latent_frames(num_frames), notes),
         chunks=_long_video(r, num_frames, notes, applied),
+        fp8_policy=_fp8_policy(variant, r, notes),
     )
     return _report(settings, applied)
+
+
+def _fp8_policy(variant: Variant, r: Request, notes: list[str]) -> StepPolicy | None:
+    return resolve_policy(variant.quantization, r.fp8_policy, r.fp8_first_steps, r.fp8_last_steps, notes)
 
 
 DEFAULT_CHUNK = 93  # frames per chunk of a long video (the chunk NVIDIA's servers make transfers in)
@@ -222,6 +229,7 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         schedule=schedule, guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
         negative_prompt=r.negative_prompt or "", use_system_prompt=r.use_system_prompt is not False,
         mode="transfer", condition_frames=(), notes=notes, transfer=plan, chunks=plan, cache=_cache(r, True, notes),
+        fp8_policy=_fp8_policy(variant, r, notes),
     )
 
 

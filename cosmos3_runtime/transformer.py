@@ -651,6 +651,13 @@ def compiled_media_block(backend: str = "inductor"):
     return torch.compile(DecoderLayer.media, backend=backend)
 
 
+def pathway_of(name: str) -> str | None:
+    """The precision pathway of a linear: "media" or "text" inside the layers, None for the projections around them."""
+    if not name.startswith("layers."):
+        return None
+    return "media" if tower_of(name) == "media tower" else "text"
+
+
 def tower_of(name: str) -> str:
     """Which part a parameter belongs to: "text tower", "media tower" or "embeddings and heads"."""
     if name.startswith("embed_tokens."):
@@ -679,13 +686,35 @@ def checkpoint_key_mapper(config: TransformerConfig, media: bool = True):
             return None
         if not media and tower_of(key) != "text tower":
             return None
-        if key.endswith(".weight_quantizer._scale"):  # ModelOpt fp8: the weight's per-tensor scale
-            return map_key(key[: -len(".weight_quantizer._scale")] + ".scale")
-        if "_quantizer." in key:  # other calibration buffers (activation scales): W8A16 needs none
-            return None
         for old, new in aliases.items():
             if key.startswith(old):
                 return new + key[len(old) :]
         return key
 
-    return map_key
+    return with_quantizer_buffers(map_key)
+
+
+# ModelOpt FP8 buffers beside a linear's weight, and what they load as (None: not needed).
+QUANTIZER_BUFFERS = {
+    ".weight_quantizer._scale": ".scale",  # the weight's tensorwise scale
+    ".input_quantizer._amax": ".input_amax",  # the static activation range W8A8 quantizes by
+    ".weight_quantizer._amax": None,  # the weight's range: `_scale` is it divided by 448
+}
+
+
+def with_quantizer_buffers(map_key):
+    """`map_key` extended to ModelOpt FP8's quantizer buffers: each maps as its linear does; any other quantizer
+    buffer is refused by name (before any weight is read: loaders map every key of the headers first)."""
+
+    def mapped(key: str) -> str | None:
+        for suffix, target in QUANTIZER_BUFFERS.items():
+            if key.endswith(suffix):
+                base = map_key(key[: -len(suffix)] + ".weight")
+                return None if base is None or target is None else base.removesuffix(".weight") + target
+        if "_quantizer." in key:
+            raise CheckpointError(f"{key}: a ModelOpt quantizer buffer this pack does not read (it runs tensorwise "
+                                  "FP8 weights and activations; SmoothQuant pre-scales, output quantizers and "
+                                  "other formats are not supported)")
+        return map_key(key)
+
+    return mapped

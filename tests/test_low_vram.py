@@ -94,8 +94,9 @@ def test_bad_low_vram_options(tiny_gated):
 
 
 def test_modelopt_fp8_checkpoints_are_read_with_their_scales(tiny_gated, tmp_path):
-    """Per-tensor scales (`*.weight_quantizer._scale`) applied, activation scales ignored (W8A16): the model
-    equals a bf16 checkpoint holding the dequantized weights."""
+    """A weight-only ModelOpt file (`*.weight_quantizer._scale` and `_amax`, no input range): the per-tensor scales
+    applied, the model equals a bf16 checkpoint holding the dequantized weights. (Calibrated files, with input
+    ranges, run W8A8: tests/test_modelopt_fp8.py.)"""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -110,7 +111,7 @@ def test_modelopt_fp8_checkpoints_are_read_with_their_scales(tiny_gated, tmp_pat
             tensors[name] = (w / scale).to(torch.float8_e4m3fn)
             base = name[: -len(".weight")]
             tensors[base + ".weight_quantizer._scale"] = scale.reshape(())
-            tensors[base + ".input_quantizer._scale"] = torch.tensor(1.0)
+            tensors[base + ".weight_quantizer._amax"] = w.abs().max().reshape(())
             plain[name] = tensors[name].to(torch.bfloat16) * scale.to(torch.bfloat16)
         save_file(tensors, str(shard))
         original = load_file(str(dequantized / "transformer" / shard.name))

@@ -22,7 +22,8 @@ from ..errors import CheckpointError, InputError
 from ..gguf_weights import expanded_bytes, expanded_once, quantized_linears
 from ..tokenizer import PromptTokenizer
 from ..transformer import Cosmos3Transformer, linear_layers, tower_of
-from ..weights import load_weights
+from ..quantize import expect_stored_fp8
+from ..weights import load_weights, read_headers
 from . import chat, processing, upsample
 from .chat import IMAGE, VIDEO, Prompt
 from .config import EDGE, OMNI, ReasonerConfig, read_config, read_processor
@@ -159,10 +160,13 @@ class Reasoner:
         config = read_config(checkpoint.root, family, tc.hidden_size, tc.num_hidden_layers)
         root_tokenizer = (checkpoint.root / "tokenizer.json").is_file()
         tokenizer = PromptTokenizer(checkpoint.root if root_tokenizer else checkpoint.tokenizer_dir())
-        with torch.device("meta"), linear_layers(linear_class):
-            head = ReasonerHead(tc)
+        rename = head_key_mapper(tc)
         try:
-            load_weights(head, checkpoint.path("transformer"), dtype, device, rename=head_key_mapper(tc))
+            with torch.device("meta"), linear_layers(linear_class):
+                head = ReasonerHead(tc)
+                expect_stored_fp8(head, read_headers(checkpoint.path("transformer"))[0], rename,
+                                  lambda name: "text")  # an official FP8 checkpoint's last text layer
+            load_weights(head, checkpoint.path("transformer"), dtype, device, rename=rename)
         except CheckpointError as exc:
             raise CheckpointError(f"the Reasoner's output head and last text layer could not be read from "
                                   f"{checkpoint.path('transformer')} ({exc}); a GGUF transformer file does not hold "

@@ -27,6 +27,7 @@ import comfy.supported_models_base
 import torch
 
 from ...cosmos3_runtime import InputError, Request, TextKV
+from ...cosmos3_runtime import modelopt_fp8
 from ...cosmos3_runtime.budget import estimate
 from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, pixel_frames
 from ...cosmos3_runtime.settings import default_flow_shift
@@ -84,14 +85,14 @@ class Cosmos3Config(comfy.supported_models_base.BASE):
 class Cosmos3Network(torch.nn.Module):
     """The pack's transformer as ComfyUI's diffusion_model: forward(x, timestep, ...) -> velocity like x."""
 
-    def __init__(self, transformer, distilled: bool = False):
+    def __init__(self, transformer, distilled: bool = False, fp8_policy=None):
         super().__init__()
         for name, child in transformer.named_children():
             self.add_module(name, child)
         for name, parameter in transformer.named_parameters(recurse=False):
             self.register_parameter(name, parameter)
         self.runtime = (transformer,)  # a tuple: not registered twice
-        self.inner_forward = VelocityForward(transformer, distilled)
+        self.inner_forward = VelocityForward(transformer, distilled, fp8_policy)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -111,8 +112,9 @@ class VelocityForward:
     Not a bound method of the network: that would be a reference cycle, and the weights would then wait for a
     garbage collection after ComfyUI lets go of them."""
 
-    def __init__(self, transformer, distilled: bool):
+    def __init__(self, transformer, distilled: bool, fp8_policy=None):
         self.transformer, self.distilled, self.warned_cfg = transformer, distilled, False
+        self.fp8_policy = fp8_policy  # an official FP8 checkpoint's step policy: the step comes from the sigmas
 
     def __call__(self, x, timestep, context, control, transformer_options, **kwargs):
         if TEXT_KV not in kwargs:
@@ -124,11 +126,20 @@ class VelocityForward:
             log.warning("Cosmos3: this distilled checkpoint samples with cfg 1 (guidance is distilled in); the "
                         "sampler's cfg is above 1, so it runs an unconditional pass the checkpoint was not made for")
         velocities = []
-        for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
-            out = self.transformer(x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
-                                   noisy_frames(mask[b]) if mask is not None else None, float(fps))
-            velocities.append(out.vision)
+        with self.precision(transformer_options):
+            for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
+                out = self.transformer(x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
+                                       noisy_frames(mask[b]) if mask is not None else None, float(fps))
+                velocities.append(out.vision)
         return torch.cat(velocities)
+
+    def precision(self, transformer_options):
+        """This call's FP8 precision: its step in the sampler's schedule (native W8A8 when the sampler says none)."""
+        sigmas, sigma = transformer_options.get("sample_sigmas"), transformer_options.get("sigmas")
+        if self.fp8_policy is None or sigmas is None or sigma is None:
+            return modelopt_fp8.for_step(None, 0, 1)
+        step, steps = modelopt_fp8.step_of_sigma(float(sigma.flatten()[0]), sigmas.flatten().tolist())
+        return modelopt_fp8.for_step(self.fp8_policy, step, steps)
 
 
 def noisy_frames(mask: torch.Tensor) -> list[int]:
@@ -139,7 +150,9 @@ def noisy_frames(mask: torch.Tensor) -> list[int]:
 class Cosmos3Model(comfy.model_base.BaseModel):
     def __init__(self, config: Cosmos3Config, pipeline, device=None):
         super().__init__(config, comfy.model_base.ModelType.FLOW, device=device)
-        self.diffusion_model = Cosmos3Network(pipeline.transformer, pipeline.variant.is_distilled)
+        quantization = pipeline.variant.quantization
+        self.fp8_policy = quantization and quantization.policy
+        self.diffusion_model = Cosmos3Network(pipeline.transformer, pipeline.variant.is_distilled, self.fp8_policy)
         self.pipeline = pipeline  # the tokenizer and the variant (not a module: holds no second copy)
 
     def extra_conds(self, **kwargs):
@@ -161,7 +174,9 @@ class Cosmos3Model(comfy.model_base.BaseModel):
                              "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")
         ids = prompt_ids(self.pipeline, prompt, noise.shape)
         # once per run, on the device the sampler runs on (ComfyUI may leave small modules in CPU memory)
-        text = self.diffusion_model.runtime[0].encode_text(torch.tensor(ids, dtype=torch.long), kwargs.get("device"))
+        with modelopt_fp8.for_text(self.fp8_policy):
+            text = self.diffusion_model.runtime[0].encode_text(torch.tensor(ids, dtype=torch.long),
+                                                               kwargs.get("device"))
         out = {TEXT_KV: comfy.conds.CONDRegular(text.stacked().unsqueeze(0)), FPS: comfy.conds.CONDConstant(prompt.fps)}
         if kwargs.get("denoise_mask") is not None:
             out["denoise_mask"] = comfy.conds.CONDRegular(kwargs["denoise_mask"])

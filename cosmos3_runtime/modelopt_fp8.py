@@ -1,0 +1,222 @@
+"""NVIDIA's official FP8 checkpoints (Hub revision "fp8"), as ModelOpt writes them, and the precision they ask for.
+
+Each quantized linear stores `weight` in float8_e4m3fn with ModelOpt's quantizer buffers beside it:
+`weight_quantizer._scale` (the weight's tensorwise scale, amax / 448), `weight_quantizer._amax`, and, where the
+activations were calibrated, `input_quantizer._amax` (a static tensorwise activation range). The transformer's
+`config.json` says what they are (`quantization_config`: quant_method "modelopt", an FP8 algorithm) and, for the
+multi-step checkpoints, how to run them (`runtime.diffusion_step_policy`, schema 1, type "first_last_n"):
+
+- W8A8 (the checkpoint's native arithmetic): the activations quantized to fp8 with the static input scale, one fp8
+  matmul with both tensorwise scales (`torch._scaled_mm` on GPUs with fp8 matmuls, an exact float32 emulation
+  elsewhere);
+- W8A16 (higher precision): the fp8 weight times its scale in the activations' dtype, a normal matmul;
+
+on the first and last N denoising steps W8A16 for the media pathway, W8A8 between; the text pathway (prompt encoding
+and the Reasoner) as the policy's "reasoner" entry says. The distilled FP8 checkpoints declare no policy and run W8A8
+throughout. A malformed policy is refused by name (missing fields fail closed, as in diffusers).
+
+diffusers 0.42.1 (`pipelines/cosmos/mixed_precision.py`) labels the attention projections of the two pathways the
+other way round (its "generation" set holds the text tower's `to_q/k/v/out`, its "reasoner" set the media tower's
+`add_*`). The pack follows the policy's meaning: the media pathway switches per step, the text pathway (encoded once
+per prompt and cached) follows "reasoner".
+"""
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .errors import CheckpointError
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+POLICY_FIELDS = ("schema_version", "type", "index_space", "scope", "default_mode", "first_steps", "last_steps",
+                 "overlap", "reasoner")
+MODES = ("a16", "native")  # the policy's words for W8A16 and W8A8
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """W8A16 on the first `first` and last `last` denoising steps (media pathway), W8A8 between; where the windows
+    overlap (short runs), `overlap_a16` decides; the text pathway runs W8A16 when `text_a16`. One-step runs stay
+    W8A8, as in diffusers and vLLM-Omni."""
+
+    first: int = 3
+    last: int = 3
+    overlap_a16: bool = True
+    text_a16: bool = True
+
+    def high_precision(self, step: int, steps: int) -> bool:
+        if steps <= 1:
+            return False
+        in_first, in_last = step < self.first, step >= steps - self.last
+        if in_first and in_last:
+            return self.overlap_a16
+        return in_first or in_last
+
+    def precision_name(self, step: int, steps: int) -> str:
+        """"W8A16" or "W8A8": the names diffusers' `Cosmos3MixedPrecisionConfig.precision_name` gives."""
+        return "W8A16" if self.high_precision(step, steps) else "W8A8"
+
+    def describe(self) -> str:
+        text = "W8A16" if self.text_a16 else "W8A8"
+        return f"W8A16 on the first {self.first} and last {self.last} steps, W8A8 between; text tower {text}"
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """What a transformer config's `quantization_config` declares: ModelOpt FP8, with its step policy or none."""
+
+    algorithm: str
+    policy: StepPolicy | None
+
+    def describe(self) -> str:
+        how = self.policy.describe() if self.policy is not None else "W8A8 throughout (no step policy)"
+        return f"ModelOpt {self.algorithm} ({how})"
+
+
+def read_quantization(raw: dict | None, source: str) -> Quantization | None:
+    """The `quantization_config` of a transformer config (None when absent). Anything but ModelOpt FP8 is refused."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{source}: quantization_config must be an object")
+    method = str(raw.get("quant_method", "")).lower()
+    algorithm = str(raw.get("quant_algo") or raw.get("quant_type") or "").upper()
+    if method != "modelopt" or "FP8" not in algorithm:
+        raise CheckpointError(f"{source}: quantization_config declares quant_method {raw.get('quant_method')!r} with "
+                              f"{algorithm or 'no algorithm'}; the pack reads ModelOpt FP8 checkpoints (Hub revision "
+                              "'fp8'), bf16 checkpoints and GGUF files")
+    runtime = raw.get("runtime")
+    if runtime is not None and not isinstance(runtime, dict):
+        raise CheckpointError(f"{source}: quantization_config.runtime must be an object or null")
+    policy = (runtime or {}).get("diffusion_step_policy")
+    return Quantization(algorithm, None if policy is None else parse_policy(policy, source))
+
+
+def parse_policy(policy, source: str) -> StepPolicy:
+    """A `diffusion_step_policy` of schema 1, type first_last_n; every field is required."""
+    where = f"{source}: quantization_config.runtime.diffusion_step_policy"
+
+    def fail(problem: str):
+        raise CheckpointError(f"{where} {problem}; this pack reads schema 1 'first_last_n' policies (a newer "
+                              "checkpoint may need a newer pack)")
+
+    if not isinstance(policy, dict):
+        fail("must be an object")
+    missing = [name for name in POLICY_FIELDS if name not in policy]
+    if missing:
+        fail(f"lacks {', '.join(missing)}")
+    expected = {"schema_version": 1, "type": "first_last_n", "index_space": "denoising_loop_iteration",
+                "default_mode": "native"}
+    for name, value in expected.items():
+        if policy[name] != value:
+            fail(f"has {name} {policy[name]!r}, not {value!r}")
+    if not isinstance(policy["scope"], (list, tuple)) or list(policy["scope"]) != ["transformer"]:
+        fail(f"has scope {policy['scope']!r}, not ['transformer']")
+    for name in ("overlap", "reasoner"):
+        if policy[name] not in MODES:
+            fail(f"has {name} {policy[name]!r}, not 'a16' or 'native'")
+    counts = []
+    for name in ("first_steps", "last_steps"):
+        window = policy[name]
+        if not isinstance(window, dict) or window.get("mode") not in MODES:
+            fail(f"{name} must be an object with mode 'a16' or 'native' and a count")
+        count = window.get("count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            fail(f"{name}.count must be a non-negative integer, got {count!r}")
+        counts.append(count if window["mode"] == "a16" else 0)
+    return StepPolicy(counts[0], counts[1], policy["overlap"] == "a16", policy["reasoner"] == "a16")
+
+
+def resolve_policy(quantization: Quantization | None, override: str, first: int | None, last: int | None,
+                   notes: list[str]) -> StepPolicy | None:
+    """The step policy a run uses: the checkpoint's ("checkpoint"), none ("off": W8A8 throughout), or the first/last
+    policy even where the checkpoint declares none ("on", 3 and 3 unless given); `first` / `last` override the
+    counts. None: W8A8 throughout."""
+    if quantization is None:
+        if override != "checkpoint" or first is not None or last is not None:
+            notes.append("fp8 step policy ignored: this checkpoint is not an official FP8 (ModelOpt) checkpoint")
+        return None
+    if override == "off":
+        return None
+    policy = quantization.policy
+    if policy is None and override == "checkpoint":
+        if first is not None or last is not None:
+            notes.append("fp8 first/last step counts ignored: this checkpoint declares no step policy (it runs W8A8 "
+                         "throughout); set fp8_policy 'on' to use them")
+        return None
+    policy = policy or StepPolicy()
+    return StepPolicy(policy.first if first is None else first, policy.last if last is None else last,
+                      policy.overlap_a16, policy.text_a16)
+
+
+# --- the arithmetic --------------------------------------------------------------------------------------------------
+
+# Which pathways run W8A8 now: (media, text); None outside a run (the checkpoint's native W8A8 everywhere).
+_precision: ContextVar[tuple[bool, bool] | None] = ContextVar("fp8_precision", default=None)
+
+
+@contextmanager
+def precision(media_w8a8: bool, text_w8a8: bool):
+    """Run the linears with input scales W8A8 or W8A16 per pathway inside the block."""
+    token = _precision.set((media_w8a8, text_w8a8))
+    try:
+        yield
+    finally:
+        _precision.reset(token)
+
+
+def for_step(policy: StepPolicy | None, step: int, steps: int):
+    """The precision of denoising step `step` of `steps` (policy None: W8A8 throughout)."""
+    if policy is None:
+        return precision(True, True)
+    return precision(not policy.high_precision(step, steps), not policy.text_a16)
+
+
+def step_of_sigma(sigma: float, sigmas: list[float]) -> tuple[int, int]:
+    """(step, steps) of a model call at `sigma` in a sampler's schedule `sigmas` (steps + 1 values, decreasing): the
+    step whose interval holds it, so a sampler's extra evaluations inside a step (Heun, DPM++ 2S) count as that step."""
+    steps = max(len(sigmas) - 1, 1)
+    tolerance = 1e-5 * max(abs(sigma), 1e-3)
+    return max(sum(s >= sigma - tolerance for s in sigmas[:steps]) - 1, 0), steps
+
+
+def for_text(policy: StepPolicy | None):
+    """The precision of the text pathway outside the steps (prompt encoding, the Reasoner)."""
+    return precision(True, policy is None or not policy.text_a16)
+
+
+def runs_w8a8(pathway: str | None) -> bool:
+    """Whether a linear of `pathway` ("media", "text"; None for the patch and time projections, which the policy
+    does not name and which keep their native W8A8) runs W8A8 now."""
+    now = _precision.get()
+    if now is None or pathway is None:
+        return True
+    return now[0] if pathway == "media" else now[1]
+
+
+def fp8_matmuls(device: torch.device) -> bool:
+    """Tensorwise fp8 matmuls (`torch._scaled_mm`): CUDA GPUs of compute capability 8.9 and newer."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ (weight * weight_scale).T with x quantized to fp8 by the static `input_scale` (both scales tensorwise,
+    float32 scalars): ModelOpt's W8A8. Where the GPU has no fp8 matmul, the same products accumulate in float32."""
+    rows = x.reshape(-1, x.shape[-1])
+    x8 = (rows.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # one rounding, to fp8
+    if fp8_matmuls(x.device):
+        fused_bias = bias if bias is not None and x.dtype != torch.float32 else None  # fp32 outputs take no bias
+        out = torch._scaled_mm(x8, weight.t(), scale_a=input_scale, scale_b=weight_scale, bias=fused_bias,
+                               out_dtype=x.dtype)
+        if bias is not None and fused_bias is None:
+            out = out + bias
+    else:
+        out = (F.linear(x8.float(), weight.float()) * (input_scale * weight_scale)).to(x.dtype)
+        if bias is not None:
+            out = out + bias
+    return out.reshape(*x.shape[:-1], -1)

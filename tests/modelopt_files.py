@@ -1,0 +1,79 @@
+"""Tiny checkpoints in NVIDIA's official FP8 layout, written by NVIDIA's own tool: nvidia-modelopt quantizes
+diffusers' transformer with its FP8 config (tensorwise fp8 weights and activations; the fp32 time embedder left as
+it is), calibrates the activation ranges on diffusers' own forward, compresses the weights to float8_e4m3fn and
+saves them (`save_pretrained`). The transformer config then gets the `quantization_config` block the Hub's
+revision "fp8" carries: quant_method "modelopt", FP8, and for multi-step checkpoints the step policy diffusers ships
+as the official one (`FIRST_LAST_N_FP8_POLICY`).
+
+diffusers 0.42.1 cannot load such files back on the CPU with nvidia-modelopt 0.47 (its ModelOpt config builder
+predates ModelOpt's list-form configs, and accelerate cannot re-wrap the compressed weights), so the reference runs
+on the model ModelOpt wrote, in memory: exactly what a restore would rebuild.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from conftest import require
+
+import diffusers_reference as ref
+
+mtq = require("modelopt.torch.quantization")
+mto = require("modelopt.torch.opt")
+from diffusers.pipelines.cosmos import mixed_precision  # noqa: E402
+
+POLICY = mixed_precision.FIRST_LAST_N_FP8_POLICY
+
+
+def calibration_inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 500, (12,), generator=g).tolist(), torch.randn(1, 48, 2, 4, 4, generator=g))
+            for _ in range(2)]
+
+
+def make_fp8(root: Path, dst: Path, policy: dict | None = POLICY, dtype=torch.float32):
+    """A copy of the tiny checkpoint `root` at `dst` with its transformer in the official FP8 layout; returns (dst,
+    the ModelOpt-quantized diffusers transformer that wrote it)."""
+    shutil.copytree(root, dst)
+    model = ref.load_transformer(root, dtype)
+    config = {"quant_cfg": list(mtq.FP8_DEFAULT_CFG["quant_cfg"]) + [{"quantizer_name": "*time_embedder*",
+                                                                     "enable": False}],
+              "algorithm": "max"}
+
+    def calibrate(m):
+        for ids, latents in calibration_inputs():
+            ref.velocity(m, ids, latents, 700, [0, 1], 24.0)
+
+    mtq.quantize(model, config, forward_loop=calibrate)
+    mtq.compress(model)
+    folder = dst / "transformer"
+    for old in folder.glob("diffusion_pytorch_model*"):
+        old.unlink()
+    model.save_pretrained(str(folder))
+    raw = json.loads((folder / "config.json").read_text())
+    block = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    if policy is not None:
+        block["runtime"] = {"diffusion_step_policy": policy}
+    raw["quantization_config"] = block
+    (folder / "config.json").write_text(json.dumps(raw, indent=2))
+    return dst, model
+
+
+def policy_labels(name: str) -> str | None:
+    """diffusers' classifier with the attention projections labelled by their real pathway: the media tower's
+    `add_*` / `to_add_out` switch per step with its MLP (`mlp_moe_gen`), the text tower's `to_q/k/v/out` follow the
+    reasoner entry with its MLP (`mlp`). diffusers 0.42.1 has the two attention sets the other way round."""
+    if ".mlp_moe_gen." in name or ".self_attn.add_" in name or name.endswith(".self_attn.to_add_out"):
+        return "generation"
+    if ".mlp." in name or name.endswith((".self_attn.to_q", ".self_attn.to_k", ".self_attn.to_v",
+                                         ".self_attn.to_out")):
+        return "reasoner"
+    return None
+
+
+def w8a16_on_the_cpu(layer, inputs, name):
+    """diffusers' `_w8a16_linear`, reading the fp8 values through ModelOpt's weight wrapper (`.data`): on the CPU the
+    wrapper's `.to(dtype)` keeps float8, which the CPU cannot multiply. The definition is diffusers' own."""
+    scale = layer.weight_quantizer._scale.to(device=layer.weight.device, dtype=inputs.dtype)
+    return torch.nn.functional.linear(inputs, layer.weight.data.to(dtype=inputs.dtype) * scale, layer.bias)

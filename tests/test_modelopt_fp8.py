@@ -1,0 +1,214 @@
+"""NVIDIA's official FP8 checkpoints (ModelOpt FP8, Hub revision "fp8"): files written by ModelOpt itself
+(tests/modelopt_files.py), read tensor by tensor, run W8A8 / W8A16 as their step policy says, against diffusers'
+mixed-precision runtime on the ModelOpt model that wrote them (fp32 activations on the CPU)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import require
+
+import cosmos3_runtime
+from cosmos3_runtime import modelopt_fp8
+from cosmos3_runtime.errors import CheckpointError
+from cosmos3_runtime.quantize import Fp8Linear
+
+require("diffusers", minversion="0.42.1")
+import diffusers_reference as ref  # noqa: E402
+import modelopt_files  # noqa: E402
+from modelopt_files import POLICY, make_fp8, mixed_precision  # noqa: E402
+
+TOL = 2e-4  # fp32 activations: the same fp8 products, summed in another order (measured ≤ 3e-6 per linear)
+
+
+@pytest.fixture(scope="module", params=["gated", "edge"])
+def fp8(request, tiny_factory, tmp_path_factory):
+    root = tiny_factory(kind=request.param)
+    return make_fp8(root, tmp_path_factory.mktemp("fp8") / request.param)
+
+
+def test_every_tensor_is_read_and_the_variant_says_fp8(fp8):
+    path, written = fp8
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    assert "ModelOpt FP8 (W8A16 on the first 3 and last 3 steps, W8A8 between; text tower W8A16)" in \
+        pipe.variant.describe()
+    ours = {name: m for name, m in pipe.transformer.named_modules() if isinstance(m, Fp8Linear)}
+    stored = {name for name, m in written.named_modules() if getattr(m, "weight", None) is not None
+              and m.weight.dtype == torch.float8_e4m3fn}
+    assert ours and set(ours) <= stored
+    assert stored - set(ours) <= {n for n in stored if n.endswith(("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                                                                   "to_q", "to_out"))}  # the last layer's text tail
+    for name, linear in ours.items():  # both ranges read: the weight's scale and the calibrated input range
+        source = written.get_submodule(name)
+        assert torch.equal(linear.input_amax, source.input_quantizer._amax.float())
+        assert torch.equal(linear.scale[0], source.weight_quantizer._scale.float())
+        assert linear.pathway == ("media" if any(k in name for k in ("_moe_gen", ".add_", "to_add_out")) else
+                                  None if not name.startswith("layers.") else "text")
+
+
+def _velocity_pair(fp8, monkeypatch, step, steps):
+    path, written = fp8
+    monkeypatch.setattr(mixed_precision, "_classify_cosmos3_linear", modelopt_files.policy_labels)
+    monkeypatch.setattr(mixed_precision, "_w8a16_linear", modelopt_files.w8a16_on_the_cpu)
+    config = mixed_precision.Cosmos3MixedPrecisionConfig.resolve(
+        written, quantization_config=json.loads((path / "transformer" / "config.json").read_text())[
+            "quantization_config"])
+    name = mixed_precision.apply_cosmos3_mixed_precision_step(written, config, step, steps)
+    ids, latents = modelopt_files.calibration_inputs(seed=3)[0]
+    try:
+        theirs = ref.velocity(written, ids, latents, 600, [1], 24.0)[0]
+    finally:
+        mixed_precision.reset_cosmos3_mixed_precision(written, config)
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    policy = pipe.variant.quantization.policy
+    assert policy.precision_name(step, steps) == name
+    with modelopt_fp8.for_step(policy, step, steps):
+        model = pipe.transformer
+        ours = model(latents, torch.tensor(600), model.encode_text(torch.tensor(ids)), [1], 24.0).vision
+    return ours, theirs
+
+
+@pytest.mark.parametrize("step", [0, 4])  # of 8: W8A16 (first steps), W8A8 (between)
+def test_a_forward_equals_diffusers_mixed_precision_at_the_step(fp8, monkeypatch, step):
+    ours, theirs = _velocity_pair(fp8, monkeypatch, step, 8)
+    assert theirs.abs().max() > 0.1
+    torch.testing.assert_close(ours, theirs, atol=TOL, rtol=0)
+
+
+def test_the_two_precisions_differ(fp8, monkeypatch):
+    """The step matters: W8A8 and W8A16 give different velocities (so the parity above can fail)."""
+    a16, _ = _velocity_pair(fp8, monkeypatch, 0, 8)
+    a8, _ = _velocity_pair(fp8, monkeypatch, 4, 8)
+    assert (a16 - a8).abs().max() > 10 * TOL
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5, 6, 7, 35])
+@pytest.mark.parametrize("first, last, overlap", [(3, 3, "a16"), (0, 2, "a16"), (4, 4, "native")])
+def test_step_names_equal_diffusers(steps, first, last, overlap):
+    theirs = mixed_precision.Cosmos3MixedPrecisionConfig(format="fp8", first_steps=first, last_steps=last,
+                                                          overlap=overlap)
+    ours = modelopt_fp8.StepPolicy(first, last, overlap == "a16")
+    assert [ours.precision_name(i, steps) for i in range(steps)] == \
+        [theirs.precision_name(i, steps) for i in range(steps)]
+
+
+def test_a_run_steps_through_the_policy(fp8, monkeypatch):
+    """The sampler sets each step's precision (media pathway) and keeps the text tower at W8A16."""
+    path, _ = fp8
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    seen = []
+    original = type(pipe.transformer).forward
+
+    def forward(model, *args, **kwargs):
+        seen.append((modelopt_fp8.runs_w8a8("media"), modelopt_fp8.runs_w8a8("text")))
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(type(pipe.transformer), "forward", forward)
+    pipe.generate("a cat", steps=8, num_frames=5, width=64, height=64, guidance_scale=1.0, output="latents",
+                  cache="off")
+    assert seen == [(False, False)] * 3 + [(True, False)] * 2 + [(False, False)] * 3
+    seen.clear()
+    result = pipe.generate("a cat", steps=4, num_frames=5, width=64, height=64, guidance_scale=1.0,
+                           output="latents", cache="off", fp8_policy="off")
+    assert seen == [(True, True)] * 4 and not any("fp8" in note for note in result.settings.notes)
+    seen.clear()
+    pipe.generate("a cat", steps=4, num_frames=5, width=64, height=64, guidance_scale=1.0, output="latents",
+                  cache="off", fp8_first_steps=1, fp8_last_steps=0)
+    assert seen == [(False, False)] + [(True, False)] * 3
+
+
+def test_without_a_policy_it_runs_w8a8_throughout(tiny_factory, tmp_path):
+    """The distilled FP8 checkpoints declare no policy: W8A8 everywhere, text tower included; 'on' forces 3 / 3."""
+    path, _ = make_fp8(tiny_factory(kind="gated", distilled=True), tmp_path / "distilled", policy=None)
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    assert "ModelOpt FP8 (W8A8 throughout (no step policy))" in pipe.variant.describe()
+    s = pipe.plan("a cat", num_frames=5, width=64, height=64).settings
+    assert s.fp8_policy is None
+    forced = pipe.plan("a cat", num_frames=5, width=64, height=64, fp8_policy="on").settings.fp8_policy
+    assert forced == modelopt_fp8.StepPolicy(3, 3, True, True)
+    counts = pipe.plan("a cat", num_frames=5, width=64, height=64, fp8_first_steps=1).settings
+    assert counts.fp8_policy is None and "declares no step policy" in counts.notes[-1]
+
+
+@pytest.mark.parametrize("field", modelopt_fp8.POLICY_FIELDS)
+def test_a_policy_missing_a_field_is_refused_by_name(fp8, tmp_path, field):
+    """Missing fields fail closed, here and in diffusers, before any weight is read."""
+    path = shutil.copytree(fp8[0], tmp_path / "broken")
+    config_file = path / "transformer" / "config.json"
+    raw = json.loads(config_file.read_text())
+    policy = {k: v for k, v in POLICY.items() if k != field}
+    raw["quantization_config"]["runtime"]["diffusion_step_policy"] = policy
+    config_file.write_text(json.dumps(raw))
+    with pytest.raises(ValueError):
+        mixed_precision.parse_diffusion_step_policy(policy)
+    with pytest.raises(CheckpointError, match=f"diffusion_step_policy lacks {field}"):
+        cosmos3_runtime.load(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"schema_version": 2}, "schema_version 2, not 1"),
+    ({"type": "every_n"}, "type 'every_n', not 'first_last_n'"),
+    ({"scope": ["transformer", "vae"]}, "scope"),
+    ({"first_steps": {"count": -1, "mode": "a16"}}, "first_steps.count must be a non-negative integer"),
+    ({"reasoner": "fp16"}, "reasoner 'fp16', not 'a16' or 'native'"),
+])
+def test_a_malformed_policy_is_refused_by_name(change, message):
+    with pytest.raises((ValueError, TypeError)):
+        mixed_precision.parse_diffusion_step_policy({**POLICY, **change})
+    with pytest.raises(CheckpointError, match=message):
+        modelopt_fp8.parse_policy({**POLICY, **change}, "transformer/config.json")
+
+
+def test_other_quantization_methods_and_unknown_buffers_are_refused(fp8, tmp_path):
+    path = shutil.copytree(fp8[0], tmp_path / "other")
+    config_file = path / "transformer" / "config.json"
+    raw = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**raw, "quantization_config": {"quant_method": "torchao", "quant_type": "int8"}}))
+    with pytest.raises(CheckpointError, match="quant_method 'torchao'"):
+        cosmos3_runtime.load(path)
+    config_file.write_text(json.dumps(raw))
+    from safetensors.torch import load_file, save_file
+
+    shard = next((path / "transformer").glob("*.safetensors"))
+    tensors = load_file(str(shard))
+    tensors["layers.0.self_attn.to_q.input_quantizer._pre_quant_scale"] = torch.ones(64)
+    save_file(tensors, str(shard))
+    with pytest.raises(CheckpointError, match="to_q.input_quantizer._pre_quant_scale: a ModelOpt quantizer buffer"):
+        cosmos3_runtime.load(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_equals_modelopt_linear(dtype):
+    """One linear against ModelOpt's own W8A8 forward (its CPU path: the activations fake-quantized with the static
+    range, the weight dequantized): float32 ≤ 1e-6; bf16 ≤ 2 bf16 steps of the output (ModelOpt rounds its matmul to
+    bf16, the emulation sums in float32 as the GPU's fp8 matmul does)."""
+    mtq = modelopt_files.mtq
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96)).to(dtype)
+    x = torch.randn(10, 64).to(dtype) * 2
+    mtq.quantize(model, mtq.FP8_DEFAULT_CFG, forward_loop=lambda m: m(x))
+    mtq.compress(model)
+    state = model[0].state_dict()
+    ours = modelopt_fp8.w8a8_linear(x, state["weight"], state["weight_quantizer._scale"].float(),
+                                    state["input_quantizer._amax"].float() / 448, state["bias"])
+    expected = model[0](x)
+    atol = 1e-6 if dtype == torch.float32 else 2 * 2**-8 * expected.abs().max().item()
+    torch.testing.assert_close(ours.float(), expected.float(), atol=atol, rtol=0)
+
+
+def test_the_step_of_a_core_sampler_call_comes_from_its_sigmas():
+    sigmas = [1.0, 0.9, 0.7, 0.4, 0.0]
+    assert [modelopt_fp8.step_of_sigma(s, sigmas) for s in sigmas[:4]] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert modelopt_fp8.step_of_sigma(0.8, sigmas) == (1, 4)  # a second evaluation inside step 1 (Heun)
+    assert modelopt_fp8.step_of_sigma(1.2, sigmas) == (0, 4)
+
+
+def test_the_reasoner_runs_on_an_fp8_text_tower_at_its_policy(fp8, monkeypatch):
+    path, _ = fp8
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    seen = []
+    original = modelopt_fp8.w8a8_linear
+    monkeypatch.setattr("cosmos3_runtime.quantize.w8a8_linear", lambda *a: seen.append(1) or original(*a))
+    answer = pipe.reason("What is in the picture?", max_new_tokens=2, temperature=0)
+    assert answer.text is not None and not seen  # text tower "a16": W8A16, no W8A8 matmul

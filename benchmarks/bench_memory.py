@@ -2,6 +2,7 @@
 
     python benchmarks/bench_memory.py                         # computed table: every variant, 8-24 GB fits
     python benchmarks/bench_memory.py --measure --variant edge --device cuda   # measured on a GPU
+    python benchmarks/bench_memory.py --released-sizes        # the generator's weights per download format
 
 Options compared: default, offload_text, blocks_to_swap, fp8 (and fp8_scaled), GGUF Q8_0 and Q4_0 (random blocks: the
 speed of a GGUF layer depends on its type and shape, not its values) and text + swap + fp8 combined.
@@ -68,6 +69,9 @@ def computed_weights(config: TransformerConfig, option: dict) -> int:
         size = p.numel() * (4 if name.startswith("time_embedder") else 2)
         if option.get("fp8") and p.ndim == 2 and not name.startswith("time_embedder"):
             size = p.numel() + p.shape[0] * 4  # fp8 values and a float32 scale per row
+        if option.get("modelopt") and name.endswith(".weight") and not name.startswith("time_embedder") and \
+                isinstance(model.get_submodule(name.removesuffix(".weight")), torch.nn.Linear):
+            size = p.numel() + 3 * 2  # fp8 values; weight scale, weight range and input range (bf16 scalars)
         if option.get("gguf") and p.ndim == 2 and name.startswith(BLOCK_LINEARS):
             values, block = BLOCKS[option["gguf"]]
             size = p.numel() // values * block
@@ -186,6 +190,19 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
         print(f"| {label} | {memory} | {seconds:.3f} | {seconds / base_time:.2f}x | {seconds * total_steps:.0f} s |")
 
 
+def released_sizes() -> None:
+    """The generator's weights in each download format, computed from the released shapes (the files also hold the
+    Reasoner's output head and last text layer, which generation does not read)."""
+    formats = {"bf16": {}, "official FP8 (ModelOpt)": dict(modelopt=True), "GGUF Q8_0": dict(gguf="Q8_0"),
+               "GGUF Q4_0": dict(gguf="Q4_0")}
+    print("| variant | " + " | ".join(formats) + " |")
+    print("|---" * (len(formats) + 1) + "|")
+    for variant, raw in RELEASED.items():
+        config = TransformerConfig(**raw)
+        sizes = [computed_weights(config, option) for option in formats.values()]
+        print(f"| {variant} | " + " | ".join(f"{size / GIB:.1f} GiB" for size in sizes) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", action="store_true")
@@ -197,7 +214,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="steps timed (after one warm-up step)")
     parser.add_argument("--options", nargs="+", default=(), help="measure only these options (labels as printed)")
     parser.add_argument("--no-table", action="store_true", help="skip the computed table")
+    parser.add_argument("--released-sizes", action="store_true", help="only the weights of each download format")
     args = parser.parse_args()
+    if args.released_sizes:
+        return released_sizes()
     if not args.no_table:
         computed_table(args.blocks_to_swap)
     if args.measure:

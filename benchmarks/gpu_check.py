@@ -433,6 +433,48 @@ def check_gguf_dequant(c: Check) -> None:
     c.row("GGUF dequantization per layer", True, "; ".join(figures))
 
 
+def check_modelopt_w8a8(c: Check) -> None:
+    """An official FP8 checkpoint's two arithmetics on one media layer's linears at Edge and Nano widths (a 4096-token
+    batch on a GPU): W8A8 (fp8 activations by a static scale, `torch._scaled_mm`) against W8A16 (the weight upcast),
+    time and the difference of their outputs."""
+    from cosmos3_runtime.modelopt_fp8 import FP8, fp8_matmuls, w8a8_linear
+
+    tokens = 4096 if c.full else 64
+    figures = []
+    for variant in ("edge", "nano"):
+        r = RELEASED[variant]
+        H, I = (r["hidden_size"], r["intermediate_size"]) if c.full else (256, 512)
+        weights = [(torch.randn(o, i, device=c.device) * 0.02) for o, i in ((H, H), (I, H), (H, I))]
+        scales = [w.abs().max().float() / 448 for w in weights]
+        fp8 = [(w / s).to(FP8) for w, s in zip(weights, scales)]
+        x = torch.randn(tokens, H, device=c.device, dtype=torch.bfloat16)
+
+        input_scales = []  # static, as a calibrated checkpoint's: each linear's input range on this batch
+
+        def run(w8a8: bool):
+            h = x
+            for k, (w, s) in enumerate(zip(fp8, scales)):
+                if len(input_scales) < len(fp8):
+                    input_scales.append(h.abs().amax().float() / 448)
+                h = (w8a8_linear(h, w, s, input_scales[k], None) if w8a8 else
+                     torch.nn.functional.linear(h, w.to(h.dtype) * s.to(h.dtype)))
+            return h
+
+        times = {}
+        for mode in (False, True):
+            run(mode)
+            c.sync()
+            start = time.perf_counter()
+            for _ in range(5):
+                out = run(mode)
+            c.sync()
+            times[mode] = ((time.perf_counter() - start) / 5, out)
+        ratio = times[True][0] / times[False][0]
+        figures.append(f"{variant} W8A8 {ratio:.2f}x the time of W8A16, difference "
+                       f"{relative(times[True][1], times[False][1]):.3f}")
+    c.row("official FP8: W8A8 vs W8A16", True, f"{'; '.join(figures)} (fp8 matmuls: {fp8_matmuls(c.device)})")
+
+
 def check_reasoner_decoding(c: Check) -> None:
     """Tokens per second of the Reasoner (the tiny Nano-layout checkpoint) eager, compiled (CUDA graphs on a GPU)
     and with its text tower in GGUF Q8_0 (expanded once per answer); the compiled answer equals the eager one."""
@@ -509,7 +551,7 @@ CHECKS = [
     ("Reasoner", check_reasoner), ("attention kernels", check_attention_kernels), ("profile", check_profile),
     ("generate stages", check_generate_stages), ("block swap memory", check_block_swap_memory),
     ("GGUF dequantization", check_gguf_dequant), ("Reasoner decoding", check_reasoner_decoding),
-    ("VAE layouts", check_vae_layouts), ("speed table", check_speed_table),
+    ("VAE layouts", check_vae_layouts), ("official FP8", check_modelopt_w8a8), ("speed table", check_speed_table),
 ]
 
 

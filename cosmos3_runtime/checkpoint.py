@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .action import default_preset
 from .errors import CheckpointError
-from .modelopt_fp8 import Quantization, read_quantization
+from .modelopt_fp8 import Quantization, StepPolicy, read_quantization
 from .schedulers import FLOW_MATCH_EULER
 from .transformer import EDGE_BACKBONE, TransformerConfig
 
@@ -51,6 +51,11 @@ class Variant:
     scheduler_class: str  # scheduler/scheduler_config.json _class_name (the 'checkpoint' schedule runs it)
     default_action_preset: str = "framework"  # droid-server when the folder or repo id names Policy-DROID
     quantization: Quantization | None = None  # an official FP8 checkpoint's (transformer config's quantization_config)
+
+    @property
+    def fp8_policy(self) -> StepPolicy | None:
+        """The step policy an official FP8 checkpoint declares (None: W8A8 throughout, or not FP8)."""
+        return None if self.quantization is None else self.quantization.policy
 
     def describe(self) -> str:
         parts = ["Edge (dense relu2)" if self.is_edge else "gated (SwiGLU)"]

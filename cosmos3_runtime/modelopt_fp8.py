@@ -21,6 +21,7 @@ other way round (its "generation" set holds the text tower's `to_q/k/v/out`, its
 per prompt and cached) follows "reasoner".
 """
 
+import functools
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -198,8 +199,10 @@ def runs_w8a8(pathway: str | None) -> bool:
     return now[0] if pathway == "media" else now[1]
 
 
+@functools.cache
 def fp8_matmuls(device: torch.device) -> bool:
-    """Tensorwise fp8 matmuls (`torch._scaled_mm`): CUDA GPUs of compute capability 8.9 and newer."""
+    """Tensorwise fp8 matmuls (`torch._scaled_mm`): CUDA GPUs of compute capability 8.9 and newer. Asked by every
+    W8A8 linear call, so answered once per device."""
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
 
 

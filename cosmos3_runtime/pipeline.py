@@ -30,8 +30,8 @@ from .sound import SoundTrack, load_sound_tokenizer
 from .step_cache import StepCache
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
-from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block, pathway_of,
-                          linear_layers)
+from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
+                          linear_layers, pathway_of)
 from . import reasoner as reasoning
 from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, image_frames, stage
 from .weights import load_weights, read_headers
@@ -436,8 +436,7 @@ class Cosmos3Pipeline:
         sampling = reasoning.Sampling.resolve(thinking, temperature, top_p, top_k, presence_penalty)
         reasoner = self.reasoner
         on_device = self.text_offload.on(self.device) if self.text_offload is not None else nullcontext()
-        quantization = self.variant.quantization
-        with on_device, modelopt_fp8.for_text(quantization and quantization.policy):
+        with on_device, modelopt_fp8.for_text(self.variant.fp8_policy):
             return reasoner.answer(messages, images, videos, sampling=sampling, thinking=thinking, **options)
 
     @torch.inference_mode()

@@ -26,8 +26,7 @@ import comfy.patcher_extension
 import comfy.supported_models_base
 import torch
 
-from ...cosmos3_runtime import InputError, Request, TextKV
-from ...cosmos3_runtime import modelopt_fp8
+from ...cosmos3_runtime import InputError, Request, TextKV, modelopt_fp8
 from ...cosmos3_runtime.budget import estimate
 from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, pixel_frames
 from ...cosmos3_runtime.settings import default_flow_shift
@@ -150,8 +149,7 @@ def noisy_frames(mask: torch.Tensor) -> list[int]:
 class Cosmos3Model(comfy.model_base.BaseModel):
     def __init__(self, config: Cosmos3Config, pipeline, device=None):
         super().__init__(config, comfy.model_base.ModelType.FLOW, device=device)
-        quantization = pipeline.variant.quantization
-        self.fp8_policy = quantization and quantization.policy
+        self.fp8_policy = pipeline.variant.fp8_policy
         self.diffusion_model = Cosmos3Network(pipeline.transformer, pipeline.variant.is_distilled, self.fp8_policy)
         self.pipeline = pipeline  # the tokenizer and the variant (not a module: holds no second copy)
 

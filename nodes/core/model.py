@@ -124,18 +124,23 @@ class VelocityForward:
             self.warned_cfg = True  # once per model: the sampler runs this every step
             log.warning("Cosmos3: this distilled checkpoint samples with cfg 1 (guidance is distilled in); the "
                         "sampler's cfg is above 1, so it runs an unconditional pass the checkpoint was not made for")
-        velocities = []
+        if self.fp8_policy is None:  # no step policy: nothing to set (a context here would break a compiled graph)
+            return self.velocities(x, timestep, text_kv, mask, fps)
         with self.precision(transformer_options):
-            for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
-                out = self.transformer(x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
-                                       noisy_frames(mask[b]) if mask is not None else None, float(fps))
-                velocities.append(out.vision)
+            return self.velocities(x, timestep, text_kv, mask, fps)
+
+    def velocities(self, x, timestep, text_kv, mask, fps) -> torch.Tensor:
+        velocities = []
+        for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
+            out = self.transformer(x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
+                                   noisy_frames(mask[b]) if mask is not None else None, float(fps))
+            velocities.append(out.vision)
         return torch.cat(velocities)
 
     def precision(self, transformer_options):
         """This call's FP8 precision: its step in the sampler's schedule (native W8A8 when the sampler says none)."""
         sigmas, sigma = transformer_options.get("sample_sigmas"), transformer_options.get("sigmas")
-        if self.fp8_policy is None or sigmas is None or sigma is None:
+        if sigmas is None or sigma is None:
             return modelopt_fp8.for_step(None, 0, 1)
         step, steps = modelopt_fp8.step_of_sigma(float(sigma.flatten()[0]), sigmas.flatten().tolist())
         return modelopt_fp8.for_step(self.fp8_policy, step, steps)

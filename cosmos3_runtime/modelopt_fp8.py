@@ -23,7 +23,6 @@ per prompt and cached) follows "reasoner".
 
 import functools
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -156,18 +155,25 @@ def resolve_policy(quantization: Quantization | None, override: str, first: int 
 
 # --- the arithmetic --------------------------------------------------------------------------------------------------
 
-# Which pathways run W8A8 now: (media, text); None outside a run (the checkpoint's native W8A8 everywhere).
-_precision: ContextVar[tuple[bool, bool] | None] = ContextVar("fp8_precision", default=None)
+class _Precision:
+    """Which pathways run W8A8 now: (media, text); None outside a run (the checkpoint's native W8A8 everywhere). A
+    plain attribute, not a ContextVar: torch.compile reads it inside a compiled block (guarding on its value), where
+    a ContextVar breaks the graph at every linear. A process runs one generation at a time."""
+
+    now: tuple[bool, bool] | None = None
+
+
+_precision = _Precision()
 
 
 @contextmanager
 def precision(media_w8a8: bool, text_w8a8: bool):
     """Run the linears with input scales W8A8 or W8A16 per pathway inside the block."""
-    token = _precision.set((media_w8a8, text_w8a8))
+    before, _precision.now = _precision.now, (media_w8a8, text_w8a8)
     try:
         yield
     finally:
-        _precision.reset(token)
+        _precision.now = before
 
 
 def for_step(policy: StepPolicy | None, step: int, steps: int):
@@ -193,7 +199,7 @@ def for_text(policy: StepPolicy | None):
 def runs_w8a8(pathway: str | None) -> bool:
     """Whether a linear of `pathway` ("media", "text"; None for the patch and time projections, which the policy
     does not name and which keep their native W8A8) runs W8A8 now."""
-    now = _precision.get()
+    now = _precision.now
     if now is None or pathway is None:
         return True
     return now[0] if pathway == "media" else now[1]

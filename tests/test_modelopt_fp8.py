@@ -212,3 +212,23 @@ def test_the_reasoner_runs_on_an_fp8_text_tower_at_its_policy(fp8, monkeypatch):
     monkeypatch.setattr("cosmos3_runtime.quantize.w8a8_linear", lambda *a: seen.append(1) or original(*a))
     answer = pipe.reason("What is in the picture?", max_new_tokens=2, temperature=0)
     assert answer.text is not None and not seen  # text tower "a16": W8A16, no W8A8 matmul
+
+
+def test_the_compiled_media_block_reads_the_step_precision_without_graph_breaks(fp8, monkeypatch):
+    """compile=True on an FP8 checkpoint: the compiled block reads each step's precision as a guarded value (one
+    graph per precision, none broken; a ContextVar broke it at every linear), and equals the eager run."""
+    from torch._dynamo.utils import counters
+
+    from cosmos3_runtime import pipeline
+    from cosmos3_runtime.transformer import compiled_media_block
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(pipeline, "compiled_media_block", lambda: compiled_media_block("eager"))
+    pipe = cosmos3_runtime.load(fp8[0], dtype="fp32")
+    request = dict(width=64, height=64, num_frames=5, steps=8, output="latents", guidance_scale=1.0, cache="off")
+    plain = pipe.generate("a cat", **request).latents
+    compiled = pipe.generate("a cat", **request, compile=True).latents
+    assert torch.equal(compiled, plain)
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 2  # W8A16 and W8A8

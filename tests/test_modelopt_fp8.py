@@ -2,15 +2,19 @@
 (tests/modelopt_files.py), read tensor by tensor, run W8A8 / W8A16 as their step policy says, against diffusers'
 mixed-precision runtime on the ModelOpt model that wrote them (fp32 activations on the CPU)."""
 
+import itertools
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from conftest import require
 
 import cosmos3_runtime
 from cosmos3_runtime import modelopt_fp8
+from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.errors import CheckpointError
 from cosmos3_runtime.quantize import Fp8Linear
 
@@ -232,3 +236,38 @@ def test_the_compiled_media_block_reads_the_step_precision_without_graph_breaks(
     assert torch.equal(compiled, plain)
     assert not counters["graph_break"]
     assert counters["stats"]["unique_graphs"] == 2  # W8A16 and W8A8
+
+
+def _uint8(shape, seed):
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+RUNS = {  # every mode steps through the one loop that sets the precision: (checkpoint options, generate options)
+    "sound": (dict(kind="gated", sound=True), dict(sound=True, num_frames=5, width=64, height=64)),
+    "action": (dict(kind="edge", action=True),
+               dict(action=ActionRequest(image=Image.fromarray(_uint8((200, 280, 3), 0)), chunk_size=4,
+                                         domain="droid_lerobot", resolution_tier=256))),
+    "transfer": (dict(kind="gated"), dict(control_videos={"edge": _uint8((5, 40, 56, 3), 1)}, width=64, height=48)),
+    "long video": (dict(kind="gated"), dict(num_frames=13, chunk_frames=9, width=64, height=48)),
+}
+
+
+@pytest.mark.parametrize("mode", list(RUNS))
+def test_every_mode_runs_the_policy(tiny_factory, tmp_path, monkeypatch, mode):
+    """Sound, action, transfer and long videos on an FP8 checkpoint: W8A16 on each run's (each chunk's) first and last
+    3 steps, W8A8 between, the text tower W8A16 throughout."""
+    options, request = RUNS[mode]
+    path, _ = make_fp8(tiny_factory(**options), tmp_path / "fp8")
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    seen = []
+    original = type(pipe.transformer).forward
+
+    def forward(model, *args, **kwargs):
+        seen.append((modelopt_fp8.runs_w8a8("media"), modelopt_fp8.runs_w8a8("text")))
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(type(pipe.transformer), "forward", forward)
+    pipe.generate("a robot arm", steps=8, cache="off", seed=1, **request)
+    runs = [value for value, _ in itertools.groupby(seen)]
+    chunks = 2 if mode == "long video" else 1  # one chunk's last W8A16 steps run into the next one's first
+    assert runs == [(False, False), (True, False)] * chunks + [(False, False)]

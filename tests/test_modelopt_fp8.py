@@ -97,10 +97,8 @@ def test_step_names_equal_diffusers(steps, first, last, overlap):
         [theirs.precision_name(i, steps) for i in range(steps)]
 
 
-def test_a_run_steps_through_the_policy(fp8, monkeypatch):
-    """The sampler sets each step's precision (media pathway) and keeps the text tower at W8A16."""
-    path, _ = fp8
-    pipe = cosmos3_runtime.load(path, dtype="fp32")
+def record_precision(pipe, monkeypatch) -> list[tuple[bool, bool]]:
+    """The list each transformer forward of `pipe` appends its (media, text) W8A8 flags to."""
     seen = []
     original = type(pipe.transformer).forward
 
@@ -109,6 +107,14 @@ def test_a_run_steps_through_the_policy(fp8, monkeypatch):
         return original(model, *args, **kwargs)
 
     monkeypatch.setattr(type(pipe.transformer), "forward", forward)
+    return seen
+
+
+def test_a_run_steps_through_the_policy(fp8, monkeypatch):
+    """The sampler sets each step's precision (media pathway) and keeps the text tower at W8A16."""
+    path, _ = fp8
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    seen = record_precision(pipe, monkeypatch)
     pipe.generate("a cat", steps=8, num_frames=5, width=64, height=64, guidance_scale=1.0, output="latents",
                   cache="off")
     assert seen == [(False, False)] * 3 + [(True, False)] * 2 + [(False, False)] * 3
@@ -259,14 +265,7 @@ def test_every_mode_runs_the_policy(tiny_factory, tmp_path, monkeypatch, mode):
     options, request = RUNS[mode]
     path, _ = make_fp8(tiny_factory(**options), tmp_path / "fp8")
     pipe = cosmos3_runtime.load(path, dtype="fp32")
-    seen = []
-    original = type(pipe.transformer).forward
-
-    def forward(model, *args, **kwargs):
-        seen.append((modelopt_fp8.runs_w8a8("media"), modelopt_fp8.runs_w8a8("text")))
-        return original(model, *args, **kwargs)
-
-    monkeypatch.setattr(type(pipe.transformer), "forward", forward)
+    seen = record_precision(pipe, monkeypatch)
     pipe.generate("a robot arm", steps=8, cache="off", seed=1, **request)
     runs = [value for value, _ in itertools.groupby(seen)]
     chunks = 2 if mode == "long video" else 1  # one chunk's last W8A16 steps run into the next one's first

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import facts
 from .errors import InputError
 from .geometry import SPATIAL_FACTOR, latent_frames as chunk_latent_frames
-from .transformer import grouped_kv_native
 
 GIB = 1024**3
 STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, latents, velocities, UniPC history ...)
@@ -70,7 +70,7 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
     per_token = (3 * H + mlp_width + (2 * A + 4 * K) * D) * b  # hidden, residual, normed; MLP; q, k, v, out
     longest_text = max(cond_tokens, uncond_tokens)
     # the media attention's keys and values: grouped, plus a copy expanded to the query heads where SDPA needs it
-    kv_heads = K if device is None or grouped_kv_native(device, dtype, D) else K + A
+    kv_heads = K if device is None or facts(device).grouped_kv(dtype, D) else K + A
     prompts = cond_tokens + (uncond_tokens if s.guidance_scale != 1.0 else 0)
     parts = {
         "latents": STATE_COPIES * latent * 4,

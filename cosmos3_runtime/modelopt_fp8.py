@@ -21,13 +21,13 @@ other way round (its "generation" set holds the text tower's `to_q/k/v/out`, its
 per prompt and cached) follows "reasoner".
 """
 
-import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from .devices import facts
 from .errors import CheckpointError
 
 FP8 = torch.float8_e4m3fn
@@ -205,20 +205,13 @@ def runs_w8a8(pathway: str | None) -> bool:
     return now[0] if pathway == "media" else now[1]
 
 
-@functools.cache
-def fp8_matmuls(device: torch.device) -> bool:
-    """Tensorwise fp8 matmuls (`torch._scaled_mm`): CUDA GPUs of compute capability 8.9 and newer. Asked by every
-    W8A8 linear call, so answered once per device."""
-    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
 def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
     """x @ (weight * weight_scale).T with x quantized to fp8 by the static `input_scale` (both scales tensorwise,
     float32 scalars): ModelOpt's W8A8. Where the GPU has no fp8 matmul, the same products accumulate in float32."""
     rows = x.reshape(-1, x.shape[-1])
     x8 = (rows.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # one rounding, to fp8
-    if fp8_matmuls(x.device):
+    if facts(x.device).fp8_tensorwise:
         fused_bias = bias if bias is not None and x.dtype != torch.float32 else None  # fp32 outputs take no bias
         out = torch._scaled_mm(x8, weight.t(), scale_a=input_scale, scale_b=weight_scale, bias=fused_bias,
                                out_dtype=x.dtype)

@@ -777,7 +777,7 @@ def load(
     if blocks_to_swap < 0:
         raise InputError(f"blocks_to_swap must be 0 or more, got {blocks_to_swap}")
     device = resolve_device(device)
-    check_mode(quantize, device)
+    quantize = check_mode(quantize, device)
     dtype = resolve_dtype(dtype, device)
     vae_dtype = dtype if vae_dtype is None else resolve_dtype(vae_dtype, device)
     components = ("transformer", "tokenizer", "reasoner") + (("vae",) if load_vae_weights else ())

@@ -12,18 +12,20 @@ Each quantized linear keeps `weight` [out, in] in float8_e4m3fn and `scale` [out
   it runs only on the media tower's attention projections and MLPs (the FLOPs), first and last layer excluded
   (`scaled_layer`): 1.7-1.9x the weight-only error.
   Linears that read the same input (q, k and v; an MLP's gate and up) quantize it once (`SharedQuantized`), and
-  on a GPU the quantization (row amax, divide, cast) runs as one compiled kernel.
+  on a GPU with Triton the quantization (row amax, divide, cast) runs as one compiled kernel.
 Weight memory is about half of bf16 either way. The time embedder stays fp32, and the action head's per-domain
 tables (embedding tables used as weight matrices) stay in full precision.
 """
 
 import functools
+import logging
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .devices import facts
 from .errors import InputError
 from .modelopt_fp8 import runs_w8a8, w8a8_linear
 
@@ -33,6 +35,7 @@ FP8_MAX = torch.finfo(FP8).max  # 448
 # used as weight matrices, not looked up.
 KEEP = ("time_embedder", "action_proj_")
 MODES = ("fp8", "fp8_scaled")
+log = logging.getLogger(__name__)
 
 
 def per_row_fp8(weight: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
@@ -98,7 +101,8 @@ class SharedQuantized:
         entry = self.entry
         if entry is not None and entry[0]() is x:
             return entry[1], entry[2]
-        quantize = fused_quantize_rows() if x.device.type == "cuda" else quantize_rows
+        device = facts(x.device)  # one fused kernel needs Triton, which Windows installs often lack: eager there
+        quantize = fused_quantize_rows() if device.cuda and device.triton else quantize_rows
         x8, x_scale = quantize(x.reshape(-1, x.shape[-1]))
         self.entry = (weakref.ref(x, self._drop), x8, x_scale)
         return x8, x_scale
@@ -125,21 +129,26 @@ def scaled_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
 
 
 def scaled_fp8_available(device: torch.device) -> bool:
-    """Row-wise scaled fp8 matmuls: CUDA GPUs of compute capability 9.0 and newer, and the CPU (slow there: for
-    checking the arithmetic)."""
-    if device.type == "cpu":
-        return True
-    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
+    """Row-wise scaled fp8 matmuls: CUDA GPUs where cuBLAS runs them (compute capability 9.0 and newer but 12.x,
+    probed once per device), and the CPU (slow there: for checking the arithmetic)."""
+    return facts(device).fp8_rowwise
 
 
-def check_mode(quantize: str | None, device: torch.device) -> None:
-    """Refuse an unknown quantize value, or fp8_scaled on a device without scaled fp8 matmuls, before loading."""
+def check_mode(quantize: str | None, device: torch.device) -> str | None:
+    """The mode a load runs: an unknown quantize value is refused before loading; fp8_scaled on a device without
+    row-wise scaled fp8 matmuls (A100, RTX 30xx and 40xx, RTX 50xx whose cuBLAS refuses them) runs weight-only fp8,
+    the same memory, with a note."""
     if quantize not in (None, *MODES):
         raise InputError(f"quantize must be None, 'fp8' or 'fp8_scaled', got {quantize!r}")
     if quantize == "fp8_scaled" and not scaled_fp8_available(device):
-        raise InputError(f"quantize='fp8_scaled' needs scaled fp8 matmuls (a CUDA GPU of compute capability 9.0 or "
-                         f"newer: H100, H200, B200, RTX 50xx), which {device} lacks; use quantize='fp8' "
-                         "(weight-only, the same memory)")
+        record = facts(device)
+        card = f" (compute capability {record.capability[0]}.{record.capability[1]})" if record.capability else ""
+        official = (" NVIDIA's official FP8 checkpoints (tensorwise scales) do run their fp8 matmuls here." if
+                    record.fp8_tensorwise else "")
+        log.warning("quantize='fp8_scaled' needs row-wise scaled fp8 matmuls, which %s%s does not run; loading "
+                    "weight-only fp8 instead (the same memory).%s", device, card, official)
+        return "fp8"
+    return quantize
 
 
 def scaled_layer(name: str, num_layers: int) -> bool:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .devices import facts
 from .errors import CheckpointError, InputError
 from .geometry import TEMPORAL_FACTOR
 from .parallel import Group, SequenceShards, check_heads
@@ -207,56 +208,33 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x).square()
 
 
-def takes_grouped_kv(device_type: str, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int,
-                     flash_enabled: bool = True, rocm: bool = False) -> bool:
-    """Whether SDPA runs grouped-query inputs (fewer K/V heads than query heads) in a kernel that never holds the
-    [heads, Nq, Nk] scores. The CPU's flash kernel takes them in every dtype. On a CUDA GPU only the flash
-    kernel does, and it needs fp16/bf16, compute capability 8.0 or newer and a head dim of at most 256 (a multiple
-    of 8); with fp32 weights or on an older card SDPA would fall back to its math kernel, whose fp32 scores for Edge
-    at 832x480x81 take 4.3 GB per head (69 GB for its 16). Elsewhere (and on ROCm, other devices) K/V are expanded
-    to the query heads so the memory-efficient kernel runs."""
-    if device_type == "cpu":
-        return True
-    if device_type != "cuda" or rocm or capability is None:
-        return False
-    return (flash_enabled and capability >= (8, 0) and dtype in (torch.float16, torch.bfloat16)
-            and head_dim % 8 == 0 and head_dim <= 256)
-
-
-def grouped_kv_native(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """`takes_grouped_kv` for a real device and this process's SDPA settings."""
-    if device.type != "cuda":
-        return takes_grouped_kv(device.type, None, dtype, head_dim)
-    return takes_grouped_kv("cuda", _capability(device.index), dtype, head_dim, torch.backends.cuda.flash_sdp_enabled(),
-                            torch.version.hip is not None)
-
-
-@functools.cache
-def _capability(index: int | None) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """q [Nq, A, D], k/v [Nk, K, D] -> (q, k, v) as [1, heads, N, D] and whether they are still grouped (K < A):
-    K/V expanded to the query heads where grouped inputs would make SDPA hold the whole score matrix."""
-    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, N, D]
+def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool = False):
+    """q [Nq, A, D], k/v [Nk, K, D] -> (q, k, v) as [1, heads, N, D] in the dtype SDPA should run them in, and whether
+    they are still grouped (K < A): K/V expanded to the query heads where grouped inputs would make SDPA hold the
+    whole score matrix (`devices.DeviceFacts.grouped_kv`)."""
+    device = facts(q.device)
+    dtype = device.attention_dtype(q.dtype)
+    q, k, v = (t.transpose(0, 1).unsqueeze(0).to(dtype) for t in (q, k, v))  # [1, heads, N, D]
     groups = q.shape[1] // k.shape[1]
-    if groups > 1 and not grouped_kv_native(q.device, q.dtype, q.shape[-1]):
+    if groups > 1 and not device.grouped_kv(dtype, q.shape[-1], masked):
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return q, k, v, k.shape[1] != q.shape[1]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D]; `mask` [Nk] bool: the keys to attend to.
+    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D] in q's dtype; `mask` [Nk] bool: the keys to
+    attend to.
 
     Batched 4-D inputs matter: for 3-D ones PyTorch's CPU dispatch falls back to the math kernel,
     which materialises the whole Nq x Nk score matrix (a 30k-token prompt: tens of GB).
     """
-    q, k, v, grouped = attention_inputs(q, k, v)
+    dtype = q.dtype
+    q, k, v, grouped = attention_inputs(q, k, v, masked=mask is not None)
     mask = None if mask is None else mask.view(1, 1, 1, -1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=grouped)
-    return out[0].transpose(0, 1).flatten(1)
+    extra = {"enable_gqa": True} if grouped else {}
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **extra)
+    return out[0].transpose(0, 1).flatten(1).to(dtype)
 
 
 class MoTAttention(nn.Module):
@@ -366,9 +344,16 @@ class TimestepEmbedder(nn.Module):
         exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=device)
         freqs = torch.exp(exponent / half)
         angles = scaled_t[:, None].float() * freqs[None, :]
-        emb = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1).to(self.linear_1.weight.dtype)
-        first, second = ((layer.weight.to(device), layer.bias.to(device)) for layer in (self.linear_1, self.linear_2))
-        return F.linear(F.silu(F.linear(emb, *first)), *second)
+        emb = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+        return _run_linear(self.linear_2, F.silu(_run_linear(self.linear_1, emb)))
+
+
+def _run_linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A linear layer of the fp32 time embedder on x's device: its weights come over at use (a host may leave them in
+    CPU memory); an fp8 layer (an official FP8 file that quantized the embedder) brings its own over."""
+    if type(layer) is nn.Linear:
+        return F.linear(x.to(layer.weight.dtype), layer.weight.to(x.device), layer.bias.to(x.device))
+    return layer(x)
 
 
 def embedding(num: int, dim: int) -> nn.Embedding:

@@ -20,6 +20,9 @@ from .errors import CheckpointError
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 STORED_AS_IS = (torch.float8_e4m3fn,)
+# Quantization scales and activation ranges stay float32 whatever the model's dtype: in fp16 an official FP8 file's
+# activation range above 65504 (`input_amax`) would become inf, and its layer's output zeros.
+KEPT_FLOAT32 = (".scale", ".input_amax")
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 
 
@@ -90,6 +93,8 @@ def load_weights(
             target = torch.float32 if name.startswith(keep_fp32) else dtype if tensor.is_floating_point() else None
             if expected[name].dtype in STORED_AS_IS:  # fp8 weights stay fp8 (their scale is a parameter of its own)
                 target = expected[name].dtype
+            elif expected[name].dtype == torch.float32 and name.endswith(KEPT_FLOAT32):
+                target = torch.float32
             elif tensor.dtype in STORED_AS_IS:
                 raise CheckpointError(f"{path}: {key} is stored as {tensor.dtype}, which cannot be cast without its "
                                       "scale; this module does not read it")

@@ -17,6 +17,18 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")  # a real ComfyUI checkout: the tier-2 tests import it in-process
 
 
+def _cpu_scaled_fp8() -> bool:
+    import torch
+
+    from cosmos3_runtime.devices import facts
+
+    return facts(torch.device("cpu")).fp8_rowwise
+
+
+# fp8_scaled's matmul on the CPU needs a torch whose CPU has the kernel (2.13 has it, 2.7 does not)
+needs_cpu_scaled_fp8 = pytest.mark.skipif(not _cpu_scaled_fp8(), reason="this torch's CPU has no scaled fp8 matmul")
+
+
 def require(module: str, minversion: str | None = None):
     """Import a test-only reference (diffusers). Locally a missing one skips the tests that need it;
     under CI=true it fails them, so the parity layer can never silently turn into skips."""

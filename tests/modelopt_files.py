@@ -32,14 +32,14 @@ def calibration_inputs(seed: int = 0):
             for _ in range(2)]
 
 
-def make_fp8(root: Path, dst: Path, policy: dict | None = POLICY, dtype=torch.float32):
+def make_fp8(root: Path, dst: Path, policy: dict | None = POLICY, dtype=torch.float32, time_embedder: bool = False):
     """A copy of the tiny checkpoint `root` at `dst` with its transformer in the official FP8 layout; returns (dst,
-    the ModelOpt-quantized diffusers transformer that wrote it)."""
+    the ModelOpt-quantized diffusers transformer that wrote it). `time_embedder`: quantize the fp32 time embedder too
+    (the official recipe leaves it out; an exporter run without that exclusion does not)."""
     shutil.copytree(root, dst)
     model = ref.load_transformer(root, dtype)
-    config = {"quant_cfg": list(mtq.FP8_DEFAULT_CFG["quant_cfg"]) + [{"quantizer_name": "*time_embedder*",
-                                                                     "enable": False}],
-              "algorithm": "max"}
+    excluded = [] if time_embedder else [{"quantizer_name": "*time_embedder*", "enable": False}]
+    config = {"quant_cfg": list(mtq.FP8_DEFAULT_CFG["quant_cfg"]) + excluded, "algorithm": "max"}
 
     def calibrate(m):
         for ids, latents in calibration_inputs():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import needs_cpu_scaled_fp8
 from PIL import Image
 from virtual_device import DeviceMix, VirtualDevice, place_like_a_host
 
@@ -15,8 +16,9 @@ import cosmos3_runtime
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.quantize import Fp8Linear, per_row_fp8, scaled_fp8_linear
 from cosmos3_runtime.tiny import RELEASED
-from cosmos3_runtime.transformer import (Cosmos3Transformer, TrackTokens, TransformerConfig, attention,
-                                         takes_grouped_kv)
+from cosmos3_runtime import devices
+from cosmos3_runtime.devices import DeviceFacts
+from cosmos3_runtime.transformer import Cosmos3Transformer, TrackTokens, TransformerConfig, attention
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -52,7 +54,7 @@ def test_fp8_runs_the_action_head(tiny_factory, mode):
         assert (got.actions - expected.actions).abs().mean() < 0.2 * expected.actions.abs().mean()
 
 
-@pytest.mark.parametrize("quantize", ["fp8", "fp8_scaled"])
+@pytest.mark.parametrize("quantize", ["fp8", pytest.param("fp8_scaled", marks=needs_cpu_scaled_fp8)])
 def test_fp8_runs_the_sound_head(tiny_factory, quantize):
     root = tiny_factory(kind="gated", sound=True)
     request = dict(width=64, height=48, num_frames=9, steps=2, seed=1, sound=True)
@@ -62,32 +64,58 @@ def test_fp8_runs_the_sound_head(tiny_factory, quantize):
     assert (got.sound_latents - expected.sound_latents).abs().mean() < 0.1 * expected.sound_latents.abs().mean()
 
 
-# (device kind, compute capability, dtype, flash enabled) -> grouped K/V go to SDPA as they are (True) or expanded
+def gpu(capability, **facts) -> DeviceFacts:
+    return DeviceFacts("cuda", capability, **facts)
+
+
+# (device, dtype) -> grouped K/V go to SDPA as they are (True) or expanded, and the dtype attention runs in
 KERNEL_RULE = [
-    ("cpu", None, FP32, True, True),  # the CPU flash kernel takes groups in every dtype
-    ("cpu", None, BF16, True, True),
-    ("cuda", (9, 0), BF16, True, True),  # H100/H200: flash
-    ("cuda", (8, 0), FP16, True, True),  # A100
-    ("cuda", (8, 6), BF16, True, True),  # RTX 30xx
-    ("cuda", (9, 0), FP32, True, False),  # fp32 on any GPU: no flash, math would hold the scores
-    ("cuda", (8, 9), FP32, True, False),
-    ("cuda", (7, 5), FP16, True, False),  # T4, RTX 20xx: no flash
-    ("cuda", (7, 0), FP16, True, False),  # V100
-    ("cuda", (6, 1), FP32, True, False),  # GTX 10xx
-    ("cuda", (9, 0), BF16, False, False),  # flash turned off by the user
-    ("mps", None, FP16, True, False),
-    ("meta", None, BF16, True, False),
+    (DeviceFacts("cpu", grouped_sdp=True), FP32, True, FP32),  # torch 2.9+: the CPU flash kernel takes groups
+    (DeviceFacts("cpu", grouped_sdp=True), BF16, True, BF16),
+    (DeviceFacts("cpu", grouped_sdp=False), BF16, False, BF16),  # torch 2.7 and 2.8: grouped inputs go to math
+    (gpu((9, 0)), BF16, True, BF16),  # H100/H200: flash
+    (gpu((8, 0)), FP16, True, FP16),  # A100
+    (gpu((8, 6)), BF16, True, BF16),  # RTX 30xx
+    (gpu((12, 0)), BF16, True, BF16),  # RTX 50xx
+    (gpu((9, 0)), FP32, False, FP32),  # fp32 on any GPU: no flash, math would hold the scores
+    (gpu((8, 9)), FP32, False, FP32),
+    (gpu((7, 5)), FP16, False, FP16),  # T4, RTX 20xx: no flash
+    (gpu((7, 5)), BF16, False, FP16),  # ... and no bf16 in the memory-efficient kernel: it runs in fp16
+    (gpu((7, 0)), BF16, False, FP16),  # V100
+    (gpu((7, 0)), FP32, False, FP32),
+    (gpu((6, 1)), FP32, False, FP32),  # GTX 10xx
+    (gpu((9, 0), flash_sdp=False), BF16, False, BF16),  # flash turned off by the user
+    (gpu((9, 4), rocm=True), BF16, False, BF16),  # ROCm
+    (DeviceFacts("mps"), FP16, False, FP16),
+    (DeviceFacts("meta"), BF16, False, BF16),
 ]
 
 
-@pytest.mark.parametrize("device_type, capability, dtype, flash, grouped", KERNEL_RULE)
-def test_which_attention_inputs_each_gpu_gets(device_type, capability, dtype, flash, grouped):
-    assert takes_grouped_kv(device_type, capability, dtype, 128, flash) is grouped
+@pytest.mark.parametrize("device, dtype, grouped, attention_dtype", KERNEL_RULE)
+def test_which_attention_inputs_each_gpu_gets(device, dtype, grouped, attention_dtype):
+    assert device.grouped_kv(dtype, 128) is grouped
+    assert device.attention_dtype(dtype) == attention_dtype
 
 
-def test_the_rule_on_rocm_and_odd_head_dims():
-    assert not takes_grouped_kv("cuda", (9, 4), BF16, 128, rocm=True)
-    assert not takes_grouped_kv("cuda", (9, 0), BF16, 320)  # flash takes head dims up to 256
+def test_the_rule_on_odd_head_dims_and_masks():
+    assert not gpu((9, 0)).grouped_kv(BF16, 320)  # flash takes head dims up to 256
+    assert not gpu((9, 0)).grouped_kv(BF16, 128, masked=True)  # nor masks (the Reasoner's fixed-shape step)
+
+
+@pytest.mark.parametrize("causal, masked", [(False, False), (True, False), (False, True)])
+def test_the_runtime_attention_never_runs_the_math_kernel_on_this_torch(causal, masked):
+    """What SDPA does with grouped K/V depends on the torch release (the CPU's flash kernel takes them from 2.9 on;
+    2.7 and 2.8 fall back to the math kernel, 9 GB for a 16k-token prompt): on the installed torch the runtime's
+    attention runs a fused kernel, grouped or expanded, in every case it uses."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(64, 8, 64, generator=g), torch.randn(64, 2, 64, generator=g), torch.randn(64, 2, 64, generator=g)
+    mask = torch.arange(64) < 40 if masked else None
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        attention(q, k, v, causal=causal, mask=mask)
+    names = {e.name for e in p.events() if "scaled_dot_product" in e.name}
+    assert not any("math" in n for n in names) and len(names) > 1, names
 
 
 def test_expanded_keys_give_the_grouped_result(monkeypatch):
@@ -101,15 +129,37 @@ def test_expanded_keys_give_the_grouped_result(monkeypatch):
     original = F.scaled_dot_product_attention
 
     def sdpa(q, k, v, **kwargs):
-        seen.append((k.shape[1], kwargs["enable_gqa"]))
+        seen.append((k.shape[1], kwargs.get("enable_gqa", False)))
         return original(q, k, v, **kwargs)
 
-    monkeypatch.setattr(transformer, "grouped_kv_native", lambda *args: False)
+    monkeypatch.setitem(devices._FACTS, ("cpu", None), DeviceFacts("cpu"))  # a device whose SDPA takes no groups
     monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", sdpa)
     torch.testing.assert_close(attention(q, k, v), grouped, atol=1e-6, rtol=0)
     assert seen == [(8, False)]  # eight key heads, no grouped mode: a memory-efficient kernel can take it
 
 
+def test_a_card_without_bf16_attention_runs_it_in_fp16(monkeypatch):
+    """On a T4 or V100 the bf16 attention call goes to SDPA in fp16 (and K/V expanded) and comes back in bf16."""
+    import cosmos3_runtime.transformer as transformer
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(40, h, 32, generator=g).to(BF16) for h in (8, 2, 2))
+    seen = []
+    original = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, **kwargs):
+        seen.append((q.dtype, k.dtype, k.shape[1]))
+        return original(q, k, v, **kwargs)
+
+    expected = attention(q.float(), k.float(), v.float())
+    monkeypatch.setitem(devices._FACTS, ("cpu", None), gpu((7, 5)))
+    monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", sdpa)
+    out = attention(q, k, v)
+    assert seen == [(FP16, FP16, 8)] and out.dtype == BF16
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=0)
+
+
+@needs_cpu_scaled_fp8
 def test_scaled_fp8_matmul_outputs_bf16_as_cuda_requires(monkeypatch):
     """CUDA's row-wise scaled matmul makes bf16 outputs only (fp16/fp32 are refused): the scaled path asks for bf16
     whatever the activations' dtype and casts afterwards. `torch._scaled_mm` is wrapped with CUDA's rule here."""

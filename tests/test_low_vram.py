@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import cosmos3_runtime
+from conftest import needs_cpu_scaled_fp8
 from cosmos3_runtime.quantize import Fp8Linear, weight_bytes
 from cosmos3_runtime.transformer import tower_of
 
@@ -123,6 +124,7 @@ def test_modelopt_fp8_checkpoints_are_read_with_their_scales(tiny_gated, tmp_pat
     assert torch.equal(ours.generate("a cat", **request).latents, reference.generate("a cat", **request).latents)
 
 
+@needs_cpu_scaled_fp8
 def test_the_scaled_fp8_matmul_path(tiny_factory):
     """fp8_scaled (per-token activation scales, one fp8 matmul in the media blocks but the first and last) run on the
     CPU's implementation: close to the upcast path it replaces."""
@@ -143,6 +145,7 @@ def test_the_scaled_fp8_matmul_path(tiny_factory):
     assert 0 < relative.mean() < 0.02 and relative.max() < 0.1, (relative.mean(), relative.max())
 
 
+@needs_cpu_scaled_fp8
 def test_linears_reading_one_input_quantize_it_once(tiny_factory, monkeypatch):
     """fp8_scaled: q, k and v (and an MLP's gate and up) read one tensor, quantized once; the result is bit-equal
     to quantizing it for each linear."""
@@ -160,6 +163,54 @@ def test_linears_reading_one_input_quantize_it_once(tiny_factory, monkeypatch):
     assert len(calls) == 4 * scaled_layers  # q/k/v, out, gate/up, down: not 7 a layer
     monkeypatch.setattr(quantize.SharedQuantized, "__call__", lambda self, x: real(x.reshape(-1, x.shape[-1])))
     assert torch.equal(pipe.transformer(latents, torch.tensor(900), text).vision, shared)
+
+
+def test_fp8_scaled_runs_weight_only_where_row_wise_fp8_matmuls_are_refused(tiny_factory, monkeypatch, caplog):
+    """cuBLAS refuses row-wise scaled fp8 matmuls on some cards with fp8 GEMMs (compute capability 12.x: RTX 50xx,
+    CUBLAS_STATUS_NOT_SUPPORTED at the first matmul). The device's probe (one tiny call, here against a
+    `torch._scaled_mm` that refuses as cuBLAS does there) finds it at load: fp8_scaled runs weight-only fp8, with a
+    note, equal to quantize='fp8'."""
+    from cosmos3_runtime import devices
+
+    real = torch._scaled_mm
+
+    def like_cublas_on_12x(a, b, scale_a, scale_b, **kwargs):
+        if scale_a.numel() > 1:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul")
+        return real(a, b, scale_a=scale_a, scale_b=scale_b, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", like_cublas_on_12x)
+    monkeypatch.delitem(devices._FACTS, ("cpu", None), raising=False)  # probed again at the load
+    root = tiny_factory(kind="edge", size="small")
+    with caplog.at_level("WARNING"):
+        pipe = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8_scaled")
+    assert pipe.quantize == "fp8" and "needs row-wise scaled fp8 matmuls" in caplog.text
+    assert not any(isinstance(m, Fp8Linear) and m.scaled for m in pipe.transformer.modules())
+    weight_only = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8")
+    latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
+    text = torch.arange(40) % 500
+    outputs = [p.transformer(latents, torch.tensor(900), p.transformer.encode_text(text)).vision
+               for p in (pipe, weight_only)]
+    assert torch.equal(*outputs)
+
+
+@needs_cpu_scaled_fp8
+@pytest.mark.parametrize("triton", [True, False])
+def test_the_fused_quantization_needs_triton(tiny_factory, monkeypatch, triton):
+    """On a GPU fp8_scaled quantizes each activation in one compiled kernel, which needs Triton (often missing on
+    Windows): without it the same quantization runs eagerly."""
+    from cosmos3_runtime import devices, quantize
+
+    pipe = cosmos3_runtime.load(tiny_factory(kind="gated", size="small"), dtype="bf16", device="cpu",
+                                quantize="fp8_scaled")
+    monkeypatch.setitem(devices._FACTS, ("cpu", None), devices.DeviceFacts("cuda", (9, 0), fp8_rowwise=True,
+                                                                           triton=triton))
+    fused = []
+    monkeypatch.setattr(quantize, "fused_quantize_rows", lambda: lambda rows: fused.append(1) or
+                        quantize.quantize_rows(rows))
+    latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
+    out = pipe.transformer(latents, torch.tensor(900), pipe.transformer.encode_text(torch.arange(40) % 500)).vision
+    assert torch.isfinite(out).all() and bool(fused) is triton
 
 
 class RecordedCuda:

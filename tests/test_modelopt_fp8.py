@@ -80,6 +80,42 @@ def test_a_forward_equals_diffusers_mixed_precision_at_the_step(fp8, monkeypatch
     torch.testing.assert_close(ours, theirs, atol=TOL, rtol=0)
 
 
+def test_a_quantized_time_embedder_is_read_and_runs_as_diffusers_does(tiny_factory, tmp_path, monkeypatch):
+    """A file whose exporter quantized the fp32 time embedder too (fp8 weights, input ranges): it loads, its linears
+    run as the checkpoint's (native W8A8), and a forward equals diffusers' runtime. It used to crash in F.linear
+    (an fp32 input against fp8 weights)."""
+    fp8 = make_fp8(tiny_factory(kind="edge"), tmp_path / "edge", time_embedder=True)
+    written = fp8[1]
+    assert written.time_embedder.linear_1.weight.dtype == torch.float8_e4m3fn
+    # diffusers casts the embedder's input to its first parameter's dtype, here float8: give it an fp32 one first
+    written.time_embedder.register_parameter("fp32_first", torch.nn.Parameter(torch.zeros(0)))
+    pipe = cosmos3_runtime.load(fp8[0], dtype="fp32")
+    assert isinstance(pipe.transformer.time_embedder.linear_1, Fp8Linear)
+    ours, theirs = _velocity_pair(fp8, monkeypatch, 4, 8)
+    torch.testing.assert_close(ours, theirs, atol=TOL, rtol=0)
+
+
+def test_scales_and_input_ranges_stay_fp32_in_an_fp16_model(fp8, tmp_path):
+    """In fp16 an activation range above 65504 would become inf (and its layer's output zeros, or NaN): ModelOpt's
+    scales and input ranges keep float32 whatever the model's dtype."""
+    from safetensors.torch import load_file, save_file
+
+    path = shutil.copytree(fp8[0], tmp_path / "wide")
+    shard = sorted((path / "transformer").glob("*.safetensors"))[0]
+    tensors = load_file(str(shard))
+    key = next(k for k in tensors if k.endswith("add_q_proj.input_quantizer._amax"))
+    tensors[key] = torch.tensor(1e5)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    pipe = cosmos3_runtime.load(path, dtype="fp16")
+    layers = [m for m in pipe.transformer.modules() if isinstance(m, Fp8Linear)]
+    assert all(m.scale.dtype == m.input_amax.dtype == torch.float32 for m in layers)
+    wide = pipe.transformer.get_submodule(key.removesuffix(".input_quantizer._amax"))
+    assert wide.input_amax.item() == 1e5
+    x = torch.randn(6, wide.in_features, dtype=torch.float16) * 100
+    out = wide(x)
+    assert torch.isfinite(out).all() and out.abs().max() > 0
+
+
 def test_the_two_precisions_differ(fp8, monkeypatch):
     """The step matters: W8A8 and W8A16 give different velocities (so the parity above can fail)."""
     a16, _ = _velocity_pair(fp8, monkeypatch, 0, 8)

@@ -8,6 +8,7 @@ import weakref
 
 import torch
 
+from ...cosmos3_runtime.devices import empty_host_cache
 from ...cosmos3_runtime.transformer import attention_inputs
 from .base import _comfy
 
@@ -60,7 +61,7 @@ def empty_cache() -> None:
     elif torch.cuda.is_available():
         torch.cuda.empty_cache()
     if torch.cuda.is_available():
-        torch.accelerator.empty_host_cache()
+        empty_host_cache()
 
 
 class ManagedPart(torch.nn.Module):
@@ -81,14 +82,23 @@ def linear_class():
 
 def media_attention():
     """ComfyUI's attention backend (what --use-sage-attention / --use-flash-attention select) in the runtime's
-    media-attention shapes, or None outside ComfyUI (the runtime then uses SDPA)."""
+    media-attention shapes, or None outside ComfyUI (the runtime then uses SDPA). Only ComfyUI's PyTorch backend gets
+    grouped K/V (fewer key/value heads than query heads), where SDPA runs them in a fused kernel; every other backend
+    gets K/V expanded to the query heads: xformers, split and sub-quadratic attention assume equal head counts in
+    ComfyUI releases before their grouped-query support, and sage or flash builds differ in what they take."""
     attention = _comfy("comfy.ldm.modules.attention")
     if attention is None:
         return None
 
     def attend(q, k, v):  # q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D]
+        dtype = q.dtype
         q, k, v, grouped = attention_inputs(q, k, v)  # [1, heads, N, D]; expanded where SDPA needs it
-        return attention.optimized_attention(q, k, v, q.shape[1], skip_reshape=True, enable_gqa=grouped)[0]
+        backend = attention.optimized_attention
+        if grouped and backend is not attention.attention_pytorch:
+            groups = q.shape[1] // k.shape[1]
+            k, v, grouped = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), False
+        extra = {"enable_gqa": True} if grouped else {}
+        return backend(q, k, v, q.shape[1], skip_reshape=True, **extra)[0].to(dtype)
 
     return attend
 

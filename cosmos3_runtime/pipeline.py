@@ -654,29 +654,32 @@ class Cosmos3Pipeline:
         sp, cfg = (parallel.sp, parallel.cfg) if parallel is not None else (None, None)
         if cache is not None:
             cache.begin(len(schedule))
+        # The schedule goes to the device once (the model's timesteps, the previews' sigmas); guidance and the cache
+        # decide on host copies: a step reads nothing back from the device but the cache's one figure.
+        timesteps, sigmas = schedule.timesteps.to(latents.device), schedule.sigmas.to(latents.device)
 
         def velocities(k, ids, context) -> list[torch.Tensor]:
             # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
             stack = None if cache is None else cache.layers(k)  # each pass (k-th of its step) caches on its own
-            out = self.transformer(latents, t, self.text_kv(ids), noisy, s.fps, [track.tokens() for track in tracks],
-                                   sp=sp, context=context, stack=stack)
+            out = self.transformer(latents, timesteps[i], self.text_kv(ids), noisy, s.fps,
+                                   [track.tokens() for track in tracks], sp=sp, context=context, stack=stack)
             return [out.vision.float()] + [v.float() for v in out.tracks]
 
-        for i, t in enumerate(schedule.timesteps):
+        for i, t in enumerate(schedule.timesteps.tolist()):
             if cache is not None:
-                cache.step(i, latents, float(t))
+                cache.step(i, latents, t, sp)
             # Each pass runs at its own text length: padding one to the other's would leave zero keys that the
             # (unmasked) media attention still weights.
-            passes = guidance.passes(float(t))
+            passes = guidance.passes(t)
             with modelopt_fp8.for_step(s.fp8_policy, i, len(schedule)):
                 if cfg is not None and len(passes) == 2:  # one pass per rank group, exchanged (no tracks)
                     outputs = [[v] for v in exchange_branches(cfg, velocities(cfg.rank, *passes[cfg.rank])[0])]
                 else:
                     outputs = [velocities(k, *p) for k, p in enumerate(passes)]
-            combined = guidance.combine(float(t), outputs)
+            combined = guidance.combine(t, outputs)
             velocity = combined[0]
             if callback is not None:  # the model's current guess of the result: what previews should show
-                denoised = latents - schedule.sigmas[i].to(latents.device) * velocity
+                denoised = latents - sigmas[i] * velocity
             latents = stepper.step(velocity, latents, generator)
             for track, track_velocity in zip(tracks, combined[1:]):
                 track.step(track_velocity, generator)

@@ -179,85 +179,112 @@ def _lambda(sigma: torch.Tensor) -> torch.Tensor:
 class UniPC:
     """Multistep UniPC (predictor UniP, corrector UniC) in x0 form, order <= 2, for flow prediction.
 
-    Holds the per-run history; make a new one for every generation (and every modality).
+    Every coefficient depends on the schedule alone, so all of them are computed once, on the CPU in float32 (as the
+    reference does, its 2x2 corrector system solved there with LU), and moved to the samples' device once: a step
+    then only combines tensors, with no host round trip. Holds the per-run history; make a new one for every
+    generation (and every modality).
     """
 
     def __init__(self, schedule: Schedule, order: int = 2, lower_order_final: bool = True):
         self.schedule = schedule
-        self.order = order
-        self.lower_order_final = lower_order_final
         self.index = 0
         self.x0_history: list[torch.Tensor] = []  # last `order` x0 predictions, oldest first
         self.last_sample: torch.Tensor | None = None
-        self.last_order = 0
-        self.warmup = 0
-
-    def _coefficients(self, sigma_to: torch.Tensor, sigma_from: torch.Tensor):
-        """alpha(sigma_to), h, hh = -h, expm1(hh) and B(h) for a move sigma_from -> sigma_to."""
-        h = _lambda(sigma_to) - _lambda(sigma_from)
-        hh = -h
-        e = torch.expm1(hh)
-        b = hh if self.schedule.solver_type == "bh1" else e
-        return 1 - sigma_to, h, hh, e, b
+        n = len(schedule)
+        # the order of each step: lower at the start (no history yet) and, with lower_order_final, at the end
+        self.orders = [min(order, n - k if lower_order_final else order, k + 1) for k in range(n)]
+        self.table = _unipc_table(schedule, self.orders)  # [steps, COLUMNS], float32
 
     def step(self, velocity: torch.Tensor, sample: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """The next sample (`generator` unused: UniPC draws no noise; it keeps one interface with FlowEuler)."""
-        sigmas = self.schedule.sigmas.to(sample.device)
+        if self.table.device != sample.device:
+            self.table = self.table.to(sample.device)
         k = self.index
-        x0 = sample - sigmas[k] * velocity  # from the uncorrected sample
+        c = dict(zip(COLUMNS, self.table[k].unbind()))  # 0-d views on the device
+        x0 = sample - c["sigma"] * velocity  # from the uncorrected sample
         if k > 0 and self.last_sample is not None and (k - 1) not in self.schedule.disable_corrector:
-            sample = self._correct(x0, sigmas, k)
-        self.x0_history = (self.x0_history + [x0])[-self.order :]
-        order = min(self.order, len(self.schedule) - k) if self.lower_order_final else self.order
-        order = min(order, self.warmup + 1)
-        self.last_sample, self.last_order = sample, order
-        result = self._predict(sample, sigmas, k, order)
-        self.warmup = min(self.warmup + 1, self.order)
-        self.index += 1
-        return result
-
-    def _predict(self, x: torch.Tensor, sigmas: torch.Tensor, k: int, order: int) -> torch.Tensor:
-        alpha_t, h, hh, e, b = self._coefficients(sigmas[k + 1], sigmas[k])
+            sample = self._correct(x0, c, self.orders[k - 1])
+        self.x0_history = (self.x0_history + [x0])[-2:]
+        self.last_sample = sample
         m0 = self.x0_history[-1]
-        x_next = sigmas[k + 1] / sigmas[k] * x - alpha_t * e * m0
-        if order == 2:
-            r = (_lambda(sigmas[k - 1]) - _lambda(sigmas[k])) / h
-            d1 = (self.x0_history[-2] - m0) / r
-            x_next = x_next - alpha_t * b * (0.5 * d1)
+        x_next = c["ratio"] * sample - c["ae"] * m0
+        if self.orders[k] == 2:
+            x_next = x_next - c["ab"] * (0.5 * ((self.x0_history[-2] - m0) / c["r"]))
+        self.index += 1
         return x_next
 
-    def _correct(self, x0: torch.Tensor, sigmas: torch.Tensor, k: int) -> torch.Tensor:
-        alpha_t, h, hh, e, b = self._coefficients(sigmas[k], sigmas[k - 1])
+    def _correct(self, x0: torch.Tensor, c: dict, last_order: int) -> torch.Tensor:
         m_prev = self.x0_history[-1]
-        x = sigmas[k] / sigmas[k - 1] * self.last_sample - alpha_t * e * m_prev
-        if self.last_order == 1:
-            return x - alpha_t * b * (0.5 * (x0 - m_prev))
-        r = (_lambda(sigmas[k - 2]) - _lambda(sigmas[k - 1])) / h
-        d1 = (self.x0_history[-2] - m_prev) / r
-        phi = e / hh - 1
-        b1 = phi / b
-        b2 = (phi / hh - 0.5) * 2 / b
-        # The reference solves this 2x2 system with LU; the closed form differs in the last bit.
-        rho = torch.linalg.solve(torch.stack([torch.stack([torch.ones_like(r), torch.ones_like(r)]),
-                                              torch.stack([r, torch.ones_like(r)])]), torch.stack([b1, b2]))
-        return x - alpha_t * b * (rho[0] * d1 + rho[1] * (x0 - m_prev))
+        x = c["c_ratio"] * self.last_sample - c["c_ae"] * m_prev
+        if last_order == 1:
+            return x - c["c_ab"] * (0.5 * (x0 - m_prev))
+        d1 = (self.x0_history[-2] - m_prev) / c["c_r"]
+        return x - c["c_ab"] * (c["rho0"] * d1 + c["rho1"] * (x0 - m_prev))
+
+
+# Per step k: sigma_k; the predictor's sigma ratio, alpha * expm1(-h), alpha * B(h) and r (order 2); the corrector's
+# (for the move that ended at step k) the same, and its two rho weights (order 2).
+COLUMNS = ("sigma", "ratio", "ae", "ab", "r", "c_ratio", "c_ae", "c_ab", "c_r", "rho0", "rho1")
+
+
+def _unipc_table(schedule: Schedule, orders: list[int]) -> torch.Tensor:
+    sigmas, bh1 = schedule.sigmas, schedule.solver_type == "bh1"
+
+    def move(to: int, start: int):
+        """alpha(sigma_to) * expm1(-h), alpha * B(h), h and expm1(-h) for the move sigma_start -> sigma_to."""
+        h = _lambda(sigmas[to]) - _lambda(sigmas[start])
+        e = torch.expm1(-h)
+        b = -h if bh1 else e
+        alpha = 1 - sigmas[to]
+        return alpha * e, alpha * b, h, e
+
+    rows = []
+    zero = torch.zeros((), dtype=torch.float32)
+    for k in range(len(schedule)):
+        c = dict.fromkeys(COLUMNS, zero)
+        c["sigma"] = sigmas[k]
+        c["ratio"] = sigmas[k + 1] / sigmas[k]
+        c["ae"], c["ab"], h, _ = move(k + 1, k)
+        if orders[k] == 2:
+            c["r"] = (_lambda(sigmas[k - 1]) - _lambda(sigmas[k])) / h
+        if k > 0:
+            c["c_ratio"] = sigmas[k] / sigmas[k - 1]
+            c["c_ae"], c["c_ab"], h, e = move(k, k - 1)
+            if orders[k - 1] == 2:
+                c["c_r"] = r = (_lambda(sigmas[k - 2]) - _lambda(sigmas[k - 1])) / h
+                hh = -h
+                b = hh if bh1 else e
+                phi = e / hh - 1
+                b1, b2 = phi / b, (phi / hh - 0.5) * 2 / b
+                # The reference solves this 2x2 system with LU; the closed form differs in the last bit.
+                one = torch.ones_like(r)
+                c["rho0"], c["rho1"] = torch.linalg.solve(torch.stack([torch.stack([one, one]), torch.stack([r, one])]),
+                                                          torch.stack([b1, b2])).unbind()
+        rows.append(torch.stack([c[name].float() for name in COLUMNS]))
+    return torch.stack(rows)
 
 
 class FlowEuler:
-    """Distilled step: Euler (x + (s' - s) v) or, with `stochastic`, SDE (x0 = x - s v, then re-noise to s')."""
+    """Distilled step: Euler (x + (s' - s) v) or, with `stochastic`, SDE (x0 = x - s v, then re-noise to s'). Its
+    sigmas go to the samples' device once."""
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
         self.index = 0
+        sigmas = schedule.sigmas
+        # per step: sigma, sigma' - sigma, 1 - sigma', sigma'
+        self.table = torch.stack([sigmas[:-1], sigmas[1:] - sigmas[:-1], 1.0 - sigmas[1:], sigmas[1:]], dim=1)
 
     def step(self, velocity: torch.Tensor, sample: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        sigma, sigma_next = self.schedule.sigmas[self.index], self.schedule.sigmas[self.index + 1]
+        if self.table.device != sample.device:
+            self.table = self.table.to(sample.device)
+        sigma, delta, keep, sigma_next = self.table[self.index].unbind()
         self.index += 1
         if not self.schedule.stochastic:
-            return sample + (sigma_next - sigma).to(sample.device) * velocity
-        x0 = sample - sigma.to(sample.device) * velocity
+            return sample + delta * velocity
+        x0 = sample - sigma * velocity
         noise = torch.randn(sample.shape, generator=generator, dtype=torch.float32).to(sample.device)
-        return (1.0 - sigma_next).to(sample.device) * x0 + sigma_next.to(sample.device) * noise
+        return keep * x0 + sigma_next * noise
 
 
 def stepper_for(schedule: Schedule) -> "UniPC | FlowEuler":

@@ -16,6 +16,9 @@ prompt anyway. Threshold 0 never skips: the output is bit-identical to the cache
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
+
+from .parallel import Group
 
 EPS = 1e-16
 
@@ -46,8 +49,7 @@ def sea_filter(latents: torch.Tensor, sigma: float, power_exp: float = 3.0) -> t
         shape[axis] = one.shape[0]
         gain = one.view(shape) if gain is None else gain * one.view(shape)
     mean = gain.mean()
-    if torch.isfinite(mean) and mean > 0:
-        gain = gain / mean
+    gain = torch.where(torch.isfinite(mean) & (mean > 0), gain / mean, gain)  # decided on the device: no host read
     return torch.fft.ifftn(torch.fft.fftn(x, dim=dims) * gain, dim=dims).real
 
 
@@ -59,9 +61,9 @@ def noise_level(timestep: float, config: CacheConfig) -> float:
     return max(1e-6, min(1.0 - 1e-6, sigma))
 
 
-def relative_l1(a: torch.Tensor, b: torch.Tensor) -> float:
-    """mean |a - b| / mean |b|."""
-    return float(((a - b).abs().mean() / (b.abs().mean() + EPS)).cpu())
+def relative_l1(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """mean |a - b| / mean |b|, a 0-d tensor on their device."""
+    return (a - b).abs().mean() / (b.abs().mean() + EPS)
 
 
 def extrapolate(history: list[tuple[int, torch.Tensor]], step: int, order: int) -> torch.Tensor:
@@ -86,6 +88,7 @@ class Pathway:
     accumulated: float = 0.0
     indicator: torch.Tensor | None = None
     history: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    change: float = 0.0  # this step's relative L1 change of the indicator since `indicator`
 
 
 class StepCache:
@@ -101,10 +104,26 @@ class StepCache:
         """A new sampling loop (a generation, or a transfer chunk): every pathway starts afresh."""
         self.num_steps, self.pathways, self.index, self.current = num_steps, {}, -1, None
 
-    def step(self, index: int, latents: torch.Tensor, timestep: float) -> None:
-        """Step `index` begins with these noisy latents [1, C, T, h, w] at this timestep."""
+    def step(self, index: int, latents: torch.Tensor, timestep: float, group: Group | None = None) -> None:
+        """Step `index` begins with these noisy latents [1, C, T, h, w] at this timestep. Every pathway that may skip
+        gets its indicator's change now, read to the host once for the step; under sequence parallelism the
+        ranks' figures are all-reduced first, so that every rank takes the same decision (a rank that skipped
+        the layer stack while another ran it would wait forever in the stack's all-to-alls)."""
         self.index = index
         self.current = sea_filter(latents[0], noise_level(timestep, self.config), self.config.power_exp)
+        c = self.config
+        if index < c.ret_steps or index >= self.num_steps - c.cutoff_from_end:
+            return  # every pass runs in full: nothing to measure
+        pending = [p for p in self.pathways.values() if p.history and p.indicator is not None]
+        if not pending:
+            return
+        changes = {id(p.indicator): p.indicator for p in pending}  # pathways that share an indicator share its change
+        measured = torch.stack([relative_l1(self.current, indicator) for indicator in changes.values()])
+        if group is not None:
+            dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=group.group)
+        by_indicator = dict(zip(changes, measured.tolist()))  # the step's one host read
+        for p in pending:
+            p.change = by_indicator[id(p.indicator)]
 
     def runs_in_full(self, pass_index: int) -> bool:
         """The decision for this step's pass: forced, or the accumulated change over the threshold."""
@@ -115,7 +134,7 @@ class StepCache:
         if forced:
             p.accumulated, p.indicator = 0.0, self.current
             return True
-        p.accumulated += relative_l1(self.current, p.indicator)
+        p.accumulated += p.change
         p.indicator = self.current
         if p.accumulated < c.threshold:
             return False

@@ -540,7 +540,7 @@ class Cosmos3Transformer(nn.Module):
         dtype, device = self.dtype, latents.device
         x = latents.to(dtype=dtype)[0]
         _, T, h, w = x.shape
-        noisy = list(range(T)) if noisy_frames is None else sorted(set(noisy_frames))
+        noisy = _rows(list(range(T)) if noisy_frames is None else noisy_frames)
         temb = self.time_embedding(timestep, device)
 
         offset = text.length + c.unified_3d_mrope_temporal_modality_margin
@@ -601,8 +601,8 @@ class Cosmos3Transformer(nn.Module):
         else:
             vision_out = self.proj_out(hidden[video].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1))
         velocity = torch.zeros_like(x)
-        if noisy:
-            velocity[:, noisy] = self.unpatchify(vision_out, len(noisy), grid, h, w)
+        if _count(noisy):
+            velocity[:, noisy] = self.unpatchify(vision_out, _count(noisy), grid, h, w)
         result = Velocity(velocity.unsqueeze(0))
         start = video.stop
         for track in tracks:
@@ -652,8 +652,21 @@ def tower_of(name: str) -> str:
     return "media tower" if any(marker in name for marker in MEDIA_PATHWAY) else "text tower"
 
 
-def _frames(selected: list[int] | None, count: int) -> list[int]:
-    return list(range(count)) if selected is None else sorted(set(selected))
+def _frames(selected: list[int] | None, count: int) -> slice | list[int]:
+    return _rows(range(count) if selected is None else selected)
+
+
+def _rows(selected) -> slice | list[int]:
+    """Rows to index: a slice where they are consecutive (a view; a list would build an index tensor on the host and
+    copy it to the device at every forward), else the sorted list."""
+    rows = sorted(set(selected))
+    if rows and rows == list(range(rows[0], rows[-1] + 1)):
+        return slice(rows[0], rows[-1] + 1)
+    return rows
+
+
+def _count(rows: slice | list[int]) -> int:
+    return rows.stop - rows.start if isinstance(rows, slice) else len(rows)
 
 
 def checkpoint_key_mapper(config: TransformerConfig, media: bool = True):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import cosmos3_runtime
 from cosmos3_runtime import InputError
@@ -273,3 +274,36 @@ def test_compile_runs_one_compiled_media_block_for_every_layer(pipe, monkeypatch
     assert pipe.transformer.media_block is not DecoderLayer.media
     pipe.generate("a cat", **request)
     assert pipe.transformer.media_block is DecoderLayer.media
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the host's reads of tensor values: item, bool, float and int (aten._local_scalar_dense), tolist, cpu
+    and numpy. On a GPU each waits for every kernel queued before it; a step should queue its work and move on."""
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.count = 0
+        for name in ("tolist", "cpu", "numpy"):
+            real = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _real=real, **k: self._read() or _real(t, *a, **k))
+
+    def _read(self):
+        self.count += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self._read()
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("cache, per_step", [("off", 0), ("seacache", 1)])
+def test_a_step_reads_nothing_back_but_the_caches_one_figure(pipe, monkeypatch, cache, per_step):
+    """Host reads per step of a 5-step run with CFG (two passes a step): none, and SeaCache's one decision figure on
+    the steps it may skip (not the first, nor the last). Before: the schedule copied to the device, a 2x2 solve with
+    its error check, and SeaCache's three reads per pass."""
+    reads, seen = HostReads(monkeypatch), []
+    with reads:
+        pipe.generate("a cat", **SMALL, num_frames=9, steps=5, guidance_scale=4.0, negative_prompt="blurry",
+                      output="latents", cache=cache, callback=lambda *_: seen.append(reads.count))
+    per = [b - a for a, b in zip(seen, seen[1:])]  # steps 2 to 5 (step 1 holds the setup's reads)
+    assert per == [per_step] * 3 + [0], per

@@ -120,3 +120,35 @@ def test_multi_step_flow_match_grid_equals_diffusers(shift, native):
     ours = checkpoint_schedule({**config, "_class_name": "FlowMatchEulerDiscreteScheduler"}, steps, native_flow=native)
     assert ours.stepper == "euler" and not ours.stochastic
     assert torch.equal(ours.sigmas, reference.sigmas) and torch.equal(ours.timesteps, reference.timesteps)
+
+
+@pytest.mark.parametrize("make", [lambda: UniPC(unipc_schedule(6, 5.0)),
+                                  lambda: UniPC(checkpoint_schedule({**FLOW, "solver_type": "bh1"}, 6)),
+                                  lambda: FlowEuler(distilled_schedule(tuple(DISTILLED_SIGMAS), False))],
+                         ids=["unipc bh2", "unipc bh1", "euler"])
+def test_a_step_copies_and_solves_nothing(make):
+    """A stepper's coefficients depend on the schedule alone: computed once on the CPU (as the reference does) and
+    moved to the samples' device with the first step (the meta device stands in for a GPU here); every later step
+    only combines tensors there. Before: the sigmas copied to the device at every step, and a 2x2 solve whose
+    error check waits for the GPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    stepper = make()
+    x = torch.empty(1, 48, 2, 4, 4, device="meta")
+    per_step = []
+    for _ in range(len(stepper.schedule)):
+        with Ops() as ops:
+            x = stepper.step(torch.empty_like(x), x)
+        per_step.append(ops.seen)
+    later = {op for ops in per_step[1:] for op in ops}
+    assert not later & {"_to_copy.default", "copy_.default", "_linalg_solve_ex.default", "_linalg_check_errors.default",
+                        "_local_scalar_dense.default"}, later

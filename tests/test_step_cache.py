@@ -62,7 +62,7 @@ def test_threshold_zero_never_skips_and_the_sum_resets_after_a_full_run():
     indicators = [sea_filter(x[0], noise_level(t, cache.config)) for x, t in run]
     expected, accumulated = [True], 0.0  # replay the rule on the same indicators
     for i in range(1, len(run)):
-        accumulated += relative_l1(indicators[i], indicators[i - 1])
+        accumulated += float(relative_l1(indicators[i], indicators[i - 1]))
         full = i == len(run) - 1 or accumulated >= 0.35
         accumulated = 0.0 if full else accumulated
         expected.append(full)
@@ -91,6 +91,34 @@ def test_a_skipped_pass_adds_the_extrapolated_residual_to_its_input():
     assert torch.equal(outputs[1], torch.full((2, 3), 10.0 + 5.0))  # one full run before: its residual, as is
     assert torch.equal(outputs[2], torch.full((2, 3), 20.0 + 5.0))  # history still one entry: order 1 falls to 0
     assert cache.report() == "SeaCache: 2 forwards run, 2 skipped"
+
+
+def test_sequence_parallel_ranks_take_one_decision(monkeypatch):
+    """Under sequence parallelism a rank that skipped the layer stack while another ran it would wait forever in the
+    stack's all-to-alls: each step's figures are all-reduced (max) over the group before any rank decides. Here the
+    other rank measures twice this rank's change: this rank decides on the larger figure, once per step."""
+    from cosmos3_runtime import step_cache
+    from cosmos3_runtime.parallel import Group
+
+    reduced = []
+
+    def all_reduce(tensor, op, group):
+        reduced.append(op)
+        tensor.mul_(2.0)  # the other rank's figures
+
+    monkeypatch.setattr(step_cache.dist, "all_reduce", all_reduce)
+    run = noisy_run()
+    alone = decisions(StepCache(CacheConfig(threshold=0.35)), run, passes=1)
+    cache = StepCache(CacheConfig(threshold=0.35))
+    cache.begin(len(run))
+    together = []
+    for i, (latents, t) in enumerate(run):
+        cache.step(i, latents, t, Group(None, 2, 0))
+        ran = []
+        cache.layers(0)(torch.full((4, 2), float(i)), lambda h: ran.append(1) or h * 2)
+        together.append([bool(ran)])
+    assert reduced == [torch.distributed.ReduceOp.MAX] * (len(run) - 2)  # every step that may skip, once
+    assert sum(row[0] for row in together) > sum(row[0] for row in alone)  # the doubled figure runs more often
 
 
 def test_the_indicator_filter_keeps_a_clean_signal_and_smooths_noise():
@@ -132,7 +160,7 @@ def test_the_pieces_equal_nvidias_functions_on_the_same_inputs():
         expected = theirs.apply_sea_from_ab(latents[0].movedim(0, -1), a, b, power_exp=3.0, dims=(-4, -3, -2))
         assert torch.equal(sea_filter(latents[0], noise_level(t, CacheConfig())), expected)
     x, y = torch.randn(5, 7), torch.randn(5, 7)
-    assert relative_l1(x, y) == theirs.rel_l1_dist(x, y)
+    assert relative_l1(x, y).item() == theirs.rel_l1_dist(x, y)
     history = [(s, torch.randn(4, 3)) for s in (0, 2, 3)]
     for order in (0, 1, 2):
         wrapped = [(s, (None, r)) for s, r in history]

@@ -205,20 +205,29 @@ def runs_w8a8(pathway: str | None) -> bool:
     return now[0] if pathway == "media" else now[1]
 
 
+def quantize_static(rows: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
+    """Activations [N, in] -> fp8 by a static tensorwise scale, rounded once."""
+    return (rows.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
 def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
+                bias: torch.Tensor | None, x8: torch.Tensor | None = None) -> torch.Tensor:
     """x @ (weight * weight_scale).T with x quantized to fp8 by the static `input_scale` (both scales tensorwise,
-    float32 scalars): ModelOpt's W8A8. Where the GPU has no fp8 matmul, the same products accumulate in float32."""
-    rows = x.reshape(-1, x.shape[-1])
-    x8 = (rows.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # one rounding, to fp8
-    if facts(x.device).fp8_tensorwise:
+    float32 scalars): ModelOpt's W8A8. `x8`: x already quantized (rows [N, in]). Where a GPU has no fp8 matmul
+    (A100, RTX 30xx, ROCm) the same fp8 products run as a bf16 matmul (fp8 values are exact in bf16; GPUs accumulate
+    it in fp32), far cheaper there than a float32 one; float32 activations, and the CPU (whose bf16 matmuls are
+    slower than its float32 ones unless it has AMX), keep the float32 products: the exact reference."""
+    x8 = quantize_static(x.reshape(-1, x.shape[-1]), input_scale) if x8 is None else x8
+    device = facts(x.device)
+    if device.fp8_tensorwise:
         fused_bias = bias if bias is not None and x.dtype != torch.float32 else None  # fp32 outputs take no bias
         out = torch._scaled_mm(x8, weight.t(), scale_a=input_scale, scale_b=weight_scale, bias=fused_bias,
                                out_dtype=x.dtype)
         if bias is not None and fused_bias is None:
             out = out + bias
     else:
-        out = (F.linear(x8.float(), weight.float()) * (input_scale * weight_scale)).to(x.dtype)
+        products = torch.bfloat16 if device.type == "cuda" and x.dtype != torch.float32 else torch.float32
+        out = (F.linear(x8.to(products), weight.to(products)).float() * (input_scale * weight_scale)).to(x.dtype)
         if bias is not None:
             out = out + bias
     return out.reshape(*x.shape[:-1], -1)

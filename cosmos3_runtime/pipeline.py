@@ -20,7 +20,7 @@ from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_we
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
 from .prompts import PromptOptions, negative_text, positive_text
-from .quantize import check_mode, expect_stored_fp8, quantize_fp8
+from .quantize import check_mode, expect_stored_fp8, quantize_fp8, remember_input_ranges
 from .schedulers import (Schedule, checkpoint_schedule, distilled_schedule, in_interval, stepper_for,
                          unipc_schedule)
 from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
@@ -113,6 +113,7 @@ def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.
         rename=rename,
         keep_fp32=("time_embedder.",),
     )
+    remember_input_ranges(model)
     return model
 
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from .devices import facts
 from .errors import InputError
-from .modelopt_fp8 import runs_w8a8, w8a8_linear
+from .modelopt_fp8 import quantize_static, runs_w8a8, w8a8_linear
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -58,6 +58,7 @@ class Fp8Linear(nn.Module):
         else:
             self.weight, self.scale = per_row_fp8(linear.weight.data)
         self.input_amax = nn.Parameter(torch.empty((), device="meta"), requires_grad=False) if calibrated else None
+        self.input_key = None  # input_amax as a number (`remember_input_ranges`): equal ranges share a quantization
         self.pathway = pathway
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -70,7 +71,8 @@ class Fp8Linear(nn.Module):
         bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
         if self.input_amax is not None and runs_w8a8(self.pathway):  # tensorwise scales: every row holds the same
             input_scale = self.input_amax.to(x.device).float() / FP8_MAX
-            return w8a8_linear(x, weight, scale[0].float(), input_scale, bias)
+            x8 = static_quantized(x, input_scale, key=self.input_key)
+            return w8a8_linear(x, weight, scale[0].float(), input_scale, bias, x8)
         if self.scaled and self.in_features % 16 == 0 and self.out_features % 16 == 0:
             return scaled_fp8_linear(x, weight, scale, bias)
         return F.linear(x, weight.to(x.dtype) * scale.to(x.dtype)[:, None], bias)
@@ -88,31 +90,52 @@ def fused_quantize_rows():
     return torch.compile(quantize_rows, dynamic=True)
 
 
+@functools.cache
+def fused_quantize_static():
+    """`quantize_static` as one kernel (torch.compile)."""
+    return torch.compile(quantize_static, dynamic=True)
+
+
 class SharedQuantized:
     """The fp8 form of the last activation quantized, kept while that activation lives: q, k and v (and an MLP's
-    gate and up) read the same tensor, which is then quantized once, not three times."""
+    gate and up) read the same tensor, which is then quantized once, not three times; on a GPU with Triton in one
+    compiled kernel. Per row (fp8_scaled's dynamic scales), or by a static scale (`*scale`, official FP8's W8A8:
+    shared only between linears whose calibrated ranges are equal, the same `key`)."""
 
-    def __init__(self):
-        self.entry = None  # (weak reference to the activation, fp8 rows, scale)
+    def __init__(self, quantize, fused):
+        self.quantize, self.fused = quantize, fused
+        self.entry = None  # (weak reference to the activation, key, its quantization)
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, x: torch.Tensor, *scale: torch.Tensor, key: float | None = None):
+        rows = x.reshape(-1, x.shape[-1])
         if torch.compiler.is_compiling():  # inside a compiled block the compiler shares and fuses it itself
-            return quantize_rows(x.reshape(-1, x.shape[-1]))
+            return self.quantize(rows, *scale)
+        shared = key is not None or not scale  # a static scale of unknown value shares nothing
         entry = self.entry
-        if entry is not None and entry[0]() is x:
-            return entry[1], entry[2]
+        if shared and entry is not None and entry[0]() is x and entry[1] == key:
+            return entry[2]
         device = facts(x.device)  # one fused kernel needs Triton, which Windows installs often lack: eager there
-        quantize = fused_quantize_rows() if device.cuda and device.triton else quantize_rows
-        x8, x_scale = quantize(x.reshape(-1, x.shape[-1]))
-        self.entry = (weakref.ref(x, self._drop), x8, x_scale)
-        return x8, x_scale
+        result = (self.fused() if device.cuda and device.triton else self.quantize)(rows, *scale)
+        if shared:
+            self.entry = (weakref.ref(x, self._drop), key, result)
+        return result
 
     def _drop(self, ref) -> None:
         if self.entry is not None and self.entry[0] is ref:
             self.entry = None
 
 
-shared_quantized = SharedQuantized()
+shared_quantized = SharedQuantized(lambda rows: quantize_rows(rows), lambda: fused_quantize_rows())
+static_quantized = SharedQuantized(quantize_static, lambda: fused_quantize_static())
+
+
+def remember_input_ranges(model: nn.Module) -> None:
+    """Note each calibrated fp8 linear's input range as a number, once after loading (a host read per linear, never in
+    a step): linears reading one activation with equal ranges (q, k and v were calibrated on the same inputs) then
+    share its quantization."""
+    for m in model.modules():
+        if isinstance(m, Fp8Linear) and m.input_amax is not None:
+            m.input_key = float(m.input_amax)
 
 
 def scaled_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias) -> torch.Tensor:

@@ -116,6 +116,67 @@ def test_scales_and_input_ranges_stay_fp32_in_an_fp16_model(fp8, tmp_path):
     assert torch.isfinite(out).all() and out.abs().max() > 0
 
 
+def test_linears_with_one_input_and_equal_ranges_quantize_it_once(fp8, monkeypatch):
+    """At a W8A8 step q, k and v (and an MLP's gate and up) read one activation and, calibrated on the same inputs,
+    hold equal input ranges: it is quantized once for them (4 quantizations a gated media layer, not 7); the result
+    is bit-equal to quantizing it for each linear."""
+    from cosmos3_runtime import quantize
+
+    path, _ = fp8
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    calls = []
+    real = quantize.static_quantized.quantize
+    monkeypatch.setattr(quantize.static_quantized, "quantize", lambda rows, scale: calls.append(1) or real(rows, scale))
+    ids, latents = modelopt_files.calibration_inputs(seed=3)[0]
+    model = pipe.transformer
+    with modelopt_fp8.precision(True, False):  # media W8A8, text W8A16 (its K/V: no quantization counted)
+        text = model.encode_text(torch.tensor(ids))
+        shared = model(latents, torch.tensor(600), text, [1], 24.0).vision
+        outside = sum(isinstance(m, Fp8Linear) and m.input_amax is not None and not name.startswith("layers.")
+                      for name, m in model.named_modules())  # the calibrated patch projection
+        assert len(calls) == 4 * model.config.num_hidden_layers + outside  # q/k/v, out, gate/up (Edge: up), down
+        for m in model.modules():
+            if isinstance(m, Fp8Linear):
+                m.input_key = None  # nothing known to be equal: every linear quantizes for itself
+        assert torch.equal(model(latents, torch.tensor(600), text, [1], 24.0).vision, shared)
+
+
+def test_w8a8_without_fp8_matmuls_runs_bf16_products(monkeypatch):
+    """Where a GPU has no fp8 matmul (A100, RTX 30xx; the CPU here answers like an A100) W8A8 runs the fp8 products as
+    a bf16 matmul (fp8 values are exact in bf16), not a float32 one: within bf16 rounding of the float32 products.
+    The CPU itself keeps the float32 products (its bf16 matmuls are the slower ones)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cosmos3_runtime import devices
+
+    g = torch.Generator().manual_seed(0)
+    weight = (torch.randn(96, 128, generator=g) * 0.05)
+    weight_scale = weight.abs().max() / 448
+    w8 = (weight / weight_scale).to(torch.float8_e4m3fn)
+    x = torch.randn(40, 128, generator=g).bfloat16()
+    input_scale = x.float().abs().max() / 448
+    exact = modelopt_fp8.w8a8_linear(x.float(), w8, weight_scale, input_scale, None)  # the float32 products
+
+    class Matmuls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+                self.dtypes.append(args[-1].dtype)
+            return func(*args, **(kwargs or {}))
+
+    with Matmuls() as cpu:
+        on_cpu = modelopt_fp8.w8a8_linear(x, w8, weight_scale, input_scale, None)
+    monkeypatch.setitem(devices._FACTS, ("cpu", None), devices.DeviceFacts("cuda", (8, 0)))
+    with Matmuls() as gpu:
+        bf16 = modelopt_fp8.w8a8_linear(x, w8, weight_scale, input_scale, None)
+    assert cpu.dtypes == [torch.float32] and gpu.dtypes == [torch.bfloat16] and bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(on_cpu, exact.bfloat16(), atol=0, rtol=0)
+    assert ((bf16.float() - exact).abs() / exact.abs().max()).max() < 2**-7
+
+
 def test_the_two_precisions_differ(fp8, monkeypatch):
     """The step matters: W8A8 and W8A16 give different velocities (so the parity above can fail)."""
     a16, _ = _velocity_pair(fp8, monkeypatch, 0, 8)

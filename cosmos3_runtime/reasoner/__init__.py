@@ -22,7 +22,7 @@ from ..errors import CheckpointError, InputError
 from ..gguf_weights import expanded_bytes, expanded_once, quantized_linears
 from ..tokenizer import PromptTokenizer
 from ..transformer import Cosmos3Transformer, linear_layers, tower_of
-from ..quantize import expect_stored_fp8
+from ..quantize import expect_stored_fp8, remember_input_ranges
 from ..weights import load_weights, read_headers
 from . import chat, processing, upsample
 from .chat import IMAGE, VIDEO, Prompt
@@ -167,6 +167,7 @@ class Reasoner:
                 expect_stored_fp8(head, read_headers(checkpoint.path("transformer"))[0], rename,
                                   lambda name: "text")  # an official FP8 checkpoint's last text layer
             load_weights(head, checkpoint.path("transformer"), dtype, device, rename=rename)
+            remember_input_ranges(head)
         except CheckpointError as exc:
             raise CheckpointError(f"the Reasoner's output head and last text layer could not be read from "
                                   f"{checkpoint.path('transformer')} ({exc}); a GGUF transformer file does not hold "

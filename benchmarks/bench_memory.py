@@ -87,7 +87,7 @@ def computed_weights(config: TransformerConfig, option: dict) -> int:
 def activations(config: TransformerConfig, size: tuple[int, int, int], text_tokens: int = 300) -> int:
     width, height, frames = size
     settings = SimpleNamespace(width=width, height=height, num_frames=frames, latent_frames=1 + (frames - 1) // 4,
-                               guidance_scale=4.0, transfer=None, chunks=None)
+                               guidance_scale=4.0, transfer=None, chunks=None, cache=None)
     return budget.estimate(config, VAEConfig(latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48), settings,
                            text_tokens, text_tokens, torch.bfloat16, tile=None).total
 

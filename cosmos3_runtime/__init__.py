@@ -9,7 +9,7 @@
 
 from .action import ActionRequest
 from .checkpoint import Checkpoint, Variant, detect_variant
-from .errors import CheckpointError, Cosmos3Error, InputError
+from .errors import CheckpointError, Cosmos3Error, InputError, NumericalError
 from .pipeline import Cosmos3Pipeline, Generation, load
 from .reasoner import Answer, Clip
 from .request import Request
@@ -28,6 +28,7 @@ __all__ = [
     "Cosmos3Transformer",
     "Generation",
     "InputError",
+    "NumericalError",
     "Request",
     "TextKV",
     "TileSpec",

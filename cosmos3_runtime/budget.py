@@ -1,11 +1,13 @@
 """How much memory a request needs, checked against its device before anything is allocated.
 
-The estimate counts what one generation holds at its peak beyond the loaded weights: the fp32
-sampling state and the per-prompt text K/V caches throughout, plus the largest of its phases: the text
-tower over the prompt, the media tower over the media tokens during the steps (attention runs in
-memory-efficient kernels, so no L x L score matrix), or the VAE decode (its working set, measured on the
-virtual device, and the output frames). It is a lower bound of the real peak, so a request it refuses cannot run; one it passes
-can still run out of memory if other programs take the device in the meantime.
+The estimate counts what one generation holds at its peak beyond the loaded weights: the fp32 sampling state, the
+per-prompt text K/V caches, SeaCache's stored residuals and a long run's overlap frames throughout, plus the largest
+of its phases: the VAE encode of its conditioning frames (or a transfer chunk's controls), the text tower over the
+prompt, the media tower over the media tokens during the steps (attention runs in memory-efficient kernels, so no
+L x L score matrix; an official FP8 checkpoint's W8A8 products on a GPU without fp8 matmuls), or the VAE decode
+(working sets measured on the virtual device, and the output frames). Whole runs on the virtual device at the
+released shapes (a long video, a transfer with SeaCache, an FP8 run) peak within 10 % of it (tests/test_gpu_faults.py);
+one it passes can still run out of memory if other programs take the device in the meantime.
 """
 
 import os
@@ -15,7 +17,7 @@ import torch
 
 from .devices import facts
 from .errors import InputError
-from .geometry import SPATIAL_FACTOR, latent_frames as chunk_latent_frames
+from .geometry import SPATIAL_FACTOR, latent_frames as chunk_latent_frames, pixel_frames
 
 GIB = 1024**3
 STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, latents, velocities, UniPC history ...)
@@ -23,11 +25,15 @@ STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, laten
 # virtual device (tests/test_gpu_faults.py) at the released widths for 256p to 720p, in bf16 and fp32, 18.95-19.02
 # (a tile of a tiled decode: 19.2). Independent of the clip's length: the decoder streams one latent frame at a time.
 DECODE_PEAK_FRAMES = 19.5
+# The encode's, in encoder-width (base_dim) full-resolution frames beside its input pixels, measured the same way:
+# 12.45 for clips of 5 to 93 frames (the encoder streams four frames at a time), 3.09 for one frame.
+ENCODE_PEAK_FRAMES, ENCODE_PEAK_ONE = 12.5, 3.1
 
 
-# Parts held only during one phase of a run, which never overlap: the prompt through the text tower, the steps, the
-# decode. The others (the sampling state, the text K/V) are held throughout.
-PHASES = ({"text tower"}, {"media tower", "rotary tables", "control window"}, {"VAE decode", "decoded frames"})
+# Parts held only during one phase of a run, which never overlap: the conditioning through the VAE encoder, the
+# prompt through the text tower, the steps, the decode. The others (the sampling state, the text K/V, SeaCache's
+# residuals, the frames a later chunk starts from) are held throughout.
+PHASES = ({"VAE encode"}, {"text tower"}, {"media tower", "rotary tables", "W8A8 products"}, {"VAE decode"})
 
 
 @dataclass(frozen=True)
@@ -53,41 +59,75 @@ def gib(num_bytes: float) -> str:
 
 
 def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None,
-             device: torch.device | None = None) -> Estimate:
-    """The memory of a generation under settings `s` on `device` (None: as on a CPU); `vae_config` None: no decode;
-    `tile` a TileSpec or None."""
+             device: torch.device | None = None, *, decode: bool = True, encoded_frames: int = 0,
+             w8a8: bool = False) -> Estimate:
+    """The memory of a generation under settings `s` on `device` (None: as on a CPU); `vae_config` None: no VAE work;
+    `tile` a TileSpec or None; `decode`: the frames are decoded; `encoded_frames`: the most pixel frames one encode
+    takes (`encoded_frames`); `w8a8`: an official FP8 checkpoint (its activations quantized to fp8)."""
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)
     h, w = s.height // SPATIAL_FACTOR, s.width // SPATIAL_FACTOR
     chunks = s.chunks  # a chunked run holds one chunk at a time (a transfer its controls beside it in the sequence)
+    frames = s.num_frames if chunks is None else chunks.chunk
     latent_frames = s.latent_frames if chunks is None else chunk_latent_frames(chunks.chunk)
     controls = 0 if s.transfer is None else len(s.transfer.hints)
     latent = config.latent_channel * latent_frames * h * w
     p = config.latent_patch_size
-    media_tokens = latent_frames * -(-h // p) * -(-w // p) * (1 + controls)
-    mlp_width = I * (3 if config.hidden_act == "silu" else 2)  # gate, up and product / up and its square
-    per_token = (3 * H + mlp_width + (2 * A + 4 * K) * D) * b  # hidden, residual, normed; MLP; q, k, v, out
+    video_tokens = latent_frames * -(-h // p) * -(-w // p)
+    media_tokens = video_tokens * (1 + controls)
+    # Per token, beside the stack's input, a layer's input, its residual and normed input (4 H): the MLP's three
+    # I-wide tensors (gate, its SiLU, their product; Edge: up, its ReLU, the square) or the attention's q, k, v and
+    # output, whichever is larger (they never coexist); whole forwards on the virtual device peak within 5 % of it.
+    hidden_bytes, mlp_bytes, attention_bytes = 4 * H * b, 3 * I * b, (2 * A + 4 * K) * D * b
     longest_text = max(cond_tokens, uncond_tokens)
     # the media attention's keys and values: grouped, plus a copy expanded to the query heads where SDPA needs it
     kv_heads = K if device is None or facts(device).grouped_kv(dtype, D) else K + A
+    joined_kv = (longest_text + media_tokens) * 2 * kv_heads * D * b
     prompts = cond_tokens + (uncond_tokens if s.guidance_scale != 1.0 else 0)
     parts = {
         "latents": STATE_COPIES * latent * 4,
         "text K/V cache": config.num_hidden_layers * prompts * 2 * K * D * b,
-        "text tower": longest_text * per_token,
-        "media tower": media_tokens * per_token + (longest_text + media_tokens) * 2 * kv_heads * D * b,
+        "text tower": longest_text * (hidden_bytes + max(mlp_bytes, attention_bytes)),
+        "media tower": media_tokens * hidden_bytes + max(media_tokens * mlp_bytes,
+                                                         media_tokens * attention_bytes + joined_kv),
         "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
     }
-    if controls:  # a control's pixels for one chunk, on the device while it is encoded
-        parts["control window"] = 3 * chunks.chunk * s.height * s.width * b
-    if vae_config is not None:
+    if w8a8:  # an MLP down projection's input quantized to fp8 through two float32 copies (4.2-4.5 bytes per N x I
+        # measured on the virtual device); one fused kernel on a GPU with fp8 matmuls and Triton leaves its fp8 copy
+        fused = device is not None and facts(device).fp8_tensorwise and facts(device).triton
+        parts["W8A8 products"] = int(media_tokens * I * (1 if fused else 4.5))
+    if s.cache is not None:  # each guidance pass keeps its last full runs' residuals
+        passes = [video_tokens * (1 + controls)] * (1 + (s.guidance_scale != 1.0))
+        if s.transfer is not None and s.transfer.control_guidance != 1.0:
+            passes.append(video_tokens)
+        parts["SeaCache residuals"] = sum(passes) * (s.cache.residual_order + 1) * H * b
+    if chunks is not None and chunks.count > 1:  # the decoded frames the next chunk starts from (float32)
+        parts["overlap frames"] = 3 * chunks.overlap * s.height * s.width * 4
+    if vae_config is not None and encoded_frames:
+        peak = ENCODE_PEAK_ONE if encoded_frames == 1 else ENCODE_PEAK_FRAMES
+        parts["VAE encode"] = int((peak * vae_config.base_dim + 3 * encoded_frames) * s.height * s.width * b)
+    if vae_config is not None and decode:
         tile_px = tile.size * SPATIAL_FACTOR if tile is not None else None
         th, tw = (min(s.height, tile_px), min(s.width, tile_px)) if tile_px else (s.height, s.width)
-        parts["VAE decode"] = int(DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b)
-        frames = s.num_frames if chunks is None else chunks.chunk  # each decoded chunk goes to the CPU
-        parts["decoded frames"] = 3 * frames * s.height * s.width * (b + 2 * 4)  # the decode's output, two fp32 copies
+        working = DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b
+        out = 3 * frames * s.height * s.width  # the output as it grows, then as float32 frames in 0..1
+        parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
     return Estimate(parts)
+
+
+def encoded_frames(s, latent_input: bool) -> int:
+    """The most pixel frames one VAE encode of the run under settings `s` takes: a transfer chunk's controls, the
+    conditioning frames (none where they come as latents, `latent_input`), a long video's overlap."""
+    if s.transfer is not None:
+        return s.transfer.chunk
+    needed = 0
+    if s.condition_frames and not latent_input:
+        last = pixel_frames(s.condition_frames[-1] + 1)
+        needed = 1 if s.mode == "i2v" else s.num_frames if s.action is not None else last
+    if s.chunks is not None and s.chunks.count > 1:
+        needed = max(needed, pixel_frames(chunk_latent_frames(s.chunks.overlap)))
+    return needed
 
 
 def available_bytes(device: torch.device) -> int | None:

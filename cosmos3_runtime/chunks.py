@@ -71,6 +71,16 @@ def plan(total: int, chunk_frames: int | None, overlap: int | None, default_chun
     return Chunks(total, chunk, overlap, stride, 1 + math.ceil((total - chunk) / stride))
 
 
+def split(decoded: torch.Tensor, p: Chunks, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunk k's decoded pixels [1, 3, T, H, W] -> (its frames for the stitched clip, on the CPU; the frames the next
+    chunk starts from, None after the last). The device keeps only those few frames, not the whole float32 chunk
+    through the next chunk's steps."""
+    tail = decoded[:, :, p.seed_frames(k):].cpu()
+    if k + 1 >= p.count:
+        return tail, None
+    return tail, decoded[:, :, decoded.shape[2] - p.seed_frames(k + 1):].clone()
+
+
 def seed(pipe, previous: torch.Tensor, frames: int, shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """(clean latents, mask [T, 1, 1]) of a chunk of latent `shape` seeded by the last `frames` frames of the previous
     chunk's decoded pixels [1, 3, T, H, W] in [-1, 1]: they are encoded again as its first latent frames, the last

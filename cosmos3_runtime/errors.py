@@ -23,6 +23,10 @@ class InputError(Cosmos3Error, ValueError):
     """A generation request asks for something the model or the runtime cannot do."""
 
 
+class NumericalError(Cosmos3Error, ArithmeticError):
+    """A part of the model produced inf or NaN values (an overflow in a narrow dtype): the message names the part."""
+
+
 class LimitError(InputError):
     """An input is over a size limit the caller set (for example an uploaded image's pixels)."""
 

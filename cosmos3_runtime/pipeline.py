@@ -15,7 +15,7 @@ import torch
 from . import budget, chunks, keyframes, modelopt_fp8, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
-from .errors import CheckpointError, InputError
+from .errors import CheckpointError, InputError, NumericalError
 from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel, exchange_branches
@@ -31,7 +31,7 @@ from .step_cache import StepCache
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
-                          linear_layers, pathway_of)
+                          linear_layers, load_dtype, pathway_of, split_dtypes)
 from . import reasoner as reasoning
 from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, image_frames, stage
 from .weights import load_weights, read_headers
@@ -84,8 +84,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         resolved = DTYPES[dtype]
     else:
         raise InputError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(sorted(DTYPES))}")
-    if resolved == torch.float16:
-        log.warning("Cosmos3 is trained and released in bf16; fp16 may overflow and is not supported upstream")
     return resolved
 
 
@@ -95,11 +93,13 @@ def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.
     `media=False`: the text tower alone."""
     config = checkpoint.transformer_config()
     rename = checkpoint_key_mapper(config, media)
+    requested, dtype = dtype, load_dtype(config, dtype)
     if gguf is not None:
         with torch.device("meta"), linear_layers(linear_class):
             model = Cosmos3Transformer(config, media)
             expect_gguf_linears(model, gguf, rename)
         load_gguf_weights(model, gguf, dtype, device, rename, keep_fp32=("time_embedder.",))
+        split_dtypes(model, requested)
         return model
     headers, _ = read_headers(checkpoint.path("transformer"))
     with torch.device("meta"), linear_layers(linear_class):
@@ -114,6 +114,7 @@ def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.
         keep_fp32=("time_embedder.",),
     )
     remember_input_ranges(model)
+    split_dtypes(model, requested)
     return model
 
 
@@ -256,9 +257,11 @@ class Planner:
         return s, max((cond for cond, _ in ids), key=len), ids[0][1]
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
-        decode = r.output == "frames" and self.vae_config is not None
-        return budget.estimate(self.transformer_config, self.vae_config if decode else None, s, cond_tokens,
-                               uncond_tokens, self.dtype, r.vae_tile, self.device)
+        decoded = r.output == "frames" or s.chunks is not None  # a long video decodes each chunk for the next
+        return budget.estimate(self.transformer_config, self.vae_config, s, cond_tokens, uncond_tokens, self.dtype,
+                               r.vae_tile, self.device, decode=decoded,
+                               encoded_frames=budget.encoded_frames(s, r.condition_latents is not None),
+                               w8a8=self.variant.quantization is not None)
 
 
 def prompt_list(prompt) -> list[str]:
@@ -276,6 +279,31 @@ def prompt_list(prompt) -> list[str]:
         raise InputError(f"prompt must be a string, or a list of strings (one per chunk of a long video), got "
                          f"{prompt!r:.80}")
     return prompts
+
+
+class FiniteCheck:
+    """Whether each part of a generation (text tower, media tower, VAE decoder) gave finite values, read back once
+    at its end: an overflow (fp16's above all) is named with its part and dtype, not returned as a black or noisy
+    clip. Noting costs no host read (the flags stay on the device until `check`)."""
+
+    def __init__(self):
+        self.flags: list[tuple[str, torch.dtype, torch.Tensor]] = []
+
+    def note(self, part: str, dtype: torch.dtype, *tensors: torch.Tensor) -> None:
+        flags = [torch.isfinite(t).all() for t in tensors]
+        self.flags.append((part, dtype, torch.stack(flags).all() if len(flags) > 1 else flags[0]))
+
+    def check(self) -> None:
+        if not self.flags:
+            return
+        finite = torch.stack([flag.to(self.flags[0][2].device) for _, _, flag in self.flags]).tolist()  # one read
+        for (part, dtype, _), fine in zip(self.flags, finite):
+            if not fine:
+                name = str(dtype).removeprefix("torch.")
+                fix = ("fp16 overflows there: load in bf16 (dtype 'bf16'; fp32 on a card without bf16)"
+                       if dtype == torch.float16 else "the result would be garbage: check the checkpoint's files (a "
+                       "damaged download), or load in fp32")
+                raise NumericalError(f"{part} produced inf or NaN values in {name}; {fix}")
 
 
 class Cosmos3Pipeline:
@@ -299,6 +327,7 @@ class Cosmos3Pipeline:
         self.linear_class: type | None = None  # how the transformer was built: the Reasoner's parts are built alike
         self.quantize: str | None = None
         self._reasoner: reasoning.Reasoner | None = None
+        self._finite: FiniteCheck | None = None  # the running generation's (one at a time per pipeline)
 
     @property
     def variant(self) -> Variant:
@@ -352,6 +381,8 @@ class Cosmos3Pipeline:
                 self._text_cache[key] = self.transformer.encode_text(torch.tensor(ids, dtype=torch.long), self.device)
             while len(self._text_cache) > TEXT_CACHE_SIZE:
                 self._text_cache.popitem(last=False)
+            if self._finite is not None:
+                self._finite.note("the text tower", self.transformer.text_dtype, *self._text_cache[key].keys)
         return self._text_cache[key]
 
     @staticmethod
@@ -365,8 +396,8 @@ class Cosmos3Pipeline:
 
     def load_reasoner(self) -> reasoning.Reasoner:
         """Read the Reasoner's own parts (head, vision tower) onto this pipeline's device, built like the transformer."""
-        self._reasoner = reasoning.Reasoner.load(self.checkpoint, self.transformer, self.device, self.dtype,
-                                                 self.linear_class, self.quantize)
+        self._reasoner = reasoning.Reasoner.load(self.checkpoint, self.transformer, self.device,
+                                                 self.transformer.text_dtype, self.linear_class, self.quantize)
         return self._reasoner
 
     def reason(
@@ -478,8 +509,14 @@ class Cosmos3Pipeline:
             plan = self.plan(prompt, request, **options)
         log_notes(plan.settings)
         self.planner.check(plan)
-        with modelopt_fp8.for_text(plan.settings.fp8_policy):  # each step sets the media pathway's own precision
-            return self._generate(plan, callback, parallel, progress)
+        self._finite = FiniteCheck()
+        try:
+            with modelopt_fp8.for_text(plan.settings.fp8_policy):  # each step sets the media pathway's own precision
+                result = self._generate(plan, callback, parallel, progress)
+            self._finite.check()
+            return result
+        finally:
+            self._finite = None
 
     def _generate(self, plan: Plan, callback, parallel, progress) -> Generation:
         r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
@@ -548,8 +585,8 @@ class Cosmos3Pipeline:
                                    parallel, (), cache)
             kept_latents.append(latents[:, :, held:].cpu())
             if k + 1 < p.count or r.output == "frames":  # the next chunk starts from these frames
-                previous = self.decode_pixels(latents, r.vae_tile, stage(progress, "decode"))
-                kept_frames.append(previous[:, :, seed:].cpu())  # the device holds one chunk at a time
+                tail, previous = chunks.split(self.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k)
+                kept_frames.append(tail)
         latents = torch.cat(kept_latents, dim=2)[:, :, : s.latent_frames]
         frames = p.stitch(kept_frames) if r.output == "frames" else None
         return Generation(latents, frames, s, cache=cache and cache.report())
@@ -688,6 +725,8 @@ class Cosmos3Pipeline:
                 latents = mask * clean + (1.0 - mask) * latents
             if callback is not None:
                 callback(i + 1, len(schedule), denoised)
+        if self._finite is not None:
+            self._finite.note("the media tower", self.transformer.dtype, latents, *(track.latents for track in tracks))
         return latents
 
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -721,7 +760,10 @@ class Cosmos3Pipeline:
                       raw: bool = False) -> torch.Tensor:
         """Latents [1, 48, T, h, w] -> pixels [1, 3, F, H, W] in [-1, 1], float32 on the device."""
         z = latents.to(self.device)
-        return self.vae.decode(z if raw else self.vae.denormalize(z), tile=tile, progress=progress).float()
+        pixels = self.vae.decode(z if raw else self.vae.denormalize(z), tile=tile, progress=progress)
+        if self._finite is not None:
+            self._finite.note("the VAE decoder", self.vae.dtype, pixels)
+        return pixels.float()
 
     def start_latents(self, shape: tuple, generator: torch.Generator, clean, mask) -> torch.Tensor:
         """A run's first latents: noise drawn from `generator` (on the CPU, so every device draws the same), with the

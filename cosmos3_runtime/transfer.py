@@ -191,6 +191,6 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
                             p.control_guidance, p.control_interval)
         latents = pipe.denoise(latents, chunk, guidance, clean, mask, generator, p.step_callback(callback, k), parallel,
                                cache=cache)
-        previous = pipe.decode_pixels(latents, r.vae_tile, stage(progress, "decode"))
-        stitched.append(previous[:, :, seed:].cpu())  # the device holds one chunk at a time
+        tail, previous = chunks.split(pipe.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k)
+        stitched.append(tail)
     return p.stitch(stitched)

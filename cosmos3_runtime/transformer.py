@@ -459,7 +459,12 @@ class Cosmos3Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The activations' dtype (a norm gain's: linear weights may be stored in fp8)."""
+        """The media activations' dtype (a norm gain's: linear weights may be stored in fp8)."""
+        return (self.norm_moe_gen if self.has_media else self.layers[0].input_layernorm).weight.dtype
+
+    @property
+    def text_dtype(self) -> torch.dtype:
+        """The text tower's activations' dtype: bf16 in an fp16 load (`split_dtypes`)."""
         return self.layers[0].input_layernorm.weight.dtype
 
     @property
@@ -469,23 +474,23 @@ class Cosmos3Transformer(nn.Module):
         small modules in CPU memory."""
         return (self.norm_moe_gen if self.has_media else self.embed_tokens).weight.device
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
         inv_freq = inverse_frequencies(c.head_dim, c.rope_theta, device=positions.device)
-        return mrope_cos_sin(positions, inv_freq, c.rope_axes_dim, self.dtype)
+        return mrope_cos_sin(positions, inv_freq, c.rope_axes_dim, dtype)
 
     @torch.no_grad()
     def encode_text(self, input_ids: torch.Tensor, device: torch.device | None = None) -> TextKV:
         """Run the text tower once for a prompt, on `device` (default: where the media tower is); input_ids [L]."""
         device = self.device if device is None else torch.device(device)
         input_ids = input_ids.reshape(-1)
-        cos, sin = self.rope(text_positions(input_ids.numel(), device=device))
+        cos, sin = self.rope(text_positions(input_ids.numel(), device=device), self.text_dtype)
         x = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device)).to(device)  # looked up where it is
         keys, values = [], []
         for layer in self.layers:
             x, k, v = layer.text(x, cos, sin)
-            keys.append(k)
-            values.append(v)
+            keys.append(k.to(self.dtype))  # (the media pathway's dtype: they join its keys and values)
+            values.append(v.to(self.dtype))
         return TextKV(input_ids.numel(), keys, values)
 
     def time_embedding(self, timestep: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -543,37 +548,7 @@ class Cosmos3Transformer(nn.Module):
         noisy = _rows(list(range(T)) if noisy_frames is None else noisy_frames)
         temb = self.time_embedding(timestep, device)
 
-        offset = text.length + c.unified_3d_mrope_temporal_modality_margin
-
-        def positions_of(grid, fps, temporal_factor, base_temporal_factor=None, start_frame=0):
-            """Positions of one media segment; every segment starts at the same temporal offset."""
-            return media_positions(
-                *grid, offset, fps if c.enable_fps_modulation else None, float(c.base_fps), temporal_factor,
-                base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids, device,
-            )
-
-        segments, positions = [], []
-        for item in context:  # every item restarts at the media offset: a control and its video align token by token
-            item_patches, item_grid = self.patchify(item.to(device=device, dtype=dtype)[0])
-            segments.append(self.proj_in(item_patches))
-            positions.append(positions_of(item_grid, fps, temporal_factor=TEMPORAL_FACTOR))
-        n_context = sum(segment.shape[0] for segment in segments)
-        patches, grid = self.patchify(x)
-        vision = self.proj_in(patches).view(T, grid[1] * grid[2], -1)
-        vision[noisy] += temb
-        segments.append(vision.flatten(0, 1))
-        positions.append(positions_of(grid, fps, temporal_factor=TEMPORAL_FACTOR))
-        for track in tracks:
-            proj_in, _, modality = self.track_head(track.head)
-            tokens = _project(proj_in, track.latents.to(device, dtype), track.domain) + modality.to(device)
-            tokens[_frames(track.noisy_frames, tokens.shape[0])] += temb
-            segments.append(tokens)
-            positions.append(positions_of((tokens.shape[0], 1, 1), fps if track.fps is None else track.fps,
-                                          temporal_factor=1, base_temporal_factor=track.base_temporal_factor,
-                                          start_frame=track.start_frame))
-
-        hidden = torch.cat(segments)
-        cos, sin = self.rope(torch.cat(positions, dim=1))
+        hidden, (cos, sin), n_context, grid = self.embed(x, temb, noisy, text.length, fps, tracks, context)
         shards = None
         if sp is not None:
             if tracks:
@@ -593,8 +568,7 @@ class Cosmos3Transformer(nn.Module):
 
         hidden = self.norm_moe_gen(run(hidden) if stack is None else stack(hidden, run))
 
-        n_vision = vision.shape[0] * vision.shape[1]
-        video = slice(n_context, n_context + n_vision)
+        video = slice(n_context, n_context + T * grid[1] * grid[2])
         if shards is not None:  # gather 192-wide patch outputs, not hidden states (no tracks: refused above)
             patches = shards.gather(self.proj_out(hidden))[video]
             vision_out = patches.view(T, -1, patches.shape[-1])[noisy].flatten(0, 1)
@@ -613,6 +587,41 @@ class Cosmos3Transformer(nn.Module):
             result.tracks.append(out)
             start += n
         return result
+
+    def embed(self, x, temb, noisy, text_length: int, fps: float, tracks, context):
+        """The media sequence [context items ; video ; tracks] embedded, with its rotary tables, the number of context
+        tokens and the video's patch grid. Its own intermediates (patches, per-segment embeddings) are gone when it
+        returns: the layer stack holds one copy of the tokens."""
+        c, (dtype, device) = self.config, (x.dtype, x.device)
+        offset = text_length + c.unified_3d_mrope_temporal_modality_margin
+
+        def positions_of(grid, fps, temporal_factor, base_temporal_factor=None, start_frame=0):
+            """Positions of one media segment; every segment starts at the same temporal offset."""
+            return media_positions(
+                *grid, offset, fps if c.enable_fps_modulation else None, float(c.base_fps), temporal_factor,
+                base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids, device,
+            )
+
+        segments, positions = [], []
+        for item in context:  # every item restarts at the media offset: a control and its video align token by token
+            item_patches, item_grid = self.patchify(item.to(device=device, dtype=dtype)[0])
+            segments.append(self.proj_in(item_patches))
+            positions.append(positions_of(item_grid, fps, temporal_factor=TEMPORAL_FACTOR))
+        n_context = sum(segment.shape[0] for segment in segments)
+        patches, grid = self.patchify(x)
+        vision = self.proj_in(patches).view(grid[0], grid[1] * grid[2], -1)
+        vision[noisy] += temb
+        segments.append(vision.flatten(0, 1))
+        positions.append(positions_of(grid, fps, temporal_factor=TEMPORAL_FACTOR))
+        for track in tracks:
+            proj_in, _, modality = self.track_head(track.head)
+            tokens = _project(proj_in, track.latents.to(device, dtype), track.domain) + modality.to(device)
+            tokens[_frames(track.noisy_frames, tokens.shape[0])] += temb
+            segments.append(tokens)
+            positions.append(positions_of((tokens.shape[0], 1, 1), fps if track.fps is None else track.fps,
+                                          temporal_factor=1, base_temporal_factor=track.base_temporal_factor,
+                                          start_frame=track.start_frame))
+        return torch.cat(segments), self.rope(torch.cat(positions, dim=1), dtype), n_context, grid
 
     def track_head(self, name: str) -> tuple[nn.Module, nn.Module, torch.Tensor]:
         """The input projection, output projection and modality embedding of the track head `name`."""
@@ -650,6 +659,29 @@ def tower_of(name: str) -> str:
     if not name.startswith("layers."):
         return "embeddings and heads"
     return "media tower" if any(marker in name for marker in MEDIA_PATHWAY) else "text tower"
+
+
+def load_dtype(config: TransformerConfig, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a transformer's weights are read in: bf16 for an fp16 load, whose text tower stays there and whose
+    media pathway `split_dtypes` then casts to fp16 (where it can)."""
+    return torch.bfloat16 if dtype == torch.float16 else dtype
+
+
+def split_dtypes(model: nn.Module, dtype: torch.dtype) -> None:
+    """fp16, honestly. The text tower (and the Reasoner on it) overflows fp16, as Qwen3's and Nemotron's activations
+    do: it stays in bf16, the released precision. Edge's squared-ReLU MLPs overflow fp16 once |u| > 256: its media
+    pathway stays in bf16 too. Only the gated checkpoints' media pathway (and the heads around it) runs in fp16;
+    a run that still overflows is named by its finite check (`FiniteCheck`)."""
+    if dtype != torch.float16:
+        return
+    text_and_edge = "the text tower stays in bf16 (it overflows fp16, as Qwen3's does)"
+    if model.config.is_dense:
+        log.warning("fp16: Edge runs in bf16: %s, and its squared-ReLU MLPs overflow fp16 once |u| > 256", text_and_edge)
+        return
+    log.warning("fp16: the media pathway runs in fp16; %s", text_and_edge)
+    for name, p in model.named_parameters():
+        if tower_of(name) != "text tower" and p.dtype == torch.bfloat16:  # not fp8, GGUF bytes or fp32 parts
+            p.data = p.data.to(torch.float16)
 
 
 def _frames(selected: list[int] | None, count: int) -> slice | list[int]:

@@ -21,6 +21,7 @@ ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default, aten._sca
              aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default,
              aten._scaled_dot_product_fused_attention_overrideable.default}
 COPIES = {aten._to_copy.default, aten.copy_.default, aten.lift_fresh.default}
+TO_HOST = {aten._to_copy.default, aten.to.dtype_layout, aten.to.device}  # (under inference mode .cpu() is aten.to)
 INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 
 
@@ -29,9 +30,11 @@ class DeviceMix(AssertionError):
 
 
 class VirtualDevice(TorchDispatchMode):
-    def __init__(self, device: str = "meta"):
+    def __init__(self, device: str = "meta", readable: bool = False):
+        """`readable`: copies from the device to the CPU give zeros of their shape (a whole run can then hand its
+        outputs to the host), instead of the meta device's error."""
         super().__init__()
-        self.device = torch.device(device)
+        self.device, self.readable = torch.device(device), readable
         self.live: dict[int, list[int]] = {}  # storage -> [bytes, tensors holding it]
         self.allocated = self.peak = 0
         self.ops = 0
@@ -39,6 +42,9 @@ class VirtualDevice(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops += 1
+        if self.readable and func in TO_HOST and args[0].device == self.device and \
+                kwargs.get("device", args[1] if len(args) > 1 else None) == torch.device("cpu"):
+            return torch.zeros(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
         if func not in COPIES:
             checked = [args[0], *args[2:3]] if func in INDEXING else (args, kwargs)  # not the index tensors
             tensors = [t for t in tree_leaves(checked) if isinstance(t, torch.Tensor)]

@@ -201,7 +201,7 @@ class Cosmos3Model(comfy.model_base.BaseModel):
         batch, _, frames, h, w = input_shape
         tokens = max((shape[3] for shape in cond_shapes.get(TEXT_KV, [])), default=0)  # [1, layers, 2, L, K, D]
         s = SimpleNamespace(height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, latent_frames=frames,
-                            guidance_scale=1.0, transfer=None, chunks=None)
+                            num_frames=pixel_frames(frames), guidance_scale=1.0, transfer=None, chunks=None, cache=None)
         one = estimate(self.diffusion_model.runtime[0].config, None, s, tokens, 0, self.get_dtype_inference())
         return batch * one.total
 

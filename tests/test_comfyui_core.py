@@ -295,13 +295,52 @@ def test_media_attention_runs_on_comfyuis_backend_and_matches_sdpa(core, models,
     x, t = torch.randn(1, 48, 2, 3, 4), torch.tensor(600.0)
     text = transformer.encode_text(torch.arange(20))
     ours = transformer(x, t, text, None, 24.0).vision
-    assert len(calls) == len(transformer.layers) and calls[0]["enable_gqa"]  # media attention only
+    assert len(calls) == len(transformer.layers)  # media attention only
     transformer.use_media_attention(None)  # the runtime's own SDPA
     try:
         torch.testing.assert_close(ours, transformer(x, t, text, None, 24.0).vision, atol=1e-5, rtol=0)
     finally:
         transformer.use_media_attention(core.pack.services.memory.media_attention())
     assert len(calls) == len(transformer.layers)
+
+
+def test_every_attention_backend_gets_kv_it_can_take(core, monkeypatch):
+    """Grouped K/V (fewer key/value heads than query heads) go as they are only to ComfyUI's PyTorch backend, where
+    SDPA runs them in a fused kernel; every other backend gets them expanded to the query heads (xformers, split and
+    sub-quadratic attention assumed equal head counts before ComfyUI's grouped-query support). Each backend ComfyUI
+    0.33 registers that runs on this CPU equals SDPA on the grouped inputs."""
+    import comfy.ldm.modules.attention as attention
+    import comfy.ops
+
+    from cosmos3_tier2.cosmos3_runtime.devices import facts
+    from cosmos3_tier2.cosmos3_runtime.transformer import attention as sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(40, 8, 64, generator=g), torch.randn(56, 2, 64, generator=g), torch.randn(56, 2, 64, generator=g)
+    expected = sdpa(q, k, v)
+    attend = core.pack.services.memory.media_attention()
+    tried = []
+    for name in ("pytorch", "split", "sub_quad", "basic", "xformers", "sage", "flash"):
+        backend = attention.REGISTERED_ATTENTION_FUNCTIONS.get(name, attention.attention_basic if name == "basic" else None)
+        if backend is None:
+            continue  # not installed here (xformers, sage, flash need their packages and a GPU)
+        seen = []
+
+        def spy(q, k, v, heads, *args, backend=backend, **kwargs):
+            seen.append((k.shape[1], kwargs.get("enable_gqa", False)))
+            return backend(q, k, v, heads, *args, **kwargs)
+
+        if name == "pytorch":  # the backend itself (recognised by identity); its SDPA call is what we watch
+            real = comfy.ops.scaled_dot_product_attention
+            monkeypatch.setattr(comfy.ops, "scaled_dot_product_attention", lambda q, k, v, *a, **kw: seen.append(
+                (k.shape[1], kw.get("enable_gqa", False))) or real(q, k, v, *a, **kw))
+        monkeypatch.setattr(attention, "optimized_attention", backend if name == "pytorch" else spy)
+        out = attend(q, k, v)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0, msg=name)
+        grouped = name == "pytorch" and facts(torch.device("cpu")).grouped_kv(torch.float32, 64)
+        assert seen == [(2, True) if grouped else (8, False)], (name, seen)  # grouped, or eight key heads
+        tried.append(name)
+    assert {"pytorch", "split", "sub_quad", "basic"} <= set(tried), tried
 
 
 def count_transformer_forwards(monkeypatch, handle) -> list:

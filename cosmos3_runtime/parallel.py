@@ -77,6 +77,9 @@ def check_heads(group: Group, heads: int, kv_heads: int) -> None:
         )
 
 
+_WITHOUT_ALL_TO_ALL: set[str] = set()  # process-group backends this torch runs no all-to-all on
+
+
 class SequenceShards:
     """How one forward's media tokens are split over the ranks of a sequence-parallel group."""
 
@@ -94,9 +97,22 @@ class SequenceShards:
         return x[start : start + self.local]
 
     def _all_to_all(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
-        received = [torch.empty_like(c) for c in chunks]
-        dist.all_to_all(received, [c.contiguous() for c in chunks], group=self.group.group)
-        return received
+        sent = [c.contiguous() for c in chunks]
+        backend = dist.get_backend(self.group.group)
+        if backend not in _WITHOUT_ALL_TO_ALL:
+            received = [torch.empty_like(c) for c in chunks]
+            try:
+                dist.all_to_all(received, sent, group=self.group.group)
+                return received
+            except RuntimeError as exc:  # raised before any rank sends: every rank falls back alike
+                if "alltoall" not in str(exc).replace("_", "").lower():
+                    raise
+                _WITHOUT_ALL_TO_ALL.add(backend)
+        # gloo in older torch releases (2.7 among them) has no all-to-all: every rank gathers every rank's chunks and
+        # keeps those meant for it (sp times the traffic; NCCL, the GPUs' backend, has all-to-all)
+        parts = [sent[0].new_empty((len(sent), *sent[0].shape)) for _ in sent]
+        dist.all_gather(parts, torch.stack(sent), group=self.group.group)
+        return [part[self.group.rank] for part in parts]
 
     def to_heads(self, x: torch.Tensor) -> torch.Tensor:
         """[N_pad / sp, heads, D] (my tokens) -> [N_pad, heads / sp, D] (all tokens, my heads)."""

@@ -210,7 +210,8 @@ class Fp8Embedding(nn.Module):
         self.dtype = embedding.weight.dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.weight[ids].to(self.dtype) * self.scale[ids].to(self.dtype)[:, None]
+        rows = self.weight.view(torch.uint8)[ids].view(FP8)  # gathered as bytes: torch 2.7's CPU cannot index fp8
+        return rows.to(self.dtype) * self.scale[ids].to(self.dtype)[:, None]
 
 
 def expect_stored_fp8(model: nn.Module, headers: dict, rename, pathway_of=lambda name: None) -> None:

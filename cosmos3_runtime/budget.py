@@ -63,7 +63,7 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
              w8a8: bool = False) -> Estimate:
     """The memory of a generation under settings `s` on `device` (None: as on a CPU); `vae_config` None: no VAE work;
     `tile` a TileSpec or None; `decode`: the frames are decoded; `encoded_frames`: the most pixel frames one encode
-    takes (`encoded_frames`); `w8a8`: an official FP8 checkpoint (its activations quantized to fp8)."""
+    takes (see `encoded_frames`); `w8a8`: an official FP8 checkpoint (its activations quantized to fp8)."""
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)

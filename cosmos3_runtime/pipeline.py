@@ -382,7 +382,8 @@ class Cosmos3Pipeline:
             while len(self._text_cache) > TEXT_CACHE_SIZE:
                 self._text_cache.popitem(last=False)
             if self._finite is not None:
-                self._finite.note("the text tower", self.transformer.text_dtype, *self._text_cache[key].keys)
+                kv = self._text_cache[key]
+                self._finite.note("the text tower", self.transformer.text_dtype, *kv.keys, *kv.values)
         return self._text_cache[key]
 
     @staticmethod

@@ -93,7 +93,7 @@ def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.
     `media=False`: the text tower alone."""
     config = checkpoint.transformer_config()
     rename = checkpoint_key_mapper(config, media)
-    requested, dtype = dtype, load_dtype(config, dtype)
+    requested, dtype = dtype, load_dtype(dtype)
     if gguf is not None:
         with torch.device("meta"), linear_layers(linear_class):
             model = Cosmos3Transformer(config, media)

@@ -125,7 +125,8 @@ class SharedQuantized:
             self.entry = None
 
 
-shared_quantized = SharedQuantized(lambda rows: quantize_rows(rows), lambda: fused_quantize_rows())
+# (the fused kernels are compiled on first use, not at import)
+shared_quantized = SharedQuantized(quantize_rows, lambda: fused_quantize_rows())
 static_quantized = SharedQuantized(quantize_static, lambda: fused_quantize_static())
 
 

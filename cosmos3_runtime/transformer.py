@@ -545,7 +545,7 @@ class Cosmos3Transformer(nn.Module):
         dtype, device = self.dtype, latents.device
         x = latents.to(dtype=dtype)[0]
         _, T, h, w = x.shape
-        noisy = _rows(list(range(T)) if noisy_frames is None else noisy_frames)
+        noisy = _frames(noisy_frames, T)
         temb = self.time_embedding(timestep, device)
 
         hidden, (cos, sin), n_context, grid = self.embed(x, temb, noisy, text.length, fps, tracks, context)
@@ -661,7 +661,7 @@ def tower_of(name: str) -> str:
     return "media tower" if any(marker in name for marker in MEDIA_PATHWAY) else "text tower"
 
 
-def load_dtype(config: TransformerConfig, dtype: torch.dtype) -> torch.dtype:
+def load_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a transformer's weights are read in: bf16 for an fp16 load, whose text tower stays there and whose
     media pathway `split_dtypes` then casts to fp16 (where it can)."""
     return torch.bfloat16 if dtype == torch.float16 else dtype

@@ -155,7 +155,7 @@ def test_linears_reading_one_input_quantize_it_once(tiny_factory, monkeypatch):
     pipe = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8_scaled")
     calls = []
     real = quantize.quantize_rows
-    monkeypatch.setattr(quantize, "quantize_rows", lambda rows: calls.append(rows.shape) or real(rows))
+    monkeypatch.setattr(quantize.shared_quantized, "quantize", lambda rows: calls.append(rows.shape) or real(rows))
     latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
     text = pipe.transformer.encode_text(torch.arange(40) % 500)
     shared = pipe.transformer(latents, torch.tensor(900), text).vision

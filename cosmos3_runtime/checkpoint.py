@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .action import default_preset
 from .errors import CheckpointError
-from .modelopt_fp8 import Quantization, StepPolicy, read_quantization
+from .modelopt_fp8 import HF_QUANT_CONFIG, Quantization, StepPolicy, read_quantization
 from .schedulers import FLOW_MATCH_EULER
 from .transformer import EDGE_BACKBONE, TransformerConfig
 
@@ -32,6 +32,8 @@ CONFIG_FILES = (
     "modular_model_index.json",
     "transformer/config.json",
     "scheduler/scheduler_config.json",
+    f"transformer/{HF_QUANT_CONFIG}",
+    HF_QUANT_CONFIG,
 )
 
 
@@ -182,9 +184,19 @@ def _detect(root: Path) -> Variant:
         pipeline_class=index["_class_name"],
         scheduler_class=str(scheduler.get("_class_name", "UniPCMultistepScheduler")),
         default_action_preset=default_preset(str(root)),
-        quantization=read_quantization(transformer_raw.get("quantization_config"),
-                                       str(root / "transformer" / "config.json")),
+        quantization=_quantization(root, transformer_raw),
     )
+
+
+def _quantization(root: Path, transformer_raw: dict) -> Quantization | None:
+    """What the checkpoint declares about its quantization: the transformer config's `quantization_config`, else an
+    `hf_quant_config.json` in the transformer folder or the checkpoint root (ModelOpt's export writes one)."""
+    if transformer_raw.get("quantization_config") is not None:
+        return read_quantization(transformer_raw["quantization_config"], str(root / "transformer" / "config.json"))
+    for path in (root / "transformer" / HF_QUANT_CONFIG, root / HF_QUANT_CONFIG):
+        if path.is_file():
+            return read_quantization(read_json(path), str(path))
+    return None
 
 
 def _distilled_schedule(root: Path, scheduler: dict, modular: dict) -> tuple[tuple[float, ...] | None, bool]:

@@ -1,10 +1,20 @@
-"""NVIDIA's official FP8 checkpoints (Hub revision "fp8"), as ModelOpt writes them, and the precision they ask for.
+"""NVIDIA's official FP8 checkpoints (Hub revision "fp8"), in both layouts NVIDIA's tools write, and the precision
+they ask for.
 
-Each quantized linear stores `weight` in float8_e4m3fn with ModelOpt's quantizer buffers beside it:
-`weight_quantizer._scale` (the weight's tensorwise scale, amax / 448), `weight_quantizer._amax`, and, where the
-activations were calibrated, `input_quantizer._amax` (a static tensorwise activation range). The transformer's
-`config.json` says what they are (`quantization_config`: quant_method "modelopt", an FP8 algorithm) and, for the
-multi-step checkpoints, how to run them (`runtime.diffusion_step_policy`, schema 1, type "first_last_n"):
+Each quantized linear stores `weight` in float8_e4m3fn with two tensorwise float32 scales beside it (`scale_layout`):
+- ModelOpt's unified HF export (NVIDIA's Cosmos3 FP8 exporter, what vLLM and cosmos-framework load): `weight_scale`
+  (the weight's amax / 448) and `input_scale` (the calibrated activation amax / 448);
+- ModelOpt's `save_pretrained` buffers: `weight_quantizer._scale` (amax / 448), `weight_quantizer._amax` and
+  `input_quantizer._amax` (the activation range, divided by 448 when read: the same float32 division both produce).
+Where a folder holds both for one linear, the unified export's scales are read and the buffers skipped. Scales may
+sit in any shard of the index. Any other quantization tensor (SmoothQuant pre-scales, output or K/V scales, second-
+level scales) is refused by name, as are per-channel or block scales.
+
+What they are is declared by the transformer's `config.json` (`quantization_config`: quant_method "modelopt", an
+FP8 algorithm, in ModelOpt's flat form or the exporter's `config_groups` form with its `ignore` list), or, without
+one, by an `hf_quant_config.json` (transformer folder or checkpoint root; `quantization.quant_algo`,
+`exclude_modules`). A linear the ignore list names must not be stored in fp8. For the multi-step checkpoints the
+config also says how to run them (`runtime.diffusion_step_policy`, schema 1, type "first_last_n"):
 
 - W8A8 (the checkpoint's native arithmetic): the activations quantized to fp8 with the static input scale, one fp8
   matmul with both tensorwise scales (`torch._scaled_mm` on GPUs with fp8 matmuls, an exact float32 emulation
@@ -13,7 +23,8 @@ multi-step checkpoints, how to run them (`runtime.diffusion_step_policy`, schema
 
 on the first and last N denoising steps W8A16 for the media pathway, W8A8 between; the text pathway (prompt encoding
 and the Reasoner) as the policy's "reasoner" entry says. The distilled FP8 checkpoints declare no policy and run W8A8
-throughout. A malformed policy is refused by name (missing fields fail closed, as in diffusers).
+throughout. A malformed policy is refused by name (missing fields fail closed, as in diffusers). `modelopt_state.pth`
+(a pickle) is never read: the safetensors and the JSON say everything.
 
 diffusers 0.42.1 (`pipelines/cosmos/mixed_precision.py`) labels the attention projections of the two pathways the
 other way round (its "generation" set holds the text tower's `to_q/k/v/out`, its "reasoner" set the media tower's
@@ -21,6 +32,10 @@ other way round (its "generation" set holds the text tower's `to_q/k/v/out`, its
 per prompt and cached) follows "reasoner".
 """
 
+import fnmatch
+import math
+import re
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -67,33 +82,69 @@ class StepPolicy:
 
 @dataclass(frozen=True)
 class Quantization:
-    """What a transformer config's `quantization_config` declares: ModelOpt FP8, with its step policy or none."""
+    """What a checkpoint declares: ModelOpt FP8, with its step policy or none, and the modules it left unquantized
+    (`ignore`: names or fnmatch patterns)."""
 
     algorithm: str
     policy: StepPolicy | None
+    ignore: tuple[str, ...] = ()
 
     def describe(self) -> str:
         how = self.policy.describe() if self.policy is not None else "W8A8 throughout (no step policy)"
         return f"ModelOpt {self.algorithm} ({how})"
 
+    def ignores(self, module: str) -> bool:
+        return any(fnmatch.fnmatchcase(module, pattern) for pattern in self.ignore)
+
+
+HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's export config, the form vLLM's loaders read
+
 
 def read_quantization(raw: dict | None, source: str) -> Quantization | None:
-    """The `quantization_config` of a transformer config (None when absent). Anything but ModelOpt FP8 is refused."""
+    """A transformer config's `quantization_config` (ModelOpt's flat form or the unified export's `config_groups`
+    form) or an `hf_quant_config.json` (`{producer, quantization: {quant_algo, exclude_modules}}`); None when absent.
+    Anything but static tensorwise ModelOpt FP8 is refused by name."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise CheckpointError(f"{source}: quantization_config must be an object")
+        raise CheckpointError(f"{source}: the quantization config must be an object")
+    if isinstance(raw.get("quantization"), dict):  # hf_quant_config.json: ModelOpt's own file, its details nested
+        raw = {"quant_method": "modelopt", **raw, **raw["quantization"]}
     method = str(raw.get("quant_method", "")).lower()
     algorithm = str(raw.get("quant_algo") or raw.get("quant_type") or "").upper()
     if method != "modelopt" or "FP8" not in algorithm:
-        raise CheckpointError(f"{source}: quantization_config declares quant_method {raw.get('quant_method')!r} with "
-                              f"{algorithm or 'no algorithm'}; the pack reads ModelOpt FP8 checkpoints (Hub revision "
-                              "'fp8'), bf16 checkpoints and GGUF files")
+        raise CheckpointError(f"{source}: the quantization config declares quant_method {raw.get('quant_method')!r} "
+                              f"with {algorithm or 'no algorithm'}; the pack reads ModelOpt FP8 checkpoints (Hub "
+                              "revision 'fp8'), bf16 checkpoints and GGUF files")
+    for name, group in (raw.get("config_groups") or {}).items():
+        _check_group(group, f"{source}: config_groups.{name}")
+    ignore = raw.get("ignore", raw.get("exclude_modules")) or []
+    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
+        raise CheckpointError(f"{source}: the quantization config's ignore list must be a list of module names")
     runtime = raw.get("runtime")
     if runtime is not None and not isinstance(runtime, dict):
         raise CheckpointError(f"{source}: quantization_config.runtime must be an object or null")
     policy = (runtime or {}).get("diffusion_step_policy")
-    return Quantization(algorithm, None if policy is None else parse_policy(policy, source))
+    return Quantization(algorithm, None if policy is None else parse_policy(policy, source), tuple(ignore))
+
+
+def _check_group(group, where: str) -> None:
+    """A `config_groups` entry must describe what the pack runs: 8-bit float weights and static 8-bit float
+    activations (or none: weight-only), tensorwise."""
+    if not isinstance(group, dict):
+        raise CheckpointError(f"{where} must be an object")
+    for part in ("weights", "input_activations"):
+        spec = group.get(part)
+        if spec is None and part == "input_activations":
+            continue
+        if not isinstance(spec, dict) or spec.get("num_bits") != 8 or spec.get("type") != "float":
+            raise CheckpointError(f"{where}.{part} is {spec!r}, not 8-bit float; the pack reads FP8 (E4M3) checkpoints")
+        if spec.get("dynamic"):
+            raise CheckpointError(f"{where}.{part} is dynamic (scales computed per token at run time); the pack "
+                                  "reads static FP8 scales as ModelOpt calibrates them")
+        layout = {key: spec[key] for key in ("strategy", "group_size", "block_structure") if spec.get(key)}
+        if layout and layout != {"strategy": "tensor"}:
+            raise CheckpointError(f"{where}.{part} has {layout}; the pack reads tensorwise FP8 scales only")
 
 
 def parse_policy(policy, source: str) -> StepPolicy:
@@ -151,6 +202,69 @@ def resolve_policy(quantization: Quantization | None, override: str, first: int 
     policy = policy or StepPolicy()
     return StepPolicy(policy.first if first is None else first, policy.last if last is None else last,
                       policy.overlap_a16, policy.text_a16)
+
+
+# --- the scales in the weight files ----------------------------------------------------------------------------------
+
+# Each scale key's suffix beside `<m>`, and the pack's name for it on the Fp8Linear (None: not needed).
+UNIFIED_SCALES = {".weight_scale": ".scale", ".input_scale": ".input_scale"}
+SAVED_SCALES = {".weight_quantizer._scale": ".scale", ".input_quantizer._amax": ".input_scale",
+                ".weight_quantizer._amax": None}  # the weight's range: `_scale` is it divided by 448
+UNKNOWN_SCALE = re.compile(r"(_quantizer\.|(^|[._])(scale|amax)(_\d+)?$|\.svdquant_lora_[ab]$)")
+
+
+@dataclass(frozen=True)
+class ScaleLayout:
+    """How one weight folder's FP8 scales are read (`scale_layout`): `rename` maps every key (scales included) to a
+    parameter name or None; `convert` turns a read tensor into the parameter's value (an activation range into its
+    scale); `scale_of` names, for each scale key, the linear it belongs to."""
+
+    rename: Callable[[str], str | None]
+    scale_of: dict[str, str]
+
+    @staticmethod
+    def convert(key: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.float() / FP8_MAX if key.endswith(".input_quantizer._amax") else tensor
+
+
+def scale_layout(headers: dict, rename) -> ScaleLayout:
+    """The scales of a weight folder (its safetensors `headers`, keys mapped by `rename`) in either layout, the
+    unified export's winning where a linear has both. Every key is mapped here, so an unknown quantization tensor
+    or a scale that is not one number is refused by name before any weight is read."""
+    unified = {key[: -len(suffix)] for key in headers for suffix in UNIFIED_SCALES if key.endswith(suffix)}
+
+    def scale_name(key: str) -> tuple[bool, str | None]:
+        """(whether `key` is a scale of either layout, the parameter it loads into or None)."""
+        for layout in (UNIFIED_SCALES, SAVED_SCALES):
+            for suffix, target in layout.items():
+                if key.endswith(suffix):
+                    base = key[: -len(suffix)]
+                    if layout is SAVED_SCALES and base in unified:
+                        return True, None  # the unified export's scales are read for this linear
+                    name = rename(base + ".weight")
+                    return True, None if name is None or target is None else name.removesuffix(".weight") + target
+        return False, None
+
+    def mapped(key: str) -> str | None:
+        is_scale, name = scale_name(key)
+        if is_scale:
+            return name
+        if UNKNOWN_SCALE.search(key):
+            raise CheckpointError(f"{key}: a quantization tensor this pack does not read (it runs tensorwise FP8 "
+                                  "weights and activations with `weight_scale` / `input_scale`, or ModelOpt's "
+                                  "`_scale` / `_amax` buffers; SmoothQuant pre-scales, output and K/V scales and "
+                                  "other formats are not supported)")
+        return rename(key)
+
+    scale_of = {}
+    for key, entry in headers.items():
+        name = mapped(key)
+        if name is not None and scale_name(key)[0]:
+            if math.prod(entry["shape"]) != 1:
+                raise CheckpointError(f"{key} has shape {entry['shape']}: per-channel or block FP8 scales are not "
+                                      "read (the pack runs tensorwise scales, one number per tensor)")
+            scale_of[key] = name.rsplit(".", 1)[0]
+    return ScaleLayout(mapped, scale_of)
 
 
 # --- the arithmetic --------------------------------------------------------------------------------------------------

@@ -104,15 +104,9 @@ def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.
     headers, _ = read_headers(checkpoint.path("transformer"))
     with torch.device("meta"), linear_layers(linear_class):
         model = Cosmos3Transformer(config, media)
-        expect_stored_fp8(model, headers, rename, pathway_of)  # ModelOpt FP8
-    load_weights(
-        model,
-        checkpoint.path("transformer"),
-        dtype,
-        device,
-        rename=rename,
-        keep_fp32=("time_embedder.",),
-    )
+        scales = expect_stored_fp8(model, headers, rename, pathway_of, checkpoint.variant.quantization)  # official FP8
+    load_weights(model, checkpoint.path("transformer"), dtype, device, rename=scales.rename,
+                 keep_fp32=("time_embedder.",), convert=scales.convert)
     remember_input_ranges(model)
     split_dtypes(model, requested)
     return model

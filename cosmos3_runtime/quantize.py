@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .devices import facts
-from .errors import InputError
-from .modelopt_fp8 import quantize_static, runs_w8a8, w8a8_linear
+from .errors import CheckpointError, InputError
+from .modelopt_fp8 import Quantization, ScaleLayout, quantize_static, runs_w8a8, scale_layout, w8a8_linear
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -48,8 +48,8 @@ def per_row_fp8(weight: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
 class Fp8Linear(nn.Module):
     def __init__(self, linear: nn.Linear, stored: bool = False, calibrated: bool = False, pathway: str | None = None):
         """From a full-precision linear, or (`stored`) an empty shell for fp8 weights and scales read from a
-        pre-quantized checkpoint (ModelOpt: a per-tensor scale, broadcast to the rows; `calibrated`: with the
-        static input range `input_amax` that W8A8 quantizes the activations by, for a linear of `pathway`)."""
+        pre-quantized checkpoint (official FP8: a per-tensor scale, broadcast to the rows; `calibrated`: with the
+        static `input_scale` that W8A8 quantizes the activations by, for a linear of `pathway`)."""
         super().__init__()
         if stored:
             shape = linear.weight.shape
@@ -57,8 +57,8 @@ class Fp8Linear(nn.Module):
             self.scale = nn.Parameter(torch.empty(shape[0], device="meta"), requires_grad=False)
         else:
             self.weight, self.scale = per_row_fp8(linear.weight.data)
-        self.input_amax = nn.Parameter(torch.empty((), device="meta"), requires_grad=False) if calibrated else None
-        self.input_key = None  # input_amax as a number (`remember_input_ranges`): equal ranges share a quantization
+        self.input_scale = nn.Parameter(torch.empty((), device="meta"), requires_grad=False) if calibrated else None
+        self.input_key = None  # input_scale as a number (`remember_input_ranges`): equal scales share a quantization
         self.pathway = pathway
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -69,8 +69,8 @@ class Fp8Linear(nn.Module):
         # a host's memory manager may leave this layer in CPU memory: its fp8 bytes come over at use
         weight, scale = self.weight.to(x.device, non_blocking=True), self.scale.to(x.device, non_blocking=True)
         bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
-        if self.input_amax is not None and runs_w8a8(self.pathway):  # tensorwise scales: every row holds the same
-            input_scale = self.input_amax.to(x.device).float() / FP8_MAX
+        if self.input_scale is not None and runs_w8a8(self.pathway):  # tensorwise scales: every row holds the same
+            input_scale = self.input_scale.to(x.device)
             x8 = static_quantized(x, input_scale, key=self.input_key)
             return w8a8_linear(x, weight, scale[0].float(), input_scale, bias, x8)
         if self.scaled and self.in_features % 16 == 0 and self.out_features % 16 == 0:
@@ -131,12 +131,12 @@ static_quantized = SharedQuantized(quantize_static, lambda: fused_quantize_stati
 
 
 def remember_input_ranges(model: nn.Module) -> None:
-    """Note each calibrated fp8 linear's input range as a number, once after loading (a host read per linear, never in
-    a step): linears reading one activation with equal ranges (q, k and v were calibrated on the same inputs) then
+    """Note each calibrated fp8 linear's input scale as a number, once after loading (a host read per linear, never in
+    a step): linears reading one activation with equal scales (q, k and v were calibrated on the same inputs) then
     share its quantization."""
     for m in model.modules():
-        if isinstance(m, Fp8Linear) and m.input_amax is not None:
-            m.input_key = float(m.input_amax)
+        if isinstance(m, Fp8Linear) and m.input_scale is not None:
+            m.input_key = float(m.input_scale)
 
 
 def scaled_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias) -> torch.Tensor:
@@ -215,20 +215,32 @@ class Fp8Embedding(nn.Module):
         return rows.to(self.dtype) * self.scale[ids].to(self.dtype)[:, None]
 
 
-def expect_stored_fp8(model: nn.Module, headers: dict, rename, pathway_of=lambda name: None) -> None:
+def expect_stored_fp8(model: nn.Module, headers: dict, rename, pathway_of=lambda name: None,
+                      quantization: Quantization | None = None) -> ScaleLayout:
     """Make fp8 shells (built on the meta device) of the linears whose weight the checkpoint (its safetensors
-    `headers`, keys mapped by `rename`) stores in fp8, with a static input range where it has one (ModelOpt FP8);
-    `pathway_of(name)` says which pathway's precision a linear follows."""
-    names = {key: rename(key) for key in headers}  # every key mapped first: unreadable buffers are refused now
+    `headers`, keys mapped by `rename`) stores in fp8, with a static input scale where it has one (official FP8);
+    `pathway_of(name)` says which pathway's precision a linear follows. Returns how `load_weights` reads the scales
+    (`rename` and `convert`). A linear the checkpoint's ignore list names, or a scale beside a weight that is not
+    fp8, is refused by name."""
+    layout = scale_layout(headers, rename)  # every key mapped first: unknown quantization tensors are refused now
+    names = {key: layout.rename(key) for key in headers}
     fp8_weights = {names[key] for key, entry in headers.items() if entry["dtype"] == "F8_E4M3"}
-    calibrated = {name for name in names.values() if name is not None and name.endswith(".input_amax")}
+    for key, linear in layout.scale_of.items():
+        if f"{linear}.weight" not in fp8_weights:
+            raise CheckpointError(f"{key}: a scale beside a weight that is not stored in float8_e4m3fn")
+    calibrated = {name for name in names.values() if name is not None and name.endswith(".input_scale")}
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and f"{full}.weight" in fp8_weights:
-                shell = Fp8Linear(child, stored=True, calibrated=f"{full}.input_amax" in calibrated,
+                if quantization is not None and quantization.ignores(full):
+                    raise CheckpointError(f"{full}.weight is stored in fp8, but the checkpoint's quantization config "
+                                          "lists it as ignored (left in full precision); the files and the config "
+                                          "come from different exports")
+                shell = Fp8Linear(child, stored=True, calibrated=f"{full}.input_scale" in calibrated,
                                   pathway=pathway_of(full))
                 setattr(module, child_name, shell)
+    return layout
 
 
 def weight_bytes(model: nn.Module) -> int:

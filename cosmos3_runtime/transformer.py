@@ -721,30 +721,4 @@ def checkpoint_key_mapper(config: TransformerConfig, media: bool = True):
                 return new + key[len(old) :]
         return key
 
-    return with_quantizer_buffers(map_key)
-
-
-# ModelOpt FP8 buffers beside a linear's weight, and what they load as (None: not needed).
-QUANTIZER_BUFFERS = {
-    ".weight_quantizer._scale": ".scale",  # the weight's tensorwise scale
-    ".input_quantizer._amax": ".input_amax",  # the static activation range W8A8 quantizes by
-    ".weight_quantizer._amax": None,  # the weight's range: `_scale` is it divided by 448
-}
-
-
-def with_quantizer_buffers(map_key):
-    """`map_key` extended to ModelOpt FP8's quantizer buffers: each maps as its linear does; any other quantizer
-    buffer is refused by name (before any weight is read: loaders map every key of the headers first)."""
-
-    def mapped(key: str) -> str | None:
-        for suffix, target in QUANTIZER_BUFFERS.items():
-            if key.endswith(suffix):
-                base = map_key(key[: -len(suffix)] + ".weight")
-                return None if base is None or target is None else base.removesuffix(".weight") + target
-        if "_quantizer." in key:
-            raise CheckpointError(f"{key}: a ModelOpt quantizer buffer this pack does not read (it runs tensorwise "
-                                  "FP8 weights and activations; SmoothQuant pre-scales, output quantizers and "
-                                  "other formats are not supported)")
-        return map_key(key)
-
-    return mapped
+    return map_key

@@ -20,9 +20,9 @@ from .errors import CheckpointError
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 STORED_AS_IS = (torch.float8_e4m3fn,)
-# Quantization scales and activation ranges stay float32 whatever the model's dtype: in fp16 an official FP8 file's
-# activation range above 65504 (`input_amax`) would become inf, and its layer's output zeros.
-KEPT_FLOAT32 = (".scale", ".input_amax")
+# Quantization scales stay float32 whatever the model's dtype: in fp16 an official FP8 file's activation scale
+# (`input_scale`, a range over 448) would round, or above 65504 become inf and its layer's output zeros.
+KEPT_FLOAT32 = (".scale", ".input_scale")
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 
 
@@ -62,11 +62,13 @@ def load_weights(
     rename: Callable[[str], str | None] = lambda key: key,
     keep_fp32: tuple[str, ...] = (),
     files: list[Path] | None = None,
+    convert: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """Fill the meta parameters of `module` from the safetensors files in `folder` (or the given `files`).
 
     `rename` maps a file key to a parameter name, or to None for a tensor that is deliberately not
-    used. Parameters whose name starts with a `keep_fp32` prefix stay float32. Missing, unexpected
+    used; `convert(key, tensor)` changes a tensor's value as read (an activation range into its scale). Parameters
+    whose name starts with a `keep_fp32` prefix stay float32. Missing, unexpected
     and mis-shaped tensors are errors that name the tensors and the file.
     """
     expected = {name: p for name, p in module.named_parameters()}
@@ -82,7 +84,7 @@ def load_weights(
             if name not in expected:
                 unexpected.append(key)
                 continue
-            tensor = tensor_of()
+            tensor = tensor_of() if convert is None else convert(key, tensor_of())
             if tensor.ndim == 0 and expected[name].ndim == 1:  # a per-tensor scale for a per-row parameter
                 tensor = tensor.expand(expected[name].shape)
             if tuple(tensor.shape) != tuple(expected[name].shape):

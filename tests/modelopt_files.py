@@ -1,9 +1,17 @@
-"""Tiny checkpoints in NVIDIA's official FP8 layout, written by NVIDIA's own tool: nvidia-modelopt quantizes
+"""Tiny checkpoints in NVIDIA's official FP8 layouts, written by NVIDIA's own tool: nvidia-modelopt quantizes
 diffusers' transformer with its FP8 config (tensorwise fp8 weights and activations; the fp32 time embedder left as
-it is), calibrates the activation ranges on diffusers' own forward, compresses the weights to float8_e4m3fn and
-saves them (`save_pretrained`). The transformer config then gets the `quantization_config` block the Hub's
-revision "fp8" carries: quant_method "modelopt", FP8, and for multi-step checkpoints the step policy diffusers ships
-as the official one (`FIRST_LAST_N_FP8_POLICY`).
+it is), calibrates the activation ranges on diffusers' own forward, and writes the weights in one of two layouts:
+
+- "saved": compressed to float8_e4m3fn and saved with `save_pretrained` (the quantizer buffers `_scale` / `_amax`);
+  the transformer config then gets the `quantization_config` block the Hub's revision "fp8" carries: quant_method
+  "modelopt", FP8;
+- "unified": ModelOpt's unified HF export (`export_hf_checkpoint`, the code path NVIDIA's Cosmos3 FP8 exporter runs:
+  q/k/v ranges unified, `weight_scale` / `input_scale` beside each fp8 weight, `quantization_config` in its
+  `config_groups` form with the `ignore` list), its QKV fusion fed diffusers' own forward, then what the exporter
+  adds: the config mirrored to a root `hf_quant_config.json`.
+
+For multi-step checkpoints the step policy diffusers ships as the official one (`FIRST_LAST_N_FP8_POLICY`) goes
+under `quantization_config.runtime`.
 
 diffusers 0.42.1 cannot load such files back on the CPU with nvidia-modelopt 0.47 (its ModelOpt config builder
 predates ModelOpt's list-form configs, and accelerate cannot re-wrap the compressed weights), so the reference runs
@@ -32,32 +40,62 @@ def calibration_inputs(seed: int = 0):
             for _ in range(2)]
 
 
-def make_fp8(root: Path, dst: Path, policy: dict | None = POLICY, dtype=torch.float32, time_embedder: bool = False):
-    """A copy of the tiny checkpoint `root` at `dst` with its transformer in the official FP8 layout; returns (dst,
-    the ModelOpt-quantized diffusers transformer that wrote it). `time_embedder`: quantize the fp32 time embedder too
-    (the official recipe leaves it out; an exporter run without that exclusion does not)."""
+def make_fp8(root: Path, dst: Path, policy: dict | None = POLICY, dtype=torch.float32, time_embedder: bool = False,
+             layout: str = "saved", model=None):
+    """A copy of the tiny checkpoint `root` at `dst` with its transformer in the official FP8 `layout` ("saved" or
+    "unified"); returns (dst, the ModelOpt-quantized diffusers transformer that wrote it). `time_embedder`: quantize
+    the fp32 time embedder too (the official recipe leaves it out; an exporter run without that exclusion does not).
+    `model`: a calibrated model (`quantized`) to write instead of quantizing anew (the same numbers in both layouts)."""
     shutil.copytree(root, dst)
-    model = ref.load_transformer(root, dtype)
-    excluded = [] if time_embedder else [{"quantizer_name": "*time_embedder*", "enable": False}]
-    config = {"quant_cfg": list(mtq.FP8_DEFAULT_CFG["quant_cfg"]) + excluded, "algorithm": "max"}
-
-    def calibrate(m):
-        for ids, latents in calibration_inputs():
-            ref.velocity(m, ids, latents, 700, [0, 1], 24.0)
-
-    mtq.quantize(model, config, forward_loop=calibrate)
-    mtq.compress(model)
+    model = quantized(root, dtype, time_embedder) if model is None else model
     folder = dst / "transformer"
     for old in folder.glob("diffusion_pytorch_model*"):
         old.unlink()
-    model.save_pretrained(str(folder))
+    if layout == "saved":
+        mtq.compress(model)
+        model.save_pretrained(str(folder))
+        block = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    else:
+        export_unified(model, folder)
+        block = json.loads((folder / "config.json").read_text())["quantization_config"]
+        mirror = {"producer": block["producer"], "quantization": {"quant_algo": block["quant_algo"],
+                                                                  "kv_cache_quant_algo": None,
+                                                                  "exclude_modules": block["ignore"]}}
+        (dst / "hf_quant_config.json").write_text(json.dumps(mirror, indent=4))
     raw = json.loads((folder / "config.json").read_text())
-    block = {"quant_method": "modelopt", "quant_algo": "FP8"}
     if policy is not None:
         block["runtime"] = {"diffusion_step_policy": policy}
     raw["quantization_config"] = block
     (folder / "config.json").write_text(json.dumps(raw, indent=2))
     return dst, model
+
+
+def quantized(root: Path, dtype=torch.float32, time_embedder: bool = False):
+    """diffusers' transformer of `root` quantized by ModelOpt's FP8 config and calibrated (not yet written)."""
+    model = ref.load_transformer(root, dtype)
+    excluded = [] if time_embedder else [{"quantizer_name": "*time_embedder*", "enable": False}]
+    config = {"quant_cfg": list(mtq.FP8_DEFAULT_CFG["quant_cfg"]) + excluded, "algorithm": "max"}
+    mtq.quantize(model, config, forward_loop=calibrate)
+    return model
+
+
+def calibrate(model):
+    for ids, latents in calibration_inputs():
+        ref.velocity(model, ids, latents, 700, [0, 1], 24.0)
+
+
+def export_unified(model, folder: Path) -> None:
+    """ModelOpt's unified HF export of one diffusers transformer into `folder`. Its QKV fusion finds the linears that
+    read one input by running the model; ModelOpt's generic dummy inputs do not fit Cosmos3's forward, so it gets
+    diffusers' own (as NVIDIA's exporter gives it its pipeline's)."""
+    from modelopt.torch.export import unified_export_hf
+
+    original = unified_export_hf.generate_diffusion_dummy_forward_fn
+    unified_export_hf.generate_diffusion_dummy_forward_fn = lambda m: (lambda: calibrate(m))
+    try:
+        unified_export_hf.export_hf_checkpoint(model, export_dir=folder)
+    finally:
+        unified_export_hf.generate_diffusion_dummy_forward_fn = original
 
 
 def policy_labels(name: str) -> str | None:

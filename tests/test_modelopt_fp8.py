@@ -2,6 +2,7 @@
 (tests/modelopt_files.py), read tensor by tensor, run W8A8 / W8A16 as their step policy says, against diffusers'
 mixed-precision runtime on the ModelOpt model that wrote them (fp32 activations on the CPU)."""
 
+import copy
 import itertools
 import json
 import shutil
@@ -45,7 +46,7 @@ def test_every_tensor_is_read_and_the_variant_says_fp8(fp8):
                                                                    "to_q", "to_out"))}  # the last layer's text tail
     for name, linear in ours.items():  # both ranges read: the weight's scale and the calibrated input range
         source = written.get_submodule(name)
-        assert torch.equal(linear.input_amax, source.input_quantizer._amax.float())
+        assert torch.equal(linear.input_scale, source.input_quantizer._amax.float() / 448)
         assert torch.equal(linear.scale[0], source.weight_quantizer._scale.float())
         assert linear.pathway == ("media" if any(k in name for k in ("_moe_gen", ".add_", "to_add_out")) else
                                   None if not name.startswith("layers.") else "text")
@@ -96,8 +97,9 @@ def test_a_quantized_time_embedder_is_read_and_runs_as_diffusers_does(tiny_facto
 
 
 def test_scales_and_input_ranges_stay_fp32_in_an_fp16_model(fp8, tmp_path):
-    """In fp16 an activation range above 65504 would become inf (and its layer's output zeros, or NaN): ModelOpt's
-    scales and input ranges keep float32 whatever the model's dtype."""
+    """In fp16 an activation range above 65504 would become inf (and its layer's output zeros, or NaN), and a small
+    scale would round: ModelOpt's ranges become scales in float32, and scales keep float32 whatever the model's
+    dtype."""
     from safetensors.torch import load_file, save_file
 
     path = shutil.copytree(fp8[0], tmp_path / "wide")
@@ -108,9 +110,9 @@ def test_scales_and_input_ranges_stay_fp32_in_an_fp16_model(fp8, tmp_path):
     save_file(tensors, str(shard), metadata={"format": "pt"})
     pipe = cosmos3_runtime.load(path, dtype="fp16")
     layers = [m for m in pipe.transformer.modules() if isinstance(m, Fp8Linear)]
-    assert all(m.scale.dtype == m.input_amax.dtype == torch.float32 for m in layers)
+    assert all(m.scale.dtype == m.input_scale.dtype == torch.float32 for m in layers)
     wide = pipe.transformer.get_submodule(key.removesuffix(".input_quantizer._amax"))
-    assert wide.input_amax.item() == 1e5
+    assert wide.input_scale.item() == (torch.tensor(1e5) / 448).item()
     x = torch.randn(6, wide.in_features, dtype=torch.float16) * 100
     out = wide(x)
     assert torch.isfinite(out).all() and out.abs().max() > 0
@@ -132,7 +134,7 @@ def test_linears_with_one_input_and_equal_ranges_quantize_it_once(fp8, monkeypat
     with modelopt_fp8.precision(True, False):  # media W8A8, text W8A16 (its K/V: no quantization counted)
         text = model.encode_text(torch.tensor(ids))
         shared = model(latents, torch.tensor(600), text, [1], 24.0).vision
-        outside = sum(isinstance(m, Fp8Linear) and m.input_amax is not None and not name.startswith("layers.")
+        outside = sum(isinstance(m, Fp8Linear) and m.input_scale is not None and not name.startswith("layers.")
                       for name, m in model.named_modules())  # the calibrated patch projection
         assert len(calls) == 4 * model.config.num_hidden_layers + outside  # q/k/v, out, gate/up (Edge: up), down
         for m in model.modules():
@@ -281,8 +283,164 @@ def test_other_quantization_methods_and_unknown_buffers_are_refused(fp8, tmp_pat
     tensors = load_file(str(shard))
     tensors["layers.0.self_attn.to_q.input_quantizer._pre_quant_scale"] = torch.ones(64)
     save_file(tensors, str(shard))
-    with pytest.raises(CheckpointError, match="to_q.input_quantizer._pre_quant_scale: a ModelOpt quantizer buffer"):
+    with pytest.raises(CheckpointError, match="to_q.input_quantizer._pre_quant_scale: a quantization tensor this pack"):
         cosmos3_runtime.load(path)
+
+
+# --- the unified export's layout (NVIDIA's exporter) ------------------------------------------------------------------
+
+RUN = dict(width=64, height=64, num_frames=5, steps=8, guidance_scale=3.0, seed=1, output="latents", cache="off")
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_factory, tmp_path_factory):
+    """One calibrated transformer written in both layouts: {"saved": folder, "unified": folder}."""
+    root = tiny_factory(kind="gated")
+    model = modelopt_files.quantized(root)
+    twin = copy.deepcopy(model)
+    base = tmp_path_factory.mktemp("layouts")
+    return {"saved": make_fp8(root, base / "saved", model=model)[0],
+            "unified": make_fp8(root, base / "unified", layout="unified", model=twin)[0]}
+
+
+@pytest.fixture(scope="module")
+def saved_latents(layouts):
+    return cosmos3_runtime.load(layouts["saved"], dtype="fp32").generate("a cat", **RUN).latents
+
+
+def _shard_tensors(folder):
+    from safetensors.torch import load_file
+
+    return {k: v for shard in sorted((folder / "transformer").glob("*.safetensors")) for k, v in
+            load_file(str(shard)).items()}
+
+
+def _write_shards(folder, shards: list[dict]):
+    """The transformer's weights rewritten as these shards, with their index."""
+    from safetensors.torch import save_file
+
+    transformer = folder / "transformer"
+    for old in transformer.glob("diffusion_pytorch_model*"):
+        old.unlink()
+    weight_map = {}
+    for i, tensors in enumerate(shards):
+        name = f"diffusion_pytorch_model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(tensors, str(transformer / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+    (transformer / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def test_the_unified_export_equals_the_saved_layout_and_runs_its_policy(layouts, saved_latents, monkeypatch):
+    """NVIDIA's exporter's layout (`weight_scale` / `input_scale`, the `config_groups` config, a root
+    hf_quant_config.json) loads, runs the step policy, and gives the same latents as ModelOpt's saved layout of the
+    same numbers, bit for bit (both make each activation scale as amax / 448 in float32)."""
+    unified = layouts["unified"]
+    block = json.loads((unified / "transformer" / "config.json").read_text())["quantization_config"]
+    assert "config_groups" in block and "time_embedder*" in block["ignore"] and (unified / "hf_quant_config.json").is_file()
+    keys = _shard_tensors(unified)
+    assert any(k.endswith(".input_scale") for k in keys) and not any("_quantizer." in k for k in keys)
+    pipe = cosmos3_runtime.load(unified, dtype="fp32")
+    assert "ModelOpt FP8 (W8A16 on the first 3 and last 3 steps" in pipe.variant.describe()
+    seen = record_precision(pipe, monkeypatch)
+    latents = pipe.generate("a cat", **RUN).latents
+    assert seen[::2] == [(False, False)] * 3 + [(True, False)] * 2 + [(False, False)] * 3  # (cond, uncond) a step
+    assert torch.equal(latents, saved_latents)
+
+
+def test_both_layouts_in_one_folder_read_the_unified_scales_wherever_they_sit(layouts, saved_latents, tmp_path):
+    """A folder holding both kinds of scale keys reads the unified export's (the buffers, here made wrong, are
+    skipped), and scales in another shard than their weight are found through the index."""
+    path = shutil.copytree(layouts["saved"], tmp_path / "both")
+    saved = _shard_tensors(path)
+    for key in saved:
+        if key.endswith(("_quantizer._scale", "_quantizer._amax")):
+            saved[key] = saved[key] * 2  # read, these would change every result
+    unified = _shard_tensors(layouts["unified"])
+    scales = {k: v for k, v in unified.items() if k.endswith(("weight_scale", "input_scale"))}
+    _write_shards(path, [saved, scales])  # the scales in a shard of their own
+    assert torch.equal(cosmos3_runtime.load(path, dtype="fp32").generate("a cat", **RUN).latents, saved_latents)
+
+
+def test_a_root_hf_quant_config_alone_declares_the_checkpoint(layouts, tmp_path):
+    """Without a quantization_config in the transformer config, the root hf_quant_config.json (ModelOpt's form)
+    says what the files are: FP8, its exclusions honoured, no step policy (W8A8 throughout)."""
+    path = shutil.copytree(layouts["unified"], tmp_path / "root")
+    config_file = path / "transformer" / "config.json"
+    raw = json.loads(config_file.read_text())
+    del raw["quantization_config"]
+    config_file.write_text(json.dumps(raw))
+    pipe = cosmos3_runtime.load(path, dtype="fp32")
+    assert "ModelOpt FP8 (W8A8 throughout (no step policy))" in pipe.variant.describe()
+    assert pipe.variant.quantization.ignores("time_embedder.linear_1")
+    assert isinstance(pipe.transformer.get_submodule("layers.0.self_attn.add_q_proj"), Fp8Linear)
+
+
+def _tensor_change(key, value):
+    def change(tensors):
+        tensors[key] = value(tensors)
+    return change
+
+
+def _config_change(update):
+    def change(raw):
+        update(raw["quantization_config"])
+    return change
+
+
+def _group(part, **fields):
+    return lambda block: block["config_groups"]["group_0"][part].update(fields)
+
+
+@pytest.mark.parametrize("tensors, config, message", [
+    (_tensor_change("layers.0.mlp.down_proj.weight_scale_2", lambda t: torch.ones(())), None,
+     "layers.0.mlp.down_proj.weight_scale_2: a quantization tensor this pack does not read"),
+    (_tensor_change("layers.0.mlp.down_proj.k_scale", lambda t: torch.ones(())), None,
+     "down_proj.k_scale: a quantization tensor"),
+    (_tensor_change("layers.0.mlp.down_proj.weight_scale", lambda t: torch.ones(64)), None,
+     r"down_proj.weight_scale has shape \[64\]: per-channel or block FP8 scales are not read"),
+    (_tensor_change("proj_out.input_scale", lambda t: torch.ones(())), None,
+     "proj_out.input_scale: a scale beside a weight that is not stored in float8_e4m3fn"),
+    (None, _config_change(lambda block: block["ignore"].append("layers.0.mlp.*")),
+     "layers.0.mlp.gate_proj.weight is stored in fp8, but the checkpoint's quantization config lists it as ignored"),
+    (None, _config_change(_group("input_activations", dynamic=True)), "input_activations is dynamic"),
+    (None, _config_change(_group("weights", num_bits=4)), "weights is .*, not 8-bit float"),
+    (None, _config_change(_group("weights", strategy="block", block_structure=[128, 128])),
+     "the pack reads tensorwise FP8 scales only"),
+])
+def test_what_the_reader_does_not_know_is_refused_by_name_before_any_weight_is_read(layouts, tmp_path, monkeypatch,
+                                                                                    tensors, config, message):
+    path = shutil.copytree(layouts["unified"], tmp_path / "refused")
+    if tensors is not None:
+        changed = _shard_tensors(path)
+        tensors(changed)
+        _write_shards(path, [changed])
+    if config is not None:
+        config_file = path / "transformer" / "config.json"
+        raw = json.loads(config_file.read_text())
+        config(raw)
+        config_file.write_text(json.dumps(raw))
+    from cosmos3_runtime import weights
+
+    monkeypatch.setattr(weights, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
+    with pytest.raises(CheckpointError, match=message):
+        cosmos3_runtime.load(path, dtype="fp32")
+
+
+def test_modelopt_state_is_never_unpickled(layouts, tmp_path):
+    """An export may leave ModelOpt's state pickle beside the weights: it is never opened (its payload would run)."""
+    import pickle
+
+    path = shutil.copytree(layouts["unified"], tmp_path / "state")
+    marker = tmp_path / "unpickled"
+
+    class Payload:
+        def __reduce__(self):
+            return open, (str(marker), "w")
+
+    (path / "transformer" / "modelopt_state.pth").write_bytes(pickle.dumps(Payload()))
+    cosmos3_runtime.load(path, dtype="fp32")
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -164,9 +164,10 @@ class Reasoner:
         try:
             with torch.device("meta"), linear_layers(linear_class):
                 head = ReasonerHead(tc)
-                expect_stored_fp8(head, read_headers(checkpoint.path("transformer"))[0], rename,
-                                  lambda name: "text")  # an official FP8 checkpoint's last text layer
-            load_weights(head, checkpoint.path("transformer"), dtype, device, rename=rename)
+                scales = expect_stored_fp8(head, read_headers(checkpoint.path("transformer"))[0], rename,
+                                           lambda name: "text", checkpoint.variant.quantization)  # official FP8's
+            load_weights(head, checkpoint.path("transformer"), dtype, device, rename=scales.rename,
+                         convert=scales.convert)
             remember_input_ranges(head)
         except CheckpointError as exc:
             raise CheckpointError(f"the Reasoner's output head and last text layer could not be read from "

@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from ..rope import apply_rope, inverse_frequencies, mrope_cos_sin
-from ..transformer import (MLP, Cosmos3Transformer, TransformerConfig, attention, linear, make_norm,
-                           with_quantizer_buffers)
+from ..transformer import MLP, Cosmos3Transformer, TransformerConfig, attention, linear, make_norm
 
 
 class ReasonerHead(nn.Module):
@@ -47,7 +46,7 @@ def head_key_mapper(config: TransformerConfig):
                 return key[len(last) :].removeprefix("self_attn.")
         return None
 
-    return with_quantizer_buffers(map_key)
+    return map_key
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import budget, chunks, keyframes, modelopt_fp8, transfer
+from . import budget, cancel, chunks, keyframes, modelopt_fp8, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .conditioning import preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError, NumericalError
@@ -475,6 +475,7 @@ class Cosmos3Pipeline:
         callback: StepCallback | None = None,
         parallel: Parallel | None = None,
         progress: StageCallback | None = None,
+        interrupt: Callable[[], None] | None = None,
         **options,
     ) -> Generation:
         """Generate an image (num_frames=1) or a video from a prompt, optionally conditioned on an image or video.
@@ -490,12 +491,18 @@ class Cosmos3Pipeline:
         the clean latents (for previews); an exception from it cancels the run and leaves the
         pipeline ready for the next one. `progress(stage, done, total)` reports the stages around the
         steps: "text" (prompts encoded), "chunk" (transfer chunks begun), "decode" (latent frames).
+        `interrupt()` is a host's Cancel: raise from it to cancel; it is checked between transformer layers and VAE
+        frames, so a cancel does not wait for a step's end (`cancel`).
         `parallel` (from `parallel.init_from_env`) runs the call on every rank of a torchrun job with
-        sequence and/or CFG parallelism; every rank gets the same result.
+        sequence and/or CFG parallelism; every rank gets the same result. It takes no `interrupt`: ranks cancel at
+        step boundaries, from `callback`, once they agree (as `workers` does).
         """
         if not self.transformer.has_media:
             raise InputError("this pipeline was loaded with parts='reasoner' (no generator weights); load it with "
                              "parts='all' to generate")
+        if interrupt is not None and parallel is not None:
+            raise InputError("interrupt stops one rank between layers, where the others would wait for it; cancel a "
+                             "parallel run from its step callback once every rank agrees")
         if isinstance(prompt, Plan):
             if request is not None or options:
                 raise InputError("generate(plan) runs the plan as it was made; plan again to change its options")
@@ -506,7 +513,8 @@ class Cosmos3Pipeline:
         self.planner.check(plan)
         self._finite = FiniteCheck()
         try:
-            with modelopt_fp8.for_text(plan.settings.fp8_policy):  # each step sets the media pathway's own precision
+            # each step sets the media pathway's own precision
+            with modelopt_fp8.for_text(plan.settings.fp8_policy), cancel.checking(interrupt):
                 result = self._generate(plan, callback, parallel, progress)
             self._finite.check()
             return result

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cancel
 from .devices import facts
 from .errors import CheckpointError, InputError
 from .geometry import TEMPORAL_FACTOR
@@ -488,6 +489,7 @@ class Cosmos3Transformer(nn.Module):
         x = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device)).to(device)  # looked up where it is
         keys, values = [], []
         for layer in self.layers:
+            cancel.check()
             x, k, v = layer.text(x, cos, sin)
             keys.append(k.to(self.dtype))  # (the media pathway's dtype: they join its keys and values)
             values.append(v.to(self.dtype))
@@ -559,6 +561,7 @@ class Cosmos3Transformer(nn.Module):
 
         def run(hidden: torch.Tensor) -> torch.Tensor:
             for i, (layer, k, v) in enumerate(zip(self.layers, text.keys, text.values)):
+                cancel.check()
                 if self.streamer is not None:
                     self.streamer.before(i)
                 hidden = self.media_block(layer, hidden, cos, sin, k, v, shards)

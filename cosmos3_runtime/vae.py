@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cancel
 from .errors import CheckpointError, InputError
 
 CACHE_FRAMES = 2  # temporal context of a 3-tap causal convolution
@@ -376,13 +377,15 @@ def stage(progress: StageCallback | None, name: str) -> Progress | None:
 
 
 class _Ticker:
-    """Counts finished units of work and reports them to an optional progress callback."""
+    """Counts finished units of work and reports them to an optional progress callback; each is a cancel point
+    (`cancel.check`), with or without a callback."""
 
     def __init__(self, progress: Progress | None, total: int):
         self.progress, self.total, self.done = progress, total, 0
 
     def __call__(self) -> None:
         self.done += 1
+        cancel.check()
         if self.progress is not None:
             self.progress(self.done, self.total)
 

@@ -7,8 +7,9 @@ weights; it sends requests, relays progress, and receives rank 0's result. This 
 sampler uses several GPUs: the pool has the public surface of `Cosmos3Pipeline` (`generate`, `decode`,
 `encode`, `variant`, `checkpoint`).
 
-Cancelling works like a single-process run (raise from the progress callback): the workers agree at
-every step whether to stop, so no rank is left waiting in a collective, and the pool stays usable. If a
+Cancelling works like a single-process run (raise from the step callback or from `interrupt`), except that
+the workers stop at the next step boundary, not between layers: they agree at every step whether to stop,
+so no rank is left waiting in a collective (`cancel`), and the pool stays usable. If a
 worker fails on its own (out of memory on one GPU, say), the pool is shut down and the error raised;
 the next pool starts fresh.
 """
@@ -202,15 +203,27 @@ class WorkerPool:
     def __repr__(self) -> str:
         return f"WorkerPool({str(self.checkpoint.root)!r}, {self.variant.describe()}, devices={self.devices})"
 
-    def _collect(self, ranks, timeout: float | None, on_progress=None) -> Any:
-        """Wait until every rank in `ranks` reported; return rank 0's result, raise on failure.
+    def _collect(self, ranks, timeout: float | None, on_progress=None, interrupt=None) -> Any:
+        """Wait until every rank in `ranks` reported; return rank 0's result, raise on failure. `interrupt()` is
+        asked at every reply and every poll; an exception from it or from `on_progress` stops the workers.
 
         A failure that every rank reports alike (a bad request) leaves the pool usable; anything else
         (one rank failing or dying, or no answer in time) shuts it down.
         """
         waiting, result, failures, cancelled, failed_at = set(ranks), None, {}, None, 0.0
         deadline = None if timeout is None else time.monotonic() + timeout
+
+        def stopping_on_raise(call, *args) -> None:
+            nonlocal cancelled
+            try:
+                call(*args)
+            except BaseException as exc:  # stop every worker; re-raised once all have stopped
+                self.cancel.set()
+                cancelled = exc
+
         while waiting:
+            if interrupt is not None and cancelled is None:
+                stopping_on_raise(interrupt)
             try:
                 kind, rank, payload = self.replies.get(timeout=POLL_S)
             except queue.Empty:
@@ -226,11 +239,7 @@ class WorkerPool:
                 continue
             if kind == "progress":
                 if on_progress is not None and cancelled is None:
-                    try:
-                        on_progress(*payload)
-                    except BaseException as exc:  # stop every worker; re-raised once all have stopped
-                        self.cancel.set()
-                        cancelled = exc
+                    stopping_on_raise(on_progress, *payload)
                 continue
             waiting.discard(rank)
             if kind == "error":
@@ -254,10 +263,12 @@ class WorkerPool:
             self.planner = planner(self.checkpoint.root, "cpu", self.dtype)
         return self.planner.plan(prompt, request, **options)
 
-    def generate(self, prompt, request: Request | None = None, *, callback=None, progress=None, **options):
+    def generate(self, prompt, request: Request | None = None, *, callback=None, progress=None, interrupt=None,
+                 **options):
         """Same arguments and result as `Cosmos3Pipeline.generate` (latents only, decode them with `decode`; a
         transfer's frames, which it decodes chunk by chunk). `callback` hears every step of every chunk; the stages
-        around them (`progress`: prompts, chunks begun, decode) stay inside the workers."""
+        around them (`progress`: prompts, chunks begun, decode) stay inside the workers. `interrupt` is asked here
+        while they run; once it raises, the workers stop at their next step boundary."""
         from .pipeline import Plan
 
         options.pop("parallel", None)
@@ -268,7 +279,7 @@ class WorkerPool:
         self.cancel.clear()
         for requests in self.requests:
             requests.put(("generate", (prompt, request.plain())))
-        return self._collect(range(len(self.devices)), timeout=None, on_progress=callback)
+        return self._collect(range(len(self.devices)), timeout=None, on_progress=callback, interrupt=interrupt)
 
     def decode(self, latents: torch.Tensor, tile=None, progress=None, raw: bool = False) -> torch.Tensor:
         return self._on_first(("decode", ((latents.cpu(), tile), {"raw": raw})), progress)

@@ -315,7 +315,8 @@ class Cosmos3Sampler:
             plan = model.plan(prompt, request)
             # ComfyUI makes room for the run itself, not only for the weights
             with model.use(memory_required=model.memory_needed(plan)) as pipe:
-                result = pipe.generate(plan, callback=progress.step, progress=progress.stage)
+                result = pipe.generate(plan, callback=progress.step, progress=progress.stage,
+                                       interrupt=services.progress.check_interrupt)
                 raw = pipe.raw_latents(result.latents)  # ComfyUI's LATENT holds the VAE's own latents
         s = result.settings
         report = [f"{s.mode}: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps",

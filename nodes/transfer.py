@@ -160,7 +160,8 @@ class Cosmos3TransferSampler:
                                     control_guidance_interval=control_guidance_interval)
             plan = model.plan(text["prompt"], request)
             with model.use(memory_required=model.memory_needed(plan)) as pipe:
-                result = pipe.generate(plan, callback=progress.step, progress=progress.stage)
+                result = pipe.generate(plan, callback=progress.step, progress=progress.stage,
+                                       interrupt=services.progress.check_interrupt)
         s = result.settings
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
                   f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",

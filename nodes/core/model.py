@@ -26,10 +26,11 @@ import comfy.patcher_extension
 import comfy.supported_models_base
 import torch
 
-from ...cosmos3_runtime import InputError, Request, TextKV, modelopt_fp8
+from ...cosmos3_runtime import InputError, Request, TextKV, cancel, modelopt_fp8
 from ...cosmos3_runtime.budget import estimate
 from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, pixel_frames
 from ...cosmos3_runtime.settings import default_flow_shift
+from .. import services
 from .prompt_marker import PROMPT_KEY, PromptMarker
 
 log = logging.getLogger("cosmos3")
@@ -158,6 +159,12 @@ class Cosmos3Model(comfy.model_base.BaseModel):
         self.diffusion_model = Cosmos3Network(pipeline.transformer, pipeline.variant.is_distilled, self.fp8_policy)
         self.pipeline = pipeline  # the tokenizer and the variant (not a module: holds no second copy)
 
+    def apply_model(self, *args, **kwargs):
+        """One model call of a core sampler, with ComfyUI's Cancel checked between the transformer's layers. Installed
+        here, around the network: TorchCompileModel compiles the network, where a context would break its graph."""
+        with cancel.checking(services.progress.check_interrupt):
+            return super().apply_model(*args, **kwargs)
+
     def extra_conds(self, **kwargs):
         prompt = kwargs.get(PROMPT_KEY)
         if prompt is None:
@@ -177,7 +184,7 @@ class Cosmos3Model(comfy.model_base.BaseModel):
                              "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")
         ids = prompt_ids(self.pipeline, prompt, noise.shape)
         # once per run, on the device the sampler runs on (ComfyUI may leave small modules in CPU memory)
-        with modelopt_fp8.for_text(self.fp8_policy):
+        with modelopt_fp8.for_text(self.fp8_policy), cancel.checking(services.progress.check_interrupt):
             text = self.diffusion_model.runtime[0].encode_text(torch.tensor(ids, dtype=torch.long),
                                                                kwargs.get("device"))
         out = {TEXT_KV: comfy.conds.CONDRegular(text.stacked().unsqueeze(0)), FPS: comfy.conds.CONDConstant(prompt.fps)}

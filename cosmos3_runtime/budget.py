@@ -8,10 +8,15 @@ L x L score matrix; an official FP8 checkpoint's W8A8 products on a GPU without 
 (working sets measured on the virtual device, and the output frames). Whole runs on the virtual device at the
 released shapes (a long video, a transfer with SeaCache, an FP8 run) peak within 10 % of it (tests/test_gpu_faults.py);
 one it passes can still run out of memory if other programs take the device in the meantime.
+
+What a run hands back is held in host memory as it accumulates (`Estimate.host`): its latents and, where decoded,
+its frames, the whole clip of a long video or a transfer, however small each chunk is on the device. They are
+checked against the host's free memory (on the CPU, together with the rest: there it is one memory), so a request
+whose output cannot fit is refused at once, not after hours of chunks.
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,20 +43,28 @@ PHASES = ({"VAE encode"}, {"text tower"}, {"media tower", "rotary tables", "W8A8
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes a request needs, by part (beyond the weights)."""
+    """Bytes a request needs beyond the weights, by part: on its device (`parts`), and in host memory for its output
+    (`host`)."""
 
     parts: dict[str, int]
+    host: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        """The peak: what is held throughout, plus the largest phase."""
+        """The device's peak: what is held throughout, plus the largest phase."""
         phased = set().union(*PHASES)
         held = sum(n for name, n in self.parts.items() if name not in phased)
         return held + max(sum(self.parts.get(name, 0) for name in phase) for phase in PHASES)
 
-    def describe(self) -> str:
-        shown = ", ".join(f"{name} {gib(n)}" for name, n in self.parts.items() if n >= GIB // 100)
-        return f"{gib(self.total)} ({shown})"
+    @property
+    def host_total(self) -> int:
+        return sum(self.host.values())
+
+    def describe(self, host: bool = False) -> str:
+        """The device's peak and its parts; `host`: the output's parts too, added (one memory, on the CPU)."""
+        parts = {**self.parts, **self.host} if host else self.parts
+        shown = ", ".join(f"{name} {gib(n)}" for name, n in parts.items() if n >= GIB // 100)
+        return f"{gib(self.total + (self.host_total if host else 0))} ({shown})"
 
 
 def gib(num_bytes: float) -> str:
@@ -59,11 +72,12 @@ def gib(num_bytes: float) -> str:
 
 
 def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None,
-             device: torch.device | None = None, *, decode: bool = True, encoded_frames: int = 0,
-             w8a8: bool = False) -> Estimate:
+             device: torch.device | None = None, *, decode: bool = True, frames_out: bool = False,
+             encoded_frames: int = 0, w8a8: bool = False) -> Estimate:
     """The memory of a generation under settings `s` on `device` (None: as on a CPU); `vae_config` None: no VAE work;
-    `tile` a TileSpec or None; `decode`: the frames are decoded; `encoded_frames`: the most pixel frames one encode
-    takes (see `encoded_frames`); `w8a8`: an official FP8 checkpoint (its activations quantized to fp8)."""
+    `tile` a TileSpec or None; `decode`: frames are decoded (a long video decodes every chunk); `frames_out`: the
+    run hands back its frames; `encoded_frames`: the most pixel frames one encode takes (see `encoded_frames`);
+    `w8a8`: an official FP8 checkpoint (its activations quantized to fp8)."""
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)
@@ -113,7 +127,19 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
         working = DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b
         out = 3 * frames * s.height * s.width  # the output as it grows, then as float32 frames in 0..1
         parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
-    return Estimate(parts)
+    return Estimate(parts, output(config, s, h, w, frames_out, on_cpu=device is None or device.type == "cpu"))
+
+
+def output(config, s, h: int, w: int, frames_out: bool, on_cpu: bool) -> dict[str, int]:
+    """What a run hands back, in host memory: its latents (not a transfer's) and its frames, float32. A one-window run
+    on the CPU decodes its frames where they stay, which the decode phase counts already."""
+    host = {}
+    if s.transfer is None:
+        host["output latents"] = config.latent_channel * s.latent_frames * h * w * 4
+    if frames_out and (s.chunks is not None or not on_cpu):
+        frames = s.num_frames if s.chunks is None else s.chunks.total
+        host["output frames"] = frames * s.height * s.width * 3 * 4
+    return host
 
 
 def encoded_frames(s, latent_input: bool) -> int:
@@ -150,13 +176,25 @@ GENERATION_ADVICE = ("lower the size or the frame count, decode tiled (vae_tile)
                      "(check_memory=False skips this check)")
 
 
-def check(needed: Estimate, device: torch.device, advice: str = GENERATION_ADVICE) -> None:
-    """Refuse a request whose estimate exceeds what `device` has free, naming the figures and what to lower."""
-    available = available_bytes(device)
-    if available is None or needed.total <= available:
+def check(needed: Estimate, device: torch.device, advice: str = GENERATION_ADVICE, output_only: bool = False) -> None:
+    """Refuse a request whose estimate exceeds what `device` has free, or whose output exceeds the host's free memory,
+    naming the figures and what to lower. `output_only`: the output's part alone on a GPU (before a host such as
+    ComfyUI has made room there: the whole check comes then); on the CPU, one memory, everything together."""
+    if device.type == "cpu":
+        available = available_bytes(device)
+        if available is not None and needed.total + needed.host_total > available:
+            raise InputError(f"this request needs at least {needed.describe(host=True)} on {device}, which has "
+                             f"{gib(available)} free; {advice}")
         return
-    raise InputError(f"this request needs at least {needed.describe()} on {device}, which has {gib(available)} free; "
-                     f"{advice}")
+    available = available_bytes(device)
+    if not output_only and available is not None and needed.total > available:
+        raise InputError(f"this request needs at least {needed.describe()} on {device}, which has {gib(available)} "
+                         f"free; {advice}")
+    host = available_bytes(torch.device("cpu"))
+    if host is not None and needed.host_total > host:
+        shown = ", ".join(f"{name} {gib(n)}" for name, n in needed.host.items())
+        raise InputError(f"this request's output needs {gib(needed.host_total)} of host memory ({shown}), and the "
+                         f"host has {gib(host)} free; {advice}")
 
 
 def prompt_too_long(which: str, tokens, limit: int) -> InputError:

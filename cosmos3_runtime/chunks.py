@@ -44,10 +44,6 @@ class Chunks:
             return None
         return lambda step, total, denoised: callback(k * total + step, self.count * total, denoised)
 
-    def stitch(self, tails: list[torch.Tensor]) -> torch.Tensor:
-        """Each chunk's decoded pixels without the frames it took from its predecessor -> the clip's frames."""
-        return image_frames(torch.cat(tails, dim=2)[:, :, : self.total])
-
 
 def plan(total: int, chunk_frames: int | None, overlap: int | None, default_chunk: int, default_overlap: int,
          notes: list[str], what: str) -> Chunks:
@@ -71,14 +67,31 @@ def plan(total: int, chunk_frames: int | None, overlap: int | None, default_chun
     return Chunks(total, chunk, overlap, stride, 1 + math.ceil((total - chunk) / stride))
 
 
-def split(decoded: torch.Tensor, p: Chunks, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunk k's decoded pixels [1, 3, T, H, W] -> (its frames for the stitched clip, on the CPU; the frames the next
-    chunk starts from, None after the last). The device keeps only those few frames, not the whole float32 chunk
-    through the next chunk's steps."""
-    tail = decoded[:, :, p.seed_frames(k):].cpu()
+class Stitched:
+    """A chunked run's frames [F, H, W, 3] in 0..1 in host memory, allocated once at the clip's length and filled
+    chunk by chunk: a long clip's frames are its largest allocation, never held twice (a list of chunks and their
+    concatenation)."""
+
+    def __init__(self, p: Chunks, height: int, width: int):
+        self.frames = torch.empty(p.total, height, width, 3)
+        self.filled = 0
+
+    def add(self, pixels: torch.Tensor) -> None:
+        """A chunk's decoded pixels [1, 3, T, H, W] in [-1, 1] without the frames it took from its predecessor."""
+        frames = image_frames(pixels[:, :, : self.frames.shape[0] - self.filled])
+        self.frames[self.filled : self.filled + frames.shape[0]] = frames
+        self.filled += frames.shape[0]
+
+
+def keep(decoded: torch.Tensor, p: Chunks, k: int, out: Stitched | None) -> torch.Tensor | None:
+    """Chunk k's decoded pixels [1, 3, T, H, W]: its own frames go into `out` (None: the run hands back no frames), and
+    the frames the next chunk starts from come back (None after the last). The device keeps only those few frames,
+    not the whole float32 chunk through the next chunk's steps."""
+    if out is not None:
+        out.add(decoded[:, :, p.seed_frames(k):])
     if k + 1 >= p.count:
-        return tail, None
-    return tail, decoded[:, :, decoded.shape[2] - p.seed_frames(k + 1):].clone()
+        return None
+    return decoded[:, :, decoded.shape[2] - p.seed_frames(k + 1):].clone()
 
 
 def seed(pipe, previous: torch.Tensor, frames: int, shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:

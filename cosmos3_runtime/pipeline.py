@@ -204,10 +204,11 @@ class Planner:
         s, cond_ids, uncond_ids = self.prepare(prompt, r)
         return Plan(prompt, r, s, cond_ids, uncond_ids, self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)))
 
-    def check(self, plan: "Plan") -> None:
-        """The memory check (unless the request turns it off): what `generate` refuses up front."""
+    def check(self, plan: "Plan", output_only: bool = False) -> None:
+        """The memory check (unless the request turns it off): what `generate` refuses up front; `output_only`: the
+        host memory its output takes alone, where a GPU's room is made later (`budget.check`)."""
         if plan.request.check_memory:
-            budget.check(plan.estimate, self.device)
+            budget.check(plan.estimate, self.device, output_only=output_only)
 
     def token_ids(self, texts: tuple[str, str], system: str | None, max_length=None,
                   max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):
@@ -251,9 +252,10 @@ class Planner:
         return s, max((cond for cond, _ in ids), key=len), ids[0][1]
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
-        decoded = r.output == "frames" or s.chunks is not None  # a long video decodes each chunk for the next
+        frames_out = r.output == "frames" or s.transfer is not None  # a transfer's output is its frames
+        decoded = frames_out or s.chunks is not None  # a long video decodes each chunk for the next
         return budget.estimate(self.transformer_config, self.vae_config, s, cond_tokens, uncond_tokens, self.dtype,
-                               r.vae_tile, self.device, decode=decoded,
+                               r.vae_tile, self.device, decode=decoded, frames_out=frames_out,
                                encoded_frames=budget.encoded_frames(s, r.condition_latents is not None),
                                w8a8=self.variant.quantization is not None)
 
@@ -567,11 +569,14 @@ class Cosmos3Pipeline:
         """A video longer than one window, chunk by chunk (`s.chunks`): the first as a plain run of its length, each
         later one a video-to-video run on the decoded last frames of the one before; one noise generator throughout,
         each chunk's own prompt where one per chunk was given. The frames are the chunks' own decodes, stitched; the
-        latents, the chunks' latents without those the overlap held (decoding them at once gives the same length)."""
+        latents, the chunks' latents without those the overlap held (decoding them at once gives the same length).
+        Both are written into host tensors of the clip's size as the chunks come (`budget.output` counts them)."""
         p: chunks.Chunks = s.chunks
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
         prompts = s.chunk_ids or [cond_ids] * p.count
-        kept_latents, kept_frames, previous = [], [], None
+        kept_latents, filled = torch.empty(self.latent_shape(s)), 0
+        kept_frames = chunks.Stitched(p, s.height, s.width) if r.output == "frames" else None
+        previous = None
         for k in range(p.count):
             if progress is not None:
                 progress("chunk", k + 1, p.count)
@@ -586,13 +591,14 @@ class Cosmos3Pipeline:
             self._encode_prompts(prompts[k], uncond_ids, chunk, parallel, progress)
             latents = self.denoise(latents, chunk, guidance, clean, mask, generator, p.step_callback(callback, k),
                                    parallel, (), cache)
-            kept_latents.append(latents[:, :, held:].cpu())
-            if k + 1 < p.count or r.output == "frames":  # the next chunk starts from these frames
-                tail, previous = chunks.split(self.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k)
-                kept_frames.append(tail)
-        latents = torch.cat(kept_latents, dim=2)[:, :, : s.latent_frames]
-        frames = p.stitch(kept_frames) if r.output == "frames" else None
-        return Generation(latents, frames, s, cache=cache and cache.report())
+            own = latents[:, :, held:][:, :, : s.latent_frames - filled]
+            kept_latents[:, :, filled : filled + own.shape[2]] = own
+            filled += own.shape[2]
+            if k + 1 < p.count or kept_frames is not None:  # the next chunk starts from these frames
+                previous = chunks.keep(self.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k,
+                                       kept_frames)
+        frames = None if kept_frames is None else kept_frames.frames
+        return Generation(kept_latents, frames, s, cache=cache and cache.report())
 
     @torch.inference_mode()
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:

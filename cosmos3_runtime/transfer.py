@@ -176,7 +176,7 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
     p: Plan = s.transfer
     pixels = control_pixels(r.control_videos, p, s.height, s.width, pipe.transformer.dtype)
     generator = torch.Generator("cpu").manual_seed(int(r.seed))
-    stitched, previous = [], None
+    stitched, previous = chunks.Stitched(p, s.height, s.width), None
     for k in range(p.count):
         if progress is not None:
             progress("chunk", k + 1, p.count)
@@ -191,6 +191,5 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
                             p.control_guidance, p.control_interval)
         latents = pipe.denoise(latents, chunk, guidance, clean, mask, generator, p.step_callback(callback, k), parallel,
                                cache=cache)
-        tail, previous = chunks.split(pipe.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k)
-        stitched.append(tail)
-    return p.stitch(stitched)
+        previous = chunks.keep(pipe.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k, stitched)
+    return stitched.frames

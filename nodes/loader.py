@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..cosmos3_runtime import CheckpointError, InputError, load
 from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, looks_like_repo_id, resolve_repo
+from ..cosmos3_runtime.pipeline import planner
 from ..cosmos3_runtime.runner import Runner
 from ..cosmos3_runtime.workers import WorkerPool
 from . import services
@@ -99,11 +100,12 @@ class Holder:
     """A handle's strong references: its loaded pipeline and the ComfyUI patchers it used (the pipeline refers to
     those only weakly, so that dropping the last handle frees everything without waiting for a garbage collection)."""
 
-    __slots__ = ("loaded", "patchers", "__weakref__")
+    __slots__ = ("loaded", "patchers", "planner", "__weakref__")
 
     def __init__(self):
         self.loaded = None
         self.patchers = []
+        self.planner = None  # plans from the config files while nothing is loaded
         _holders.add(self)
 
     def keep(self, patcher):
@@ -122,11 +124,14 @@ def pipeline_for(spec: ModelSpec) -> Runner:
     return loaded
 
 
+def load_dtype(spec: ModelSpec, compute) -> str:
+    """The dtype a spec loads in: "auto" is bf16 on a GPU, resolved here because offloaded weights load on the CPU."""
+    return "bf16" if spec.dtype == "auto" and compute.type != "cpu" else spec.dtype
+
+
 def load_pipeline(spec: ModelSpec) -> Runner:
     compute = spec.compute_device()
-    dtype = spec.dtype
-    if dtype == "auto" and compute.type != "cpu":
-        dtype = "bf16"  # the released precision; resolved here because offloaded weights load on the CPU
+    dtype = load_dtype(spec, compute)
     if spec.gpus > 1:
         return worker_pool(spec, compute, dtype)
     home = services.memory.offload_device() if spec.device == "offload" else compute
@@ -198,8 +203,19 @@ class ModelHandle:
         return self.holder.loaded
 
     def plan(self, prompt, request):
-        """The generation planned once (its notes and its memory estimate read before it runs)."""
-        return self.pipeline.plan(prompt, request)
+        """The generation planned once (its notes and its memory estimate read before it runs), from the config files
+        unless the weights are loaded here; a request whose output cannot fit in host memory is refused now, before
+        any weight is read (the device's own check comes once ComfyUI has made room there)."""
+        pipe = self.holder.loaded or _loaded.get(self.spec)
+        if pipe is not None and pipe.local:
+            planning = pipe.planner
+        else:
+            compute = self.spec.compute_device()
+            planning = self.holder.planner = self.holder.planner or planner(
+                self.spec.source, compute, load_dtype(self.spec, compute), local_files_only=self.spec.local_files_only)
+        plan = planning.plan(prompt, request)
+        planning.check(plan, output_only=True)
+        return plan
 
     def memory_needed(self, plan) -> int:
         """Bytes a planned generation needs beyond the weights on this process's device (none for worker pools)."""

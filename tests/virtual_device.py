@@ -31,8 +31,8 @@ class DeviceMix(AssertionError):
 
 class VirtualDevice(TorchDispatchMode):
     def __init__(self, device: str = "meta", readable: bool = False):
-        """`readable`: copies from the device to the CPU give zeros of their shape (a whole run can then hand its
-        outputs to the host), instead of the meta device's error."""
+        """`readable`: copies from the device to the CPU give zeros (a whole run can then hand its outputs to the
+        host), instead of the meta device's error."""
         super().__init__()
         self.device, self.readable = torch.device(device), readable
         self.live: dict[int, list[int]] = {}  # storage -> [bytes, tensors holding it]
@@ -45,6 +45,9 @@ class VirtualDevice(TorchDispatchMode):
         if self.readable and func in TO_HOST and args[0].device == self.device and \
                 kwargs.get("device", args[1] if len(args) > 1 else None) == torch.device("cpu"):
             return torch.zeros(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
+        if self.readable and func is aten.copy_.default and args[0].device.type == "cpu" and \
+                args[1].device == self.device:  # into a host tensor (a run's output, filled as it comes)
+            return args[0].zero_()
         if func not in COPIES:
             checked = [args[0], *args[2:3]] if func in INDEXING else (args, kwargs)  # not the index tensors
             tensors = [t for t in tree_leaves(checked) if isinstance(t, torch.Tensor)]

@@ -1,0 +1,92 @@
+"""What a request holds, where: the device's peak per chunk, and the output in host memory (`budget`), refused with the
+same figures by the CLI's planner, a loaded pipeline and the ComfyUI sampler, before any weight is read."""
+
+import pytest
+import torch
+
+import cosmos3_runtime
+from cosmos3_runtime import budget, chunks, devices
+from cosmos3_runtime.errors import InputError
+from cosmos3_runtime.pipeline import planner
+
+GIB = 2**30
+HUGE = dict(num_frames=4097, width=8192, height=8192)  # a long video of 41 chunks at 8192 x 8192
+HUGE_LATENTS = 48 * 1025 * 512 * 512 * 4  # its latents, float32: 51.6 GB
+
+
+def test_a_long_videos_output_is_counted_in_host_memory(tiny_gated):
+    planning = planner(tiny_gated, "cpu", "fp32")
+    latents_out = planning.plan("a cat", **HUGE, output="latents").estimate
+    assert latents_out.host == {"output latents": HUGE_LATENTS}
+    frames_out = planning.plan("a cat", **HUGE).estimate
+    assert frames_out.host == {"output latents": HUGE_LATENTS, "output frames": 4097 * 8192 * 8192 * 3 * 4}
+    assert frames_out.total == latents_out.total  # the device holds one chunk either way (each is decoded)
+    one_window = planning.plan("a cat", num_frames=93, width=1280, height=704).estimate
+    assert "output frames" not in one_window.host  # on the CPU the decode phase counts the frames where they stay
+
+
+def test_on_the_cpu_the_output_and_the_run_share_one_memory(tiny_gated, monkeypatch):
+    planning = planner(tiny_gated, "cpu", "fp32")
+    plan = planning.plan("a cat", **HUGE, output="latents")
+    monkeypatch.setattr(budget, "available_bytes", lambda device: 32 * GIB)
+    with pytest.raises(InputError, match=r"needs at least [\d.]+ GiB \(.*output latents 48.05 GiB\) on cpu, which has "
+                                         r"32.00 GiB free"):
+        planning.check(plan)
+
+
+def test_on_a_gpu_the_output_is_checked_against_the_host_first(tiny_gated, monkeypatch):
+    """Before ComfyUI makes room on the GPU only the output's part is checked (the host's memory); the whole check
+    after it names the device's figure."""
+    monkeypatch.setitem(devices._FACTS, ("cuda", 0), devices.DeviceFacts("cuda", (9, 0)))
+    planning = planner(tiny_gated, "cpu", "bf16")
+    planning.device = torch.device("cuda", 0)
+    plan = planning.plan("a cat", **HUGE, output="latents")
+    free = {"cuda": 1024 * GIB, "cpu": 32 * GIB}
+    monkeypatch.setattr(budget, "available_bytes", lambda device: free[device.type])
+    message = r"this request's output needs 48.05 GiB of host memory \(output latents 48.05 GiB\), and the host has 32.00"
+    with pytest.raises(InputError, match=message):
+        planning.check(plan, output_only=True)
+    free.update(cpu=64 * GIB, cuda=GIB // 4)
+    planning.check(plan, output_only=True)  # the device is ComfyUI's to make room on
+    with pytest.raises(InputError, match=r"needs at least .* on cuda:0, which has 0.25 GiB free"):
+        planning.check(plan)
+
+
+def test_the_sampler_refuses_it_before_a_run_with_the_clis_figures(pack, models_dir, monkeypatch):
+    """The ComfyUI sampler plans as the CLI does and refuses before anything moves or runs; a handle whose weights were
+    released (/free, another checkpoint loaded) plans from the config files and refuses without reading a weight."""
+    import importlib
+
+    runtime = importlib.import_module("cosmos3_pack.cosmos3_runtime")  # the pack's own copy of the runtime
+    pack.loader._loaded.clear()
+    model = pack.Cosmos3ModelLoader().load("Cosmos3-Nano", "fp32", "default")["result"][0]
+    text = pack.Cosmos3TextEncode().encode("a cat", "", "auto", True, True, True)["result"][0]
+    for module in (runtime.budget, budget):
+        monkeypatch.setattr(module, "available_bytes", lambda device: 32 * GIB)
+    monkeypatch.setattr(pack.loader.services.memory, "load_managed", lambda *a: pytest.fail("weights moved"))
+    with pytest.raises(runtime.InputError, match="output latents 48.05 GiB") as refused:
+        pack.Cosmos3Sampler().sample(model, text, 8192, 8192, 4097, 0.0, 0.0, "auto", 1, chunk_frames=93)
+    cli = planner(models_dir / "Cosmos3-Nano", "cpu", "fp32")
+    with pytest.raises(InputError) as refused_by_cli:
+        cli.check(cli.plan("a cat", cosmos3_runtime.Request(**HUGE, chunk_frames=93, output="latents")))
+    figures = [str(error.value).split(";")[0] for error in (refused, refused_by_cli)]  # (the node words its advice)
+    assert figures[0] == figures[1]
+
+    pack.loader.release_all()
+    monkeypatch.setattr(runtime.weights, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
+    with pytest.raises(runtime.InputError, match="output latents 48.05 GiB"):
+        model.plan("a cat", runtime.Request(**HUGE, output="latents"))
+    assert model.holder.loaded is None
+    monkeypatch.undo()
+    small = runtime.Request(num_frames=9, width=64, height=48, output="latents")
+    assert model.plan("a cat", small).estimate == model.pipeline.plan("a cat", small).estimate
+
+
+def test_a_long_video_handing_back_latents_keeps_no_frames(tiny_gated, monkeypatch):
+    """Its chunks are decoded to seed the next, but only their overlap frames are kept: no clip of frames in host
+    memory (the sampler's LATENT output)."""
+    made = []
+    monkeypatch.setattr(chunks, "Stitched", lambda *a: made.append(a) or pytest.fail("frames kept"))
+    pipe = cosmos3_runtime.load(tiny_gated, dtype="fp32")
+    result = pipe.generate("a cat", num_frames=13, chunk_frames=5, width=32, height=32, steps=2, output="latents")
+    assert result.frames is None and result.latents.shape[2] == 4 and not made

@@ -68,7 +68,8 @@ def cmd_generate(args) -> None:
             say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
                 "the output is noise.")
             args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind or ("gated" if args.control_videos else "edge"))
-        planning = planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only)
+        planning = planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only,
+                           quantize=args.quantize, transformer_file=args.transformer_file)
         plan = planning.plan(args.prompt, request)
         planning.check(plan)
         if main and planning.device.type == "cpu":

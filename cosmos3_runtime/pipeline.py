@@ -230,6 +230,9 @@ class Planner:
         (`prompt_list`) keeps each chunk's ids in `Settings.chunk_ids` and returns the longest as the cond ids."""
         prompts = prompt_list(prompt)
         s = resolve_settings(self.variant, r)
+        if not prompts[0].strip():
+            s.notes.append("the prompt is empty: the video is unconditioned (only the checkpoint's templates guide "
+                           "it), so what it shows is arbitrary; write a prompt")
         frames = s.num_frames if s.chunks is None else s.chunks.chunk  # each chunk's prompt states its own duration
         prompt_options = PromptOptions(frames, s.height, s.width, s.fps, s.use_system_prompt,
                                        r.add_resolution_template, r.add_duration_template, r.json_captions)
@@ -274,6 +277,10 @@ def prompt_list(prompt) -> list[str]:
     if not prompts or not all(isinstance(p, str) for p in prompts):
         raise InputError(f"prompt must be a string, or a list of strings (one per chunk of a long video), got "
                          f"{prompt!r:.80}")
+    empty = [i for i, p in enumerate(prompts, 1) if not p.strip()]
+    if len(prompts) > 1 and empty:  # in a list, surely a mistake (a chunk would be unconditioned)
+        raise InputError(f"prompt {empty[0]} of the {len(prompts)} in the list (chunk {empty[0]}) is empty; give "
+                         "every chunk its prompt")
     return prompts
 
 
@@ -838,10 +845,7 @@ def load(
     components = ("transformer", "tokenizer", "reasoner") + (("vae",) if load_vae_weights else ())
     checkpoint = Checkpoint(resolve(path, components=components, local_files_only=local_files_only))
     tokenizer = PromptTokenizer(checkpoint.tokenizer_dir())
-    gguf = open_gguf(checkpoint, transformer_file)
-    if gguf is not None and quantize:
-        raise InputError(f"quantize={quantize!r} cannot apply to {gguf.path.name}: a GGUF file is already quantized; "
-                         "load it without quantize")
+    gguf = open_gguf(checkpoint, transformer_file, quantize)
     low_vram = offload_text or blocks_to_swap or quantize
     transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class, gguf,
                                    media=not reasoner_only)
@@ -869,13 +873,15 @@ def load(
 
 
 def planner(path: str | os.PathLike, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-            load_vae_weights: bool = True, local_files_only: bool | None = None) -> Planner:
+            load_vae_weights: bool = True, local_files_only: bool | None = None, quantize: str | None = None,
+            transformer_file: str | os.PathLike | None = None) -> Planner:
     """What `load` with these arguments would plan requests with, from the checkpoint's config files and tokenizer
-    (no weight is read): `planner(path).check(planner(path).plan(prompt, request))` refuses what `generate` would
-    refuse up front (the
+    (no weight is read; the loading options `load` refuses are refused here too, a GGUF file's header read):
+    `planner(path).check(planner(path).plan(prompt, request))` refuses what `generate` would refuse up front (the
     variant's refusals, prompt length, memory) before minutes of loading."""
     device = resolve_device(device)
     checkpoint = Checkpoint(resolve(path, components=("tokenizer",), local_files_only=local_files_only))
+    open_gguf(checkpoint, transformer_file, quantize)
     vae_config = None
     if load_vae_weights:
         source = checkpoint.path("vae", "config.json")
@@ -884,10 +890,17 @@ def planner(path: str | os.PathLike, device: str | torch.device | None = None, d
                    device, resolve_dtype(dtype, device))
 
 
-def open_gguf(checkpoint: Checkpoint, transformer_file=None) -> GGUFFile | None:
-    """The checked header of the GGUF file the transformer loads from, or None for safetensors."""
+def open_gguf(checkpoint: Checkpoint, transformer_file=None, quantize: str | None = None) -> GGUFFile | None:
+    """The checked header of the GGUF file the transformer loads from, or None for safetensors; `quantize` cannot
+    apply to one."""
     path = gguf_file(checkpoint.path("transformer"), transformer_file)
-    return None if path is None else GGUFFile(path)
+    if path is None:
+        return None
+    gguf = GGUFFile(path)
+    if quantize:
+        raise InputError(f"quantize={quantize!r} cannot apply to {path.name}: a GGUF file is already quantized; load "
+                         "it without quantize")
+    return gguf
 
 
 def check_geometry(vae: VAEConfig, transformer, source: Path) -> None:

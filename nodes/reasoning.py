@@ -8,7 +8,7 @@ import time
 
 from ..cosmos3_runtime.errors import InputError
 from ..cosmos3_runtime.reasoner import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_VIDEO_FPS, MAX_NEW_TOKENS,
-                                        Clip, Sampling, upsample)
+                                        Clip, Sampling, check_clip, upsample)
 from ..cosmos3_runtime.reasoner.decoding import RECOMMENDED
 from . import services
 from .sampling import seed_widget, size_widgets
@@ -109,6 +109,8 @@ class Cosmos3Reason:
         single_pipeline(model)
         images = [] if image is None else list(image)
         clip = None if video is None else Clip(video, video_fps, sample_fps or None)
+        if clip is not None:  # a clip too short is refused before the Reasoner's parts load
+            check_clip(clip, model.spec.source)
         with model.use(reasoner=True) as pipe:
             answer = pipe.reason(question, images=images, video=clip, system_prompt=system_prompt.strip() or None,
                                  max_new_tokens=max_new_tokens, thinking=thinking,

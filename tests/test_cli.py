@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 from conftest import ROOT
 
 import cosmos3_runtime
@@ -283,3 +284,31 @@ def test_a_cpu_run_says_how_long_it_takes_and_shows_every_stage(tiny_edge, tmp_p
     assert "on the CPU this takes about" in out and "4 transformer forwards of" in out and "VAE decode" in out
     for line in ("text tower, prompt 2/2", "step 2/2", "VAE decode, latent frame 3/3", "SeaCache: 4 forwards run"):
         assert line in out, out
+
+
+def _no_weight_is_read(monkeypatch):
+    from cosmos3_runtime import gguf_weights, weights
+
+    monkeypatch.setattr(weights, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
+    monkeypatch.setattr(gguf_weights, "load_gguf_weights", lambda *a, **k: pytest.fail("a GGUF weight was read"))
+
+
+def test_quantize_with_a_gguf_file_is_refused_from_its_header_before_planning(tiny_factory, tiny_gguf, tmp_path,
+                                                                              capsys, monkeypatch):
+    _no_weight_is_read(monkeypatch)
+    code = main(["generate", "--checkpoint", str(tiny_factory(kind="gated", sound=True)), "--prompt", "a cat",
+                 "--transformer-file", str(tiny_gguf), "--quantize", "fp8", "--output", str(tmp_path / "x.mp4")])
+    out, err = capsys.readouterr()
+    assert code == 2 and f"quantize='fp8' cannot apply to {tiny_gguf.name}: a GGUF file is already quantized" in err
+    assert "on the CPU this takes" not in out  # refused before the request is planned and timed
+
+
+def test_reasoning_on_a_one_frame_video_is_refused_before_loading(tiny_gated, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("av")
+    from cosmos3_runtime.media import save
+
+    clip = tmp_path / "one.mp4"
+    save(torch.rand(1, 32, 32, 3), clip, 24.0)
+    _no_weight_is_read(monkeypatch)
+    code = main(["reason", "--checkpoint", str(tiny_gated), "--prompt", "what happens?", "--video", str(clip)])
+    assert code == 2 and "a video needs at least 2 frames after sampling, got 1" in capsys.readouterr().err

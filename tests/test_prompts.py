@@ -100,3 +100,22 @@ def test_system_prompts_are_the_trained_strings():
     assert VIDEO.system_prompt == "You are a helpful assistant who will generate videos from a give prompt."
     assert IMAGE.system_prompt == "You are a helpful assistant who will generate images from a give prompt."
     assert PromptOptions(1, 16, 16, 24.0, use_system_prompt=False).system_prompt is None
+
+
+def test_an_empty_prompt_warns_that_the_video_is_unconditioned(tiny_gated, caplog):
+    from cosmos3_runtime.pipeline import planner
+
+    planning = planner(tiny_gated, "cpu", "fp32")
+    for empty in ("", "   "):
+        notes = planning.plan(empty, num_frames=5, width=64, height=48).settings.notes
+        assert any("the prompt is empty: the video is unconditioned" in note for note in notes)
+    assert not any("empty" in note for note in planning.plan("a cat", num_frames=5, width=64, height=48).settings.notes)
+
+
+@pytest.mark.parametrize("prompts", [["a cat", ""], '["a cat", "  "]'])
+def test_an_empty_prompt_in_a_list_is_refused_by_its_index(tiny_gated, prompts):
+    from cosmos3_runtime.errors import InputError
+    from cosmos3_runtime.pipeline import planner
+
+    with pytest.raises(InputError, match=r"prompt 2 of the 2 in the list \(chunk 2\) is empty"):
+        planner(tiny_gated, "cpu", "fp32").plan(prompts, num_frames=9, chunk_frames=5, width=64, height=48)

@@ -26,10 +26,10 @@ from ..quantize import expect_stored_fp8, remember_input_ranges
 from ..weights import load_weights, read_headers
 from . import chat, processing, upsample
 from .chat import IMAGE, VIDEO, Prompt
-from .config import EDGE, OMNI, ReasonerConfig, read_config, read_processor
+from .config import EDGE, OMNI, ProcessorConfig, ReasonerConfig, read_config, read_processor
 from .decoding import Detokenizer, Sampling, next_token
 from .language import KVCache, LanguageModel, ReasonerHead, head_key_mapper
-from .processing import VisionInput, prepare_image, prepare_video, sample_indices
+from .processing import VisionInput, check_video_frames, prepare_image, prepare_video, sample_indices
 from .upsample import Upsampled
 from .vision_edge import EdgeVisionTower
 from .vision_qwen import QwenVisionTower
@@ -79,14 +79,30 @@ def read_clip(source, sample_fps: float | None, root) -> Clip:
     total, rate = video_header(source)
     rate = rate or DEFAULT_VIDEO_FPS
     if not total:
-        return Clip(read_video(source, max_pixels=MAX_FRAME_PIXELS), rate, sample_fps)
-    family = EDGE if Checkpoint(root).transformer_config().is_dense else OMNI
-    processor = read_processor(Path(root), family, "video")
+        clip = Clip(read_video(source, max_pixels=MAX_FRAME_PIXELS), rate, sample_fps)
+        check_clip(clip, root)
+        return clip
+    processor = video_processor(root)
     indices = sample_indices(total, rate, sample_fps or processor.fps, processor)
+    check_video_frames(len(indices), processor)
     frames = read_video(source, max_pixels=MAX_FRAME_PIXELS, keep=set(indices))
     if len(frames) != len(indices):
         raise InputError(f"the video has fewer frames than its header says ({total}); re-encode it")
     return Clip(frames, rate, sample_fps, indices)
+
+
+def video_processor(root) -> ProcessorConfig:
+    family = EDGE if Checkpoint(root).transformer_config().is_dense else OMNI
+    return read_processor(Path(root), family, "video")
+
+
+def check_clip(clip: Clip, root) -> None:
+    """Refuse a clip too short for checkpoint `root`'s video processor once sampled, from the config files alone
+    (before the Reasoner's weights are read)."""
+    p = video_processor(root)
+    sampled = len(clip.indices) if clip.indices is not None else len(
+        sample_indices(len(clip.frames), clip.fps, clip.sample_fps or p.fps, p))
+    check_video_frames(sampled, p)
 
 
 def check_max_new_tokens(value) -> None:

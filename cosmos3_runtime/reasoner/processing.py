@@ -131,6 +131,12 @@ def sample_indices(total: int, source_fps: float, fps: float, p: ProcessorConfig
     return np.linspace(0, total - 1, count).round().astype(int).tolist()
 
 
+def check_video_frames(sampled: int, p: ProcessorConfig) -> None:
+    if sampled < p.temporal_patch_size:
+        raise InputError(f"a video needs at least {p.temporal_patch_size} frames after sampling, got {sampled}; give a "
+                         "longer clip (or a higher sample fps), or pass a single frame as an image")
+
+
 def slice_timestamps(indices: list[int], source_fps: float, temporal: int) -> list[float]:
     """Seconds of each temporal slice: the mean time of its first and last frame."""
     indices = indices + [indices[-1]] * (-len(indices) % temporal)
@@ -151,8 +157,7 @@ def prepare_video(video, source_fps: float, fps: float | None, family: str, p: P
         frames = frames[indices]
     elif len(indices) != frames.shape[0]:
         raise InputError(f"{len(indices)} frame indices for {frames.shape[0]} sampled frames")
-    if frames.shape[0] < p.temporal_patch_size:
-        raise InputError(f"a video needs at least {p.temporal_patch_size} frames, got {frames.shape[0]}")
+    check_video_frames(frames.shape[0], p)
     size = smart_resize(*frames.shape[-2:], p.patch_size * p.merge_size, p.min_pixels, p.max_pixels, frames.shape[0],
                         p.temporal_patch_size)
     pixels, grid = patchify(resize_normalize(frames, *size, p), family, p)

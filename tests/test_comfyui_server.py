@@ -123,19 +123,24 @@ def server(tmp_path_factory, tiny_factory, tiny_gguf):
     _write_loras(base / "models" / "loras", tiny_factory(**CHECKPOINTS["Cosmos3-Edge"]) / "transformer")
     (base / "models" / "diffusion_models").mkdir()
     shutil.copy(tiny_gguf, base / "models" / "diffusion_models" / tiny_gguf.name)
-    _official_fp8(tiny_factory(**CHECKPOINTS["Cosmos3-Nano"]), base / "models" / "cosmos3" / "Cosmos3-Nano-FP8")
+    for layout, name in FP8_LAYOUTS.items():
+        _official_fp8(tiny_factory(**CHECKPOINTS["Cosmos3-Nano"]), base / "models" / "cosmos3" / name, layout)
     with comfyui_server(base, CHECKPOINTS, tiny_factory) as url:
         yield url, base
 
 
-def _official_fp8(source: Path, target: Path) -> None:
-    """`source` in NVIDIA's official FP8 layout at `target`, written by nvidia-modelopt (tests/modelopt_files.py) in
-    the reference Python (REFERENCE_PYTHON, default this one: it needs diffusers and nvidia-modelopt); the reason in
-    `target`.failed when it cannot be made there."""
+FP8_LAYOUTS = {"saved": "Cosmos3-Nano-FP8", "unified": "Cosmos3-Nano-FP8-Unified"}  # ModelOpt's two layouts
+
+
+def _official_fp8(source: Path, target: Path, layout: str) -> None:
+    """`source` in NVIDIA's official FP8 `layout` at `target`, written by nvidia-modelopt (tests/modelopt_files.py)
+    in the reference Python (REFERENCE_PYTHON, default this one: it needs diffusers and nvidia-modelopt); the reason
+    in `target`.failed when it cannot be made there."""
     code = ("import sys; from pathlib import Path; sys.path.insert(0, 'tests'); from modelopt_files import make_fp8; "
-            "make_fp8(Path(sys.argv[1]), Path(sys.argv[2]))")
+            "make_fp8(Path(sys.argv[1]), Path(sys.argv[2]), layout=sys.argv[3])")
     python = os.environ.get("REFERENCE_PYTHON", sys.executable)
-    done = subprocess.run([python, "-c", code, str(source), str(target)], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([python, "-c", code, str(source), str(target), layout], cwd=ROOT, capture_output=True,
+                          text=True)
     if done.returncode:
         shutil.rmtree(target, ignore_errors=True)
         target.with_suffix(".failed").write_text(done.stderr[-2000:])
@@ -208,29 +213,32 @@ def test_every_api_workflow_runs_in_the_server(server, path):
             assert history["outputs"][preview]["text"] == [answer]
 
 
+@pytest.mark.parametrize("layout", FP8_LAYOUTS)
 @pytest.mark.parametrize("workflow", ["cosmos3_nano_t2v", "cosmos3_nano_i2v_core"])
-def test_nano_workflows_run_on_an_official_fp8_checkpoint(server, workflow):
+def test_nano_workflows_run_on_an_official_fp8_checkpoint(server, workflow, layout):
     """Nano text-to-video (the pack's sampler) and image-to-video (ComfyUI's sampler on the core MODEL, which finds
-    each step in its sigmas) on a tiny checkpoint in NVIDIA's official FP8 layout (ModelOpt's own files): the loader
-    reports the FP8 policy and 8 steps run through both precisions (W8A16 first and last 3, W8A8 between)."""
+    each step in its sigmas) on a tiny checkpoint in NVIDIA's official FP8 layouts (ModelOpt's own files, saved and
+    unified export): the loader reports the FP8 policy and 8 steps run through both precisions (W8A16 first and last
+    3, W8A8 between)."""
     url, base = server
-    failed = base / "models" / "cosmos3" / "Cosmos3-Nano-FP8.failed"
+    name = FP8_LAYOUTS[layout]
+    failed = base / "models" / "cosmos3" / f"{name}.failed"
     if failed.exists():
         pytest.skip(f"the FP8 checkpoint could not be written (set REFERENCE_PYTHON to a Python with diffusers and "
                     f"nvidia-modelopt): {failed.read_text()[-300:]}")
     prompt = small(json.loads((ROOT / "workflows" / "api" / f"{workflow}.json").read_text()))
     for node in prompt.values():
         if node["class_type"] == "Cosmos3ModelLoader":
-            node["inputs"]["model_name"] = "Cosmos3-Nano-FP8"
+            node["inputs"]["model_name"] = name
         if node["class_type"] == "Cosmos3Scheduler":
             node["inputs"]["steps"] = 8
         if node["class_type"] == "SaveVideo":
-            node["inputs"]["filename_prefix"] = f"test/{workflow}_fp8"
+            node["inputs"]["filename_prefix"] = f"test/{workflow}_{layout}_fp8"
     history = _run(url, prompt)
     status, errors = _outcome(history)
     assert status == "success", errors
     # the loader's report (in the log: ComfyUI reuses a loaded model without running the loader node again)
-    assert "Cosmos3-Nano-FP8: gated (SwiGLU), multi-step, sound head, ModelOpt FP8 (W8A16 on the first 3 and last 3 " \
+    assert f"{name}: gated (SwiGLU), multi-step, sound head, ModelOpt FP8 (W8A16 on the first 3 and last 3 " \
         "steps, W8A8 between" in (base / "server.log").read_text()
 
 
@@ -328,6 +336,58 @@ def test_two_worker_processes_start_inside_comfyui(server):
     status, errors = _outcome(history)
     assert status == "success", errors
     prompt["1"]["inputs"]["gpus"] = 1  # and back: the pool is closed, one process again
+    assert _run(url, prompt)["status"]["status_str"] == "success"
+
+
+def test_cancel_stops_a_run_within_seconds(server):
+    """POST /interrupt (the Cancel button) during a sampler step that takes seconds on a CPU ends the prompt within
+    about one layer's time, not at the step's end; the server then runs the same graph to the end."""
+    url, _ = server
+
+    def one_step(width, height, frames, seed) -> dict:  # the sampler's latent previewed as text: no decode
+        prompt = json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2i.json").read_text())
+        prompt["1"]["inputs"]["model_name"] = "Cosmos3-Edge-Large"
+        prompt["9"] = {"class_type": "Cosmos3Scheduler", "inputs": {"schedule": "auto", "steps": 1, "flow_shift": 0.0}}
+        prompt["4"]["inputs"].update(width=width, height=height, frames=frames, seed=seed, schedule=["9", 0])
+        prompt["20"] = {"class_type": "PreviewAny", "inputs": {"source": ["4", 0]}}
+        del prompt["5"]
+        return prompt
+
+    assert _run(url, one_step(64, 48, 1, seed=1))["status"]["status_str"] == "success"  # loads the checkpoint
+    status, reply = _call(f"{url}/prompt", {"prompt": one_step(1024, 1024, 1, seed=2)})
+    assert status == 200, reply
+    time.sleep(2)  # inside its step
+    pressed = time.monotonic()
+    assert _call(f"{url}/interrupt", {})[0] == 200
+    while not (history := _call(f"{url}/history/{reply['prompt_id']}")[1]):
+        assert time.monotonic() - pressed < 60, "the cancelled prompt did not end"
+        time.sleep(0.1)
+    delay = time.monotonic() - pressed
+    events = [event for event, _ in history[reply["prompt_id"]]["status"]["messages"]]
+    assert "execution_interrupted" in events, events
+    started = time.monotonic()
+    assert _run(url, one_step(1024, 1024, 1, seed=3))["status"]["status_str"] == "success"
+    step = time.monotonic() - started
+    print(f"\ncancel delay {delay:.2f} s; the step it cut takes {step:.1f} s")
+    assert delay < 2.0 < step - 2  # checked between steps only, the prompt would have run to the step's end
+
+
+def test_a_request_whose_output_cannot_fit_is_refused_within_seconds(server):
+    """4097 frames at 8192 x 8192 through the sampler (LATENT out, in 41 chunks, each of which fits a device): its
+    latents alone are 48 GiB of host memory, refused at once naming memory and the figure; the server stays up."""
+    url, _ = server
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_nano_t2v.json").read_text()))
+    assert _run(url, prompt)["status"]["status_str"] == "success"  # the checkpoint is loaded
+    huge = json.loads(json.dumps(prompt))
+    huge["4"]["inputs"].update(width=8192, height=8192, frames=4097, chunk_frames=93)
+    huge["20"] = {"class_type": "PreviewAny", "inputs": {"source": ["4", 0]}}  # the LATENT itself, not decoded
+    for node in ("5", "21", "22", "23"):
+        huge.pop(node, None)
+    started = time.monotonic()
+    status, errors = _outcome(_run(url, huge))
+    seconds = time.monotonic() - started
+    print(f"\nrefused in {seconds:.1f} s: {errors[0]}")
+    assert status == "error" and "output latents 48.05 GiB" in errors[0] and seconds < 10, errors
     assert _run(url, prompt)["status"]["status_str"] == "success"
 
 

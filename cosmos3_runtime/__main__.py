@@ -13,7 +13,7 @@ from .action import MODES, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from .checkpoint import Checkpoint, read_json, resolve
 from . import estimate
 from .errors import Cosmos3Error, InputError, reworded
-from .geometry import SPATIAL_FACTOR, latent_frames
+from .geometry import latent_frames, latent_size
 from .gguf_convert import WRITABLE, convert, describe_types
 from .controls import derive
 from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions,
@@ -264,7 +264,7 @@ def cmd_demo(args) -> None:
         print(f"loaded {pipe.checkpoint.root} in {time.perf_counter() - start:.2f}s")
         print(f"variant: {pipe.variant.describe()}")
         model = pipe.transformer
-        h, w, frames = args.height // SPATIAL_FACTOR, args.width // SPATIAL_FACTOR, latent_frames(args.frames)
+        (h, w), frames = latent_size(args.height, args.width), latent_frames(args.frames)
         latents = torch.randn(1, model.config.latent_channel, frames, h, w, generator=torch.Generator().manual_seed(0))
         latents = latents.to(pipe.device)
         text = model.encode_text(torch.arange(64) % model.config.vocab_size, pipe.device)

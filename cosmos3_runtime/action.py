@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .conditioning import frame_size, preprocess_video
+from .conditioning import Held, frame_size, pad_with_last_frame, preprocess_video
 from .errors import InputError
 from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
 from .schedulers import Schedule, stepper_for
@@ -220,9 +220,7 @@ def canvas_frames(clip, tier: int, num_frames: int, dtype: torch.dtype):
     h16, w16 = _whole_latents(frame_size(clip))
     frames = preprocess_video(clip, h16, w16).to(dtype)
     target_h, target_w = canvas_size(clip, tier)
-    if frames.shape[2] < num_frames:
-        frames = torch.cat([frames, frames[:, :, -1:].expand(-1, -1, num_frames - frames.shape[2], -1, -1)], dim=2)
-    frames = frames[:, :, :num_frames]
+    frames = pad_with_last_frame(frames, num_frames)[:, :, :num_frames]
     scale = min(target_w / w16, target_h / h16, 1.0)
     content_h, content_w = max(1, int(scale * h16 + 0.5)), max(1, int(scale * w16 + 0.5))
     flat = frames[0].permute(1, 0, 2, 3)  # [F, 3, h, w]
@@ -287,8 +285,8 @@ class ActionTrack:
         noise = torch.randn((chunk, action_dim), generator=generator, dtype=torch.float32)
         mask = torch.zeros(chunk, 1)
         mask[self.clean_rows] = 1.0
-        self.mask, self.clean = mask.to(device), clean.to(device)
-        self.latents = (mask * clean + (1.0 - mask) * noise).to(device)
+        self.held = Held(clean.to(device), mask.to(device))
+        self.latents = self.held.hold(noise.to(device))
         self.latents[:, self.width :] = 0
         self.noisy = [i for i in range(chunk) if i not in self.clean_rows]
         self.stepper = stepper_for(schedule)
@@ -310,11 +308,10 @@ class ActionTrack:
     def step(self, velocity: torch.Tensor, generator) -> None:
         if not self.noisy:  # every action clean: nothing to denoise
             return
-        velocity = velocity * (1.0 - self.mask)
+        velocity = velocity * (1.0 - self.held.mask)
         velocity[:, self.width :] = 0
         self.latents = self.stepper.step(velocity, self.latents, generator)
-        # Clean rows (the robot state) stay exactly clean, as conditioned video frames do.
-        self.latents = self.mask * self.clean + (1.0 - self.mask) * self.latents
+        self.latents = self.held.hold(self.latents)  # the robot state stays exactly clean, as held frames do
         self.latents[:, self.width :] = 0
 
     def finish(self, result, pipe, s, r) -> None:

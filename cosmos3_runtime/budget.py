@@ -15,6 +15,7 @@ checked against the host's free memory (on the CPU, together with the rest: ther
 whose output cannot fit is refused at once, not after hours of chunks.
 """
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ import torch
 
 from .devices import facts
 from .errors import InputError
-from .geometry import SPATIAL_FACTOR, latent_frames as chunk_latent_frames, pixel_frames
+from .geometry import SPATIAL_FACTOR, RunGeometry, latent_frames as chunk_latent_frames, pixel_frames
 
 GIB = 1024**3
 STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, latents, velocities, UniPC history ...)
@@ -81,11 +82,8 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)
-    h, w = s.height // SPATIAL_FACTOR, s.width // SPATIAL_FACTOR
-    chunks = s.chunks  # a chunked run holds one chunk at a time (a transfer its controls beside it in the sequence)
-    frames = s.num_frames if chunks is None else chunks.chunk
-    latent_frames = s.latent_frames if chunks is None else chunk_latent_frames(chunks.chunk)
-    controls = 0 if s.transfer is None else len(s.transfer.hints)
+    g = s.geometry  # a chunked run holds one chunk at a time (a transfer its controls beside it in the sequence)
+    (h, w), latent_frames, controls = g.latent_size, g.window_latent_frames, g.controls
     latent = config.latent_channel * latent_frames * h * w
     p = config.latent_patch_size
     video_tokens = latent_frames * -(-h // p) * -(-w // p)
@@ -116,29 +114,29 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
         if s.transfer is not None and s.transfer.control_guidance != 1.0:
             passes.append(video_tokens)
         parts["SeaCache residuals"] = sum(passes) * (s.cache.residual_order + 1) * H * b
-    if chunks is not None and chunks.count > 1:  # the decoded frames the next chunk starts from (float32)
-        parts["overlap frames"] = 3 * chunks.overlap * s.height * s.width * 4
+    if g.windows > 1:  # the decoded frames the next chunk starts from (float32)
+        parts["overlap frames"] = 3 * g.overlap * g.height * g.width * 4
     if vae_config is not None and encoded_frames:
         peak = ENCODE_PEAK_ONE if encoded_frames == 1 else ENCODE_PEAK_FRAMES
-        parts["VAE encode"] = int((peak * vae_config.base_dim + 3 * encoded_frames) * s.height * s.width * b)
+        parts["VAE encode"] = int((peak * vae_config.base_dim + 3 * encoded_frames) * g.height * g.width * b)
     if vae_config is not None and decode:
         tile_px = tile.size * SPATIAL_FACTOR if tile is not None else None
-        th, tw = (min(s.height, tile_px), min(s.width, tile_px)) if tile_px else (s.height, s.width)
+        th, tw = (min(g.height, tile_px), min(g.width, tile_px)) if tile_px else (g.height, g.width)
         working = DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b
-        out = 3 * frames * s.height * s.width  # the output as it grows, then as float32 frames in 0..1
+        out = 3 * g.window_frames * g.height * g.width  # the output as it grows, then as float32 frames in 0..1
         parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
-    return Estimate(parts, output(config, s, h, w, frames_out, on_cpu=device is None or device.type == "cpu"))
+    return Estimate(parts, output(config, g, frames_out, latents_out=s.transfer is None,
+                                  on_cpu=device is None or device.type == "cpu"))
 
 
-def output(config, s, h: int, w: int, frames_out: bool, on_cpu: bool) -> dict[str, int]:
-    """What a run hands back, in host memory: its latents (not a transfer's) and its frames, float32. A one-window run
-    on the CPU decodes its frames where they stay, which the decode phase counts already."""
+def output(config, g: RunGeometry, frames_out: bool, latents_out: bool, on_cpu: bool) -> dict[str, int]:
+    """What a run of geometry `g` hands back, in host memory: its latents (not a transfer's) and its frames, float32.
+    A one-window run on the CPU decodes its frames where they stay, which the decode phase counts already."""
     host = {}
-    if s.transfer is None:
-        host["output latents"] = config.latent_channel * s.latent_frames * h * w * 4
-    if frames_out and (s.chunks is not None or not on_cpu):
-        frames = s.num_frames if s.chunks is None else s.chunks.total
-        host["output frames"] = frames * s.height * s.width * 3 * 4
+    if latents_out:
+        host["output latents"] = config.latent_channel * g.total_latent_frames * math.prod(g.latent_size) * 4
+    if frames_out and (g.windows > 1 or not on_cpu):
+        host["output frames"] = g.total_frames * g.height * g.width * 3 * 4
     return host
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .conditioning import Held, pad_with_last_frame
 from .errors import InputError
 from .geometry import latent_frames, pixel_frames, round_up_frames
 from .vae import image_frames
@@ -94,16 +95,14 @@ def keep(decoded: torch.Tensor, p: Chunks, k: int, out: Stitched | None) -> torc
     return decoded[:, :, decoded.shape[2] - p.seed_frames(k + 1):].clone()
 
 
-def seed(pipe, previous: torch.Tensor, frames: int, shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """(clean latents, mask [T, 1, 1]) of a chunk of latent `shape` seeded by the last `frames` frames of the previous
-    chunk's decoded pixels [1, 3, T, H, W] in [-1, 1]: they are encoded again as its first latent frames, the last
-    frame repeated up to whole latent frames (the causal VAE's first latent holds one frame, each next one four)."""
+def seed(pipe, previous: torch.Tensor, frames: int, shape: tuple) -> Held:
+    """The held first latent frames of a chunk of latent `shape` seeded by the last `frames` frames of the previous
+    chunk's decoded pixels [1, 3, T, H, W] in [-1, 1]: they are encoded again, the last frame repeated up to whole
+    latent frames (the causal VAE's first latent holds one frame, each next one four)."""
     held = latent_frames(frames)
-    covered = pixel_frames(held)
-    target = previous[:, :, -frames:][:, :, :covered].to(pipe.vae.dtype)
-    target = torch.cat([target, target[:, :, -1:].expand(-1, -1, covered - target.shape[2], -1, -1)], dim=2)
+    target = pad_with_last_frame(previous[:, :, -frames:][:, :, : pixel_frames(held)], pixel_frames(held))
     clean = torch.zeros(shape, dtype=torch.float32, device=pipe.device)
-    clean[:, :, :held] = pipe.encode_pixels(target)
+    clean[:, :, :held] = pipe.encode_pixels(target.to(pipe.vae.dtype))
     mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=pipe.device)
     mask[:held] = 1.0
-    return clean, mask
+    return Held(clean, mask)

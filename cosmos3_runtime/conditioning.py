@@ -16,6 +16,24 @@ import torch.nn.functional as F
 from .errors import InputError
 
 
+class Held:
+    """Frames (or rows) held clean while the rest is denoised: `clean` values where `mask` is 1. A run starts from
+    noise with them in place and puts them back after every step (`hold`), so they stay exactly clean."""
+
+    def __init__(self, clean: torch.Tensor, mask: torch.Tensor):
+        self.clean, self.mask = clean, mask
+
+    def hold(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.mask * self.clean + (1.0 - self.mask) * latents
+
+
+def pad_with_last_frame(frames: torch.Tensor, length: int) -> torch.Tensor:
+    """[1, 3, T, H, W] -> at least `length` frames, the last one repeated (as the references fill short clips)."""
+    if frames.shape[2] >= length:
+        return frames
+    return torch.cat([frames, frames[:, :, -1:].expand(-1, -1, length - frames.shape[2], -1, -1)], dim=2)
+
+
 def _is_pil(value) -> bool:
     return type(value).__module__.startswith("PIL.")
 

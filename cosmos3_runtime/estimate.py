@@ -14,7 +14,6 @@ from functools import cache
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .geometry import SPATIAL_FACTOR, latent_frames as latent_count
 from .transformer import Cosmos3Transformer, TextKV
 from .vae import WanVAE
 
@@ -43,13 +42,10 @@ def duration(seconds: float) -> str:
 def generation(transformer_config, vae_config, s, cond_tokens: int, decode: bool, dtype: torch.dtype,
                device: torch.device) -> Estimate:
     """The estimate of a request resolved to settings `s` (a chunked run counts its chunks, a transfer its controls)."""
-    plan = s.transfer
-    latent_frames = s.latent_frames if s.chunks is None else latent_count(s.chunks.chunk)
-    h, w = s.height // SPATIAL_FACTOR, s.width // SPATIAL_FACTOR
-    contexts = 0 if plan is None else len(plan.hints)
-    forward = forward_flops(transformer_config, (latent_frames, h, w), cond_tokens, contexts, dtype)
-    passes = 1 + (s.guidance_scale != 1.0) + (plan is not None and plan.control_guidance != 1.0)
-    chunks = 1 if s.chunks is None else s.chunks.count
+    g = s.geometry
+    latent_frames, (h, w), chunks = g.window_latent_frames, g.latent_size, g.windows
+    forward = forward_flops(transformer_config, (latent_frames, h, w), cond_tokens, g.controls, dtype)
+    passes = 1 + (s.guidance_scale != 1.0) + (s.transfer is not None and s.transfer.control_guidance != 1.0)
     forwards = s.steps * passes * chunks
     decoded = chunks * decode_flops(vae_config, latent_frames, h, w, dtype) if decode and vae_config else 0.0
     matmul, convolution = rates(device, dtype, vae_config.decoder_dim if vae_config else 32)

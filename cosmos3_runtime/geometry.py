@@ -1,8 +1,16 @@
 """The frame geometry of the Wan 2.2 VAE: 16 pixels per latent across, and in time 1 + 4k frames per 1 + k latent
-frames (causal: latent frame 0 holds frame 0 alone, latent frame j >= 1 holds frames 4j-3..4j)."""
+frames (causal: latent frame 0 holds frame 0 alone, latent frame j >= 1 holds frames 4j-3..4j); and a run's shape
+(`RunGeometry`)."""
+
+from dataclasses import dataclass
 
 SPATIAL_FACTOR = 16  # pixels per latent (Wan 2.2 VAE 16x spatial compression); checked against vae/config.json
 TEMPORAL_FACTOR = 4  # video frames per latent frame (Wan 2.2 VAE); checked against vae/config.json
+
+
+def latent_size(height: int, width: int) -> tuple[int, int]:
+    """The latent grid (h, w) of frames `height` x `width` (multiples of SPATIAL_FACTOR)."""
+    return height // SPATIAL_FACTOR, width // SPATIAL_FACTOR
 
 
 def latent_frames(pixel_frames: int) -> int:
@@ -33,3 +41,29 @@ def round_down_frames(n: int) -> int:
 def round_up_frames(n: int) -> int:
     """Smallest 1 + 4k not below n."""
     return 1 if n <= 1 else -(-(n - 1) // TEMPORAL_FACTOR) * TEMPORAL_FACTOR + 1
+
+
+@dataclass(frozen=True)
+class RunGeometry:
+    """A run's shape: what each window holds (a chunked run holds one chunk at a time), how many windows it makes and
+    what it hands back. The one account the memory budget and the time estimate read."""
+
+    height: int
+    width: int
+    window_frames: int  # pixel frames of one window
+    total_frames: int  # frames the run hands back
+    windows: int = 1  # chunks
+    overlap: int = 0  # frames each later window takes from the one before
+    controls: int = 0  # control clips beside the video in each window's sequence (transfer)
+
+    @property
+    def latent_size(self) -> tuple[int, int]:
+        return latent_size(self.height, self.width)
+
+    @property
+    def window_latent_frames(self) -> int:
+        return latent_frames(self.window_frames)
+
+    @property
+    def total_latent_frames(self) -> int:
+        return latent_frames(self.total_frames)

@@ -14,7 +14,7 @@ import torch
 
 from . import budget, cancel, chunks, keyframes, modelopt_fp8, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
-from .conditioning import preprocess_image, preprocess_video
+from .conditioning import Held, pad_with_last_frame, preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError, NumericalError
 from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
 from .offload import BlockSwap, TextOffload
@@ -23,7 +23,7 @@ from .prompts import PromptOptions, negative_text, positive_text
 from .quantize import check_mode, expect_stored_fp8, quantize_fp8, remember_input_ranges
 from .schedulers import (Schedule, checkpoint_schedule, distilled_schedule, in_interval, stepper_for,
                          unipc_schedule)
-from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
+from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR, latent_size
 from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
 from .action import ActionTrack, action_prompt, canvas_frames
 from .sound import SoundTrack, load_sound_tokenizer
@@ -552,17 +552,17 @@ class Cosmos3Pipeline:
                                  "pipeline with its VAE")
             return self._long_video(s, r, cond_ids, uncond_ids, callback, parallel, progress, cache)
 
-        clean, mask = self._conditioning(s, self.latent_shape(s), r)
-        shape = self.latent_shape(s) if clean is None else tuple(clean.shape)  # an action canvas is cropped to its content
+        held = self._conditioning(s, self.latent_shape(s), r)
+        shape = self.latent_shape(s) if held is None else tuple(held.clean.shape)  # an action canvas is cropped
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
-        latents = self.start_latents(shape, generator, clean, mask)
+        latents = self.start_latents(shape, generator, held)
 
         # Each track's noise follows the video's from the same generator, in TRACKS order.
         tracks = [track for kind in TRACKS if (track := kind.for_request(self, s, r, generator)) is not None]
 
         guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
         self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-        latents = self.denoise(latents, s, guidance, clean, mask, generator, callback, parallel, tracks, cache)
+        latents = self.denoise(latents, s, guidance, held, generator, callback, parallel, tracks, cache)
         frames = None
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile, progress=stage(progress, "decode"))
@@ -588,17 +588,17 @@ class Cosmos3Pipeline:
             if progress is not None:
                 progress("chunk", k + 1, p.count)
             seed = p.seed_frames(k)
-            held = chunks.latent_frames(seed)
+            carried = chunks.latent_frames(seed)  # latent frames the previous chunk's last frames fill
             chunk = replace(s, num_frames=p.chunk, chunks=None,
-                            condition_frames=s.condition_frames if k == 0 else tuple(range(held)))
+                            condition_frames=s.condition_frames if k == 0 else tuple(range(carried)))
             shape = self.latent_shape(chunk)
-            clean, mask = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self, previous, seed, shape)
-            latents = self.start_latents(shape, generator, clean, mask)
+            held = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self, previous, seed, shape)
+            latents = self.start_latents(shape, generator, held)
             guidance = CFG(prompts[k], uncond_ids, s.guidance_scale, s.guidance_interval)
             self._encode_prompts(prompts[k], uncond_ids, chunk, parallel, progress)
-            latents = self.denoise(latents, chunk, guidance, clean, mask, generator, p.step_callback(callback, k),
+            latents = self.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k),
                                    parallel, (), cache)
-            own = latents[:, :, held:][:, :, : s.latent_frames - filled]
+            own = latents[:, :, carried:][:, :, : s.latent_frames - filled]
             kept_latents[:, :, filled : filled + own.shape[2]] = own
             filled += own.shape[2]
             if k + 1 < p.count or kept_frames is not None:  # the next chunk starts from these frames
@@ -621,9 +621,9 @@ class Cosmos3Pipeline:
         return waveform
 
     def _conditioning(self, s: Settings, shape, r: Request):
-        """Clean conditioning latents and the mask [T, 1, 1] of conditioned frames (None, None for T2I/T2V)."""
+        """The conditioned frames held at their clean latents, mask [T, 1, 1] (None for T2I/T2V)."""
         if s.mode in ("t2i", "t2v"):
-            return None, None
+            return None
         if self.vae is None:
             raise InputError("image and video conditioning need the VAE; load the pipeline with its VAE")
         needed = s.condition_frames[-1] * TEMPORAL_FACTOR + 1  # causal VAE: latent f only sees pixel frames <= 4f
@@ -631,7 +631,8 @@ class Cosmos3Pipeline:
             pixels, _, (content_h, content_w) = canvas_frames(s.action.clip(), s.action.resolution_tier,
                                                                s.num_frames, self.vae.dtype)
             encoded = self.encode_pixels(pixels)
-            encoded = encoded[..., : max(content_h // SPATIAL_FACTOR, 1), : max(content_w // SPATIAL_FACTOR, 1)]
+            h, w = latent_size(content_h, content_w)
+            encoded = encoded[..., : max(h, 1), : max(w, 1)]
             shape = tuple(encoded.shape)
         elif r.condition_latents is not None:  # already encoded (a ComfyUI LATENT): raw VAE latents
             encoded = self._latent_condition(r.condition_latents, s, shape, r.condition_video_keep)
@@ -644,16 +645,13 @@ class Cosmos3Pipeline:
             else:
                 frames = preprocess_video(r.video, s.height, s.width)
                 frames = frames[:, :, :needed] if r.condition_video_keep == "first" else frames[:, :, -needed:]
-                if frames.shape[2] < needed:  # repeat the last frame, as the reference fills short clips
-                    tail = frames[:, :, -1:].expand(-1, -1, needed - frames.shape[2], -1, -1)
-                    frames = torch.cat([frames, tail], dim=2)
-                pixels = frames
+                pixels = pad_with_last_frame(frames, needed)
             encoded = self.encode_pixels(pixels)
         clean = torch.zeros(shape, dtype=torch.float32, device=self.device)
         clean[:, :, : encoded.shape[2]] = encoded
         mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=self.device)
         mask[list(s.condition_frames)] = 1.0
-        return clean, mask
+        return Held(clean, mask)
 
     def _latent_condition(self, raw: torch.Tensor, s: Settings, shape, keep: str) -> torch.Tensor:
         """Normalized conditioning latents from raw VAE latents [1, 48, T', h, w] (first or last latent frames)."""
@@ -693,7 +691,7 @@ class Cosmos3Pipeline:
             return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)
         return unipc_schedule(s.steps, s.flow_shift)
 
-    def denoise(self, latents, s: Settings, guidance, clean, mask, generator, callback, parallel, tracks: list = (),
+    def denoise(self, latents, s: Settings, guidance, held: Held | None, generator, callback, parallel, tracks: list = (),
                 cache: StepCache | None = None):
         """The sampling loop over the video latents and the tracks beside them (sound, action): the one loop every
         mode runs (a plain generation, each transfer chunk, each chunk of a long video).
@@ -737,8 +735,8 @@ class Cosmos3Pipeline:
             latents = stepper.step(velocity, latents, generator)
             for track, track_velocity in zip(tracks, combined[1:]):
                 track.step(track_velocity, generator)
-            if mask is not None:  # keep conditioned frames exactly at their clean latents
-                latents = mask * clean + (1.0 - mask) * latents
+            if held is not None:  # conditioned frames stay exactly at their clean latents
+                latents = held.hold(latents)
             if callback is not None:
                 callback(i + 1, len(schedule), denoised)
         if self._finite is not None:
@@ -781,15 +779,14 @@ class Cosmos3Pipeline:
             self._finite.note("the VAE decoder", self.vae.dtype, pixels)
         return pixels.float()
 
-    def start_latents(self, shape: tuple, generator: torch.Generator, clean, mask) -> torch.Tensor:
+    def start_latents(self, shape: tuple, generator: torch.Generator, held: Held | None) -> torch.Tensor:
         """A run's first latents: noise drawn from `generator` (on the CPU, so every device draws the same), with the
-        conditioned frames (`mask`) at their `clean` latents."""
+        held frames at their clean latents."""
         noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
-        return noise if mask is None else mask * clean + (1.0 - mask) * noise
+        return noise if held is None else held.hold(noise)
 
     def latent_shape(self, s: Settings) -> tuple[int, ...]:
-        return (1, self.transformer.config.latent_channel, s.latent_frames, s.height // SPATIAL_FACTOR,
-                s.width // SPATIAL_FACTOR)
+        return (1, self.transformer.config.latent_channel, s.latent_frames, *latent_size(s.height, s.width))
 
     @torch.inference_mode()
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from .checkpoint import Variant
 from .errors import InputError
 from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
 from .modelopt_fp8 import StepPolicy, resolve_policy
-from .geometry import TEMPORAL_FACTOR, latent_frames, pixel_frames, round_down_frames
+from .geometry import TEMPORAL_FACTOR, RunGeometry, latent_frames, pixel_frames, round_down_frames
 from .request import LONGEST_WINDOW, Request
 from .schedulers import FLOW_MATCH_EULER
 from .step_cache import CacheConfig
@@ -67,6 +67,14 @@ class Settings:
     @property
     def latent_frames(self) -> int:
         return latent_frames(self.num_frames)
+
+    @property
+    def geometry(self) -> RunGeometry:
+        c = self.chunks
+        if c is None:
+            return RunGeometry(self.height, self.width, self.num_frames, self.num_frames)
+        controls = 0 if self.transfer is None else len(self.transfer.hints)
+        return RunGeometry(self.height, self.width, c.chunk, c.total, c.count, c.overlap, controls)
 
 
 def resolve(variant: Variant, request: Request) -> Settings:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import chunks
-from .conditioning import frame_size, frame_count, preprocess_video
+from .conditioning import frame_count, frame_size, pad_with_last_frame, preprocess_video
 from .errors import InputError
 from .schedulers import in_interval
 from .vae import stage
@@ -125,7 +125,7 @@ def reflect_pad(frames: torch.Tensor, length: int) -> torch.Tensor:
     while frames.shape[2] < length:
         extra = min(frames.shape[2] - 1, length - frames.shape[2])
         if extra <= 0:
-            return torch.cat([frames, frames[:, :, -1:].expand(-1, -1, length - frames.shape[2], -1, -1)], dim=2)
+            return pad_with_last_frame(frames, length)
         frames = torch.cat([frames, frames.flip(2)[:, :, :extra]], dim=2)
     return frames
 
@@ -185,11 +185,11 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
         seed = p.seed_frames(k)
         chunk = replace(s, num_frames=p.chunk, condition_frames=tuple(range(chunks.latent_frames(seed))))
         shape = pipe.latent_shape(chunk)
-        clean, mask = chunks.seed(pipe, previous, seed, shape) if seed else (None, None)
-        latents = pipe.start_latents(shape, generator, clean, mask)
+        held = chunks.seed(pipe, previous, seed, shape) if seed else None
+        latents = pipe.start_latents(shape, generator, held)
         guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
                             p.control_guidance, p.control_interval)
-        latents = pipe.denoise(latents, chunk, guidance, clean, mask, generator, p.step_callback(callback, k), parallel,
+        latents = pipe.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k), parallel,
                                cache=cache)
         previous = chunks.keep(pipe.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k, stitched)
     return stitched.frames

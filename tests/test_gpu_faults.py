@@ -14,6 +14,7 @@ from virtual_device import DeviceMix, VirtualDevice, place_like_a_host
 
 import cosmos3_runtime
 from cosmos3_runtime.action import ActionRequest
+from cosmos3_runtime.geometry import RunGeometry
 from cosmos3_runtime.quantize import Fp8Linear, per_row_fp8, scaled_fp8_linear
 from cosmos3_runtime.tiny import RELEASED
 from cosmos3_runtime import devices
@@ -272,8 +273,7 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
         out = model(torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device=meta), torch.tensor(900), text,
                     tracks=tracks)
     assert out.vision.shape == (1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
-    settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
-                               transfer=None, chunks=None, cache=None)
+    settings = SimpleNamespace(geometry=RunGeometry(h, w, f, f), guidance_scale=1.0, transfer=None, cache=None)
     parts = budget.estimate(config, None, settings, 300, 300, dtype, device=meta).parts
     planned = parts["media tower"] + parts["rotary tables"] + parts["text K/V cache"]
     assert virtual.peak <= 1.25 * planned, (virtual.peak / 2**30, planned / 2**30)
@@ -297,8 +297,7 @@ def test_the_planned_vae_decode_holds_what_a_decode_takes_at_the_released_width(
     spec = None if tile is None else TileSpec(size=tile, overlap=8)
     with torch.inference_mode(), VirtualDevice() as virtual:
         vae.decode(latents, tile=spec)
-    settings = SimpleNamespace(width=w, height=h, num_frames=f, latent_frames=1 + (f - 1) // 4, guidance_scale=1.0,
-                               transfer=None, chunks=None, cache=None)
+    settings = SimpleNamespace(geometry=RunGeometry(h, w, f, f), guidance_scale=1.0, transfer=None, cache=None)
     parts = budget.estimate(TransformerConfig(**RELEASED["edge"]), config, settings, 10, 10, BF16, spec).parts
     planned = parts["VAE decode"]  # the working set and the decode's own output
     assert virtual.peak <= planned <= 1.1 * virtual.peak, (virtual.peak / 2**30, planned / 2**30)

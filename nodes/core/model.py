@@ -28,7 +28,7 @@ import torch
 
 from ...cosmos3_runtime import InputError, Request, TextKV, cancel, modelopt_fp8
 from ...cosmos3_runtime.budget import estimate
-from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, pixel_frames
+from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, RunGeometry, pixel_frames
 from ...cosmos3_runtime.settings import default_flow_shift
 from .. import services
 from .prompt_marker import PROMPT_KEY, PromptMarker
@@ -207,8 +207,8 @@ class Cosmos3Model(comfy.model_base.BaseModel):
         """The pack's estimate of one forward per batch item (joint text + media attention, text K/V)."""
         batch, _, frames, h, w = input_shape
         tokens = max((shape[3] for shape in cond_shapes.get(TEXT_KV, [])), default=0)  # [1, layers, 2, L, K, D]
-        s = SimpleNamespace(height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, latent_frames=frames,
-                            num_frames=pixel_frames(frames), guidance_scale=1.0, transfer=None, chunks=None, cache=None)
+        g = RunGeometry(h * SPATIAL_FACTOR, w * SPATIAL_FACTOR, pixel_frames(frames), pixel_frames(frames))
+        s = SimpleNamespace(geometry=g, guidance_scale=1.0, transfer=None, cache=None)  # one window, one pass
         one = estimate(self.diffusion_model.runtime[0].config, None, s, tokens, 0, self.get_dtype_inference())
         return batch * one.total
 

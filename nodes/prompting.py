@@ -1,8 +1,30 @@
-"""Prompt helpers: a structured (JSON) caption builder."""
+"""Prompt helpers: the prompt widgets both text-encode nodes share, and a structured (JSON) caption builder."""
 
 import json
 
 from ..cosmos3_runtime import InputError
+from ..cosmos3_runtime.request import TRI_STATE, help_of
+
+
+def prompt_inputs(filled_from: str) -> dict:
+    """The prompt widgets of both text-encode nodes: the prompts and how their metadata is applied."""
+    return {
+        "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False,
+                   "tooltip": "prose, or a JSON object (a structured caption: resolution, duration and fps are filled "
+                              f"in from {filled_from})"}),
+        "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "",
+                            "tooltip": help_of("negative_prompt")}),
+        "system_prompt": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("use_system_prompt")}),
+        "resolution_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_resolution_template")}),
+        "duration_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_duration_template")}),
+        "json_captions": ("BOOLEAN", {"default": True, "tooltip": help_of("json_captions")}),
+    }
+
+
+def prompt_options(system_prompt, resolution_template, duration_template, json_captions) -> dict:
+    """Those widgets as Request fields."""
+    return {"use_system_prompt": TRI_STATE[system_prompt], "add_resolution_template": resolution_template,
+            "add_duration_template": duration_template, "json_captions": json_captions}
 
 
 class Cosmos3JSONCaption:

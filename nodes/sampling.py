@@ -10,12 +10,12 @@ from ..cosmos3_runtime.errors import InputError, reworded
 from ..cosmos3_runtime.geometry import SPATIAL_FACTOR, latent_frames
 from ..cosmos3_runtime.pipeline import prompt_list
 from ..cosmos3_runtime.prompts import parse_caption
-from ..cosmos3_runtime.request import (CACHES, KEEP, MAX_SIZE, SCHEDULES, TRI_STATE, Request, help_of,
-                                       parse_frame_indexes)
+from ..cosmos3_runtime.request import CACHES, KEEP, MAX_SIZE, SCHEDULES, Request, help_of, parse_frame_indexes
 from ..cosmos3_runtime.schedulers import unipc_schedule
 from ..cosmos3_runtime.settings import resolve as resolve_settings
 from . import services
 from .core.prompt_marker import Refusing, refusing
+from .prompting import prompt_inputs, prompt_options
 
 
 def auto_help(name: str) -> str:
@@ -31,27 +31,6 @@ def size_widgets() -> dict:
 def seed_widget() -> tuple:
     return ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True,
                     "tooltip": help_of("seed")})
-
-
-def prompt_inputs(filled_from: str) -> dict:
-    """The prompt widgets of both text-encode nodes: the prompts and how their metadata is applied."""
-    return {
-        "prompt": ("STRING", {"multiline": True, "dynamicPrompts": False,
-                   "tooltip": "prose, or a JSON object (a structured caption: resolution, duration and fps are filled "
-                              f"in from {filled_from})"}),
-        "negative_prompt": ("STRING", {"multiline": True, "dynamicPrompts": False, "default": "",
-                            "tooltip": help_of("negative_prompt")}),
-        "system_prompt": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("use_system_prompt")}),
-        "resolution_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_resolution_template")}),
-        "duration_template": ("BOOLEAN", {"default": True, "tooltip": help_of("add_duration_template")}),
-        "json_captions": ("BOOLEAN", {"default": True, "tooltip": help_of("json_captions")}),
-    }
-
-
-def prompt_options(system_prompt, resolution_template, duration_template, json_captions) -> dict:
-    """Those widgets as Request fields."""
-    return {"use_system_prompt": TRI_STATE[system_prompt], "add_resolution_template": resolution_template,
-            "add_duration_template": duration_template, "json_captions": json_captions}
 
 
 class Cosmos3TextEncode:

@@ -1,11 +1,12 @@
-"""Regenerate the UI-format workflows (and their thumbnails) from the API-format prompts.
+"""Write the UI-format workflows (and their thumbnails) of the named API-format prompts.
 
-    python tests/build_workflows.py
+    python tests/build_workflows.py cosmos3_edge_t2v [...]     (or --all)
 
 workflows/api/<name>.json is the source of truth. This writes workflows/<name>.json (what the
 ComfyUI editor loads and shows in its template browser) and workflows/<name>.jpg (the template
-thumbnail, also used in the README). tests/test_workflows.py converts the UI files back to API
-prompts independently and checks that they match.
+thumbnail, also used in the README) for the workflows named: a new one, or one whose API prompt
+changed. A widget appended to a node needs no rebuild (tests/test_workflows.py checks that each
+workflow is valid, not that it is what this would write today).
 """
 
 import hashlib
@@ -270,9 +271,13 @@ def thumbnail(workflow: dict, path: Path, registry: dict) -> None:
     image.save(path, quality=88)
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     import importlib.util
 
+    if not names:
+        sys.exit(__doc__)
+    api = ROOT / "workflows" / "api"
+    api_paths = sorted(api.glob("*.json")) if names == ["--all"] else [api / f"{name}.json" for name in names]
     spec = importlib.util.spec_from_file_location("cosmos3_pack", ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])
     pack = importlib.util.module_from_spec(spec)
     sys.modules["cosmos3_pack"] = pack
@@ -280,7 +285,7 @@ def main() -> None:
     from cosmos3_pack import nodes
 
     registry = {**nodes.NODE_CLASS_MAPPINGS, **CORE_NODES}
-    for api_path in sorted((ROOT / "workflows" / "api").glob("*.json")):
+    for api_path in api_paths:
         workflow = api_to_ui(load_json(api_path), registry, nodes.NODE_DISPLAY_NAME_MAPPINGS)
         target = ROOT / "workflows" / api_path.name
         target.write_text(json.dumps(workflow, indent=2) + "\n", encoding="utf-8")
@@ -289,4 +294,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -1,15 +1,16 @@
 """Against a real ComfyUI checkout (COMFYUI_DIR=/path/to/ComfyUI); skipped when it is not set.
 
 Imports the pack the way ComfyUI does and checks that the stand-ins for core nodes used by
-test_workflows.py declare the same inputs as ComfyUI's real nodes, and that every shipped API
-workflow uses valid values for them.
+test_workflows.py declare the same inputs as ComfyUI's real nodes, that every shipped API
+workflow uses valid values for them, and that ComfyUI's validation takes a prompt saved before
+a widget was appended.
 """
 
 import importlib
 
 import pytest
 
-from comfy_harness import CORE_NODES, declared_inputs, load_json
+from comfy_harness import CORE_NODES, declared_inputs, is_widget, load_json
 from conftest import COMFYUI_DIR, ROOT
 
 pytestmark = pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout to run these")
@@ -62,6 +63,35 @@ def test_core_stand_ins_declare_the_real_inputs(comfyui, node_id):
             assert used <= set(real[name]), (node_id, name, used)
         else:
             assert kind == real[name], (node_id, name)
+
+
+def test_a_prompt_saved_before_the_samplers_last_widget_passes_comfyuis_validation(comfyui, monkeypatch):
+    """ComfyUI's own queue-time validation takes a prompt without an optional widget (made before it was appended)
+    and hands the node only the inputs given, so it runs at its own default; a missing required one is refused."""
+    import asyncio
+
+    import execution
+    import nodes as comfy_nodes
+
+    for node_id, cls in comfyui.nodes.NODE_CLASS_MAPPINGS.items():
+        monkeypatch.setitem(comfy_nodes.NODE_CLASS_MAPPINGS, node_id, cls)
+    sampler = comfyui.nodes.Cosmos3Sampler
+    prompt = load_json(ROOT / "workflows" / "api" / "cosmos3_edge_t2v.json")
+    prompt = {n: node for n, node in prompt.items() if node["class_type"].startswith("Cosmos3")}  # (core nodes: not loaded here)
+    (loader,) = [node for node in prompt.values() if node["class_type"] == "Cosmos3ModelLoader"]
+    loader["inputs"]["model_name"] = comfyui.nodes.Cosmos3ModelLoader.INPUT_TYPES()["required"]["model_name"][0][0]
+    (node_id,) = [n for n, node in prompt.items() if node["class_type"] == "Cosmos3Sampler"]
+    inputs = prompt[node_id]["inputs"]
+    last = [name for name, (kind, _, _) in declared_inputs(sampler).items() if name in inputs and is_widget(kind)][-1]
+    assert not declared_inputs(sampler)[last][2]
+    del inputs[last]
+    valid, errors, _ = asyncio.run(execution.validate_inputs("older", prompt, node_id, {}))
+    assert valid and errors == []
+    given, _, _ = execution.get_input_data(inputs, sampler, node_id)
+    assert last not in given  # the node's keyword default runs
+    del inputs["seed"]
+    valid, errors, _ = asyncio.run(execution.validate_inputs("older", prompt, node_id, {}))
+    assert not valid and [e["type"] for e in errors] == ["required_input_missing"]
 
 
 def test_comfyui_memory_manager_loads_evicts_and_reloads_our_models(comfyui, tiny_factory, tmp_path):

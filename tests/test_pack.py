@@ -72,24 +72,48 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """An import cycle of the graph (the modules along it, the first one again at the end), or []."""
+    done, path = set(), []
+
+    def visit(module):  # depth first; a module met again on the current path closes a cycle
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return []
+        path.append(module)
+        for target in sorted(graph[module]):
+            if found := visit(target):
+                return found
+        path.pop()
+        done.add(module)
+        return []
+
+    return next((found for module in sorted(graph) if (found := visit(module))), [])
+
+
 def test_the_import_graph_has_no_cycles_and_no_upward_imports():
     graph = import_graph()
     assert "cosmos3_runtime.pipeline" in graph["cosmos3_runtime"] and "nodes.serving.jobs" in graph["nodes.serving.chat"]
     upward = [(a, b) for a, targets in graph.items() if a.startswith("cosmos3_runtime") for b in targets
               if b.startswith("nodes")]
     assert upward == []
-    done, path = set(), []
+    assert cycle(graph) == []
 
-    def visit(module):  # depth first; a module met again on the current path closes a cycle
-        if module in path:
-            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + [module]))
-        if module in done:
-            return
-        path.append(module)
-        for target in sorted(graph[module]):
-            visit(target)
-        path.pop()
-        done.add(module)
 
-    for module in sorted(graph):
-        visit(module)
+def layer(module: str) -> str:
+    """cosmos3_runtime, a subpackage of nodes (core, services, serving) or one of nodes' top-level modules."""
+    parts = module.split(".")
+    return parts[0] if parts[0] == "cosmos3_runtime" else ".".join(parts[:2])
+
+
+def test_the_layers_of_nodes_import_downward_only():
+    """No two layers import each other, even through a third (nodes.core imports the prompt widgets from
+    nodes.prompting, which imports nothing of nodes, not from nodes.sampling, which imports nodes.core);
+    nodes.services, the lowest, imports no other part of nodes."""
+    layers = {}
+    for module, targets in import_graph().items():
+        layers.setdefault(layer(module), set()).update(layer(t) for t in targets if layer(t) != layer(module))
+    assert "nodes.core" in layers["nodes.sampling"]
+    assert [t for t in layers["nodes.services"] if t.startswith("nodes")] == []
+    assert cycle(layers) == []

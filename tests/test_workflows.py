@@ -1,6 +1,12 @@
-"""Every shipped workflow: API prompts validate and run like ComfyUI runs them; UI files match their API twins."""
+"""Every shipped workflow: API prompts validate and run like ComfyUI runs them; UI files match their API twins.
+
+A workflow is checked for being valid, not for being what the builder (tests/build_workflows.py) would write
+today: a widget appended to a node's "optional" inputs with a default leaves every saved workflow valid, as in
+ComfyUI, so adding one rewrites no file here (test_a_workflow_saved_before_the_samplers_last_widget_still_runs).
+"""
 
 import copy
+import inspect
 import json
 
 import numpy as np
@@ -17,7 +23,9 @@ from comfy_harness import (
     SaveVideo,
     Video,
     WorkflowError,
+    declared_inputs,
     execute,
+    is_widget,
     load_json,
     validate,
     widget_names,
@@ -165,7 +173,9 @@ def front_end_conversion(workflow: dict, registry: dict) -> dict:
     """UI -> API the way the front end's graphToPrompt does it, written from its rules, not from the
     generator's helpers (tests/build_workflows.py): each widget input (a combo list or a socketless
     type) takes the next widgets_values entry; `control_after_generate` and upload buttons add one
-    UI-only entry after theirs; a linked input becomes [source id, slot]; muted/bypassed nodes drop."""
+    UI-only entry after theirs; widgets past the end of widgets_values keep their defaults (the front
+    end's LGraphNode.configure stops there); a linked input becomes [source id, slot]; muted/bypassed
+    nodes drop."""
     by_id = {link[0]: link for link in workflow["links"]}
     prompt = {}
     for node in workflow["nodes"]:
@@ -185,12 +195,15 @@ def front_end_conversion(workflow: dict, registry: dict) -> dict:
             for name, (kind, *rest) in spec.get(section, {}).items():
                 options = rest[0] if rest else {}
                 if isinstance(kind, list) or kind in SOCKETLESS:
-                    if not queue:
+                    if queue:
+                        inputs[name] = queue.pop(0)
+                        skip = bool(options.get("control_after_generate")) + bool(options.get("image_upload")
+                                                                                  or options.get("video_upload"))
+                        queue = queue[skip:]
+                    elif "default" in options:  # saved before this widget existed: it keeps its default
+                        inputs[name] = options["default"]
+                    else:
                         raise WorkflowError(f"node {node['id']}: no widget value left for {name}")
-                    inputs[name] = queue.pop(0)
-                    skip = bool(options.get("control_after_generate")) + bool(options.get("image_upload")
-                                                                              or options.get("video_upload"))
-                    queue = queue[skip:]
                 if name in linked:
                     inputs[name] = linked[name]
         if queue:
@@ -199,16 +212,63 @@ def front_end_conversion(workflow: dict, registry: dict) -> dict:
     return prompt
 
 
+def with_defaults(prompt: dict, registry: dict) -> dict:
+    """What each node of an API prompt runs with: an optional widget it leaves out is at its default. ComfyUI's
+    server calls a node with only the inputs its prompt has (execution.py, get_input_data), so the node's own
+    keyword default runs, which is the declared one (test_optional_widgets_run_at_their_declared_default)."""
+    filled = {}
+    for node_id, node in prompt.items():
+        inputs = dict(node["inputs"])
+        for name, (kind, options, required) in declared_inputs(registry[node["class_type"]]).items():
+            if is_widget(kind) and not required and "default" in options:
+                inputs.setdefault(name, options["default"])
+        filled[node_id] = {"class_type": node["class_type"], "inputs": inputs}
+    return filled
+
+
 @pytest.mark.parametrize("path", UI, ids=lambda p: p.stem)
 def test_ui_workflow_matches_its_api_twin(registry, path):
     """(test_comfyui_server.py checks the same with the real front end's graphToPrompt.)"""
-    twin = load_json(path.parent / "api" / path.name)
-    api = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in twin.items()}
-    assert front_end_conversion(load_json(path), registry) == api
+    converted = front_end_conversion(load_json(path), registry)
+    validate(converted, registry)
+    assert with_defaults(converted, registry) == with_defaults(load_json(path.parent / "api" / path.name), registry)
+
+
+def test_optional_widgets_run_at_their_declared_default(pack):
+    """A prompt without an optional widget (made before it existed) runs the node's keyword default and the front
+    end shows the declared one: they must be the same value, in the node's function and in VALIDATE_INPUTS."""
+    for node_id, cls in pack.NODE_CLASS_MAPPINGS.items():
+        functions = [getattr(cls, cls.FUNCTION), *([cls.VALIDATE_INPUTS] if hasattr(cls, "VALIDATE_INPUTS") else [])]
+        for name, (kind, options, required) in declared_inputs(cls).items():
+            if required or not is_widget(kind):
+                continue
+            assert "default" in options, (node_id, name)
+            for function in functions:
+                parameter = inspect.signature(function).parameters.get(name)
+                assert parameter is None or parameter.default == options["default"], (node_id, function.__name__, name)
+
+
+def test_a_workflow_saved_before_the_samplers_last_widget_still_runs(registry):
+    """Appending a widget to a sampler rewrites no workflow: one saved before it existed (the sampler without its
+    last widget) validates and runs in the API format, and the UI format converts to the same prompt."""
+    sampler = registry["Cosmos3Sampler"]
+    api = load_json(ROOT / "workflows" / "api" / "cosmos3_edge_t2v.json")
+    (node_id,) = [n for n, node in api.items() if node["class_type"] == "Cosmos3Sampler"]
+    last = [name for name in widget_names(sampler) if name in api[node_id]["inputs"]][-1]  # the last one saved
+    assert not declared_inputs(sampler)[last][2]  # appended widgets are optional
+    older = copy.deepcopy(api)
+    del older[node_id]["inputs"][last]
+    execute(small(older), registry)  # validated, then the sampler runs at its own default for the widget
+    ui = load_json(ROOT / "workflows" / "cosmos3_edge_t2v.json")
+    next(n for n in ui["nodes"] if n["type"] == "Cosmos3Sampler")["widgets_values"].pop()
+    converted = front_end_conversion(ui, registry)
+    assert converted[node_id]["inputs"][last] == declared_inputs(sampler)[last][1]["default"]
+    assert with_defaults(converted, registry) == with_defaults(older, registry)
 
 
 def test_widget_order_of_our_nodes(pack):
-    """widgets_values follow these orders; changing one breaks saved workflows (append new widgets only)."""
+    """widgets_values follow these orders; changing one breaks saved workflows. Append new widgets only, to
+    "optional" with a default: saved workflows then stay valid as they are."""
     expected = {
         "Cosmos3ModelLoader": ["model_name", "dtype", "device", "hf_repo_id", "allow_download", "gpus", "multi_gpu",
                                "offload_text", "blocks_to_swap", "quantize", "transformer_file", "parts"],
@@ -256,8 +316,8 @@ def test_widget_order_of_our_nodes(pack):
 def test_sampler_widgets_values_carry_the_seed_control(registry):
     workflow = load_json(ROOT / "workflows" / "cosmos3_edge_t2v.json")
     sampler = next(n for n in workflow["nodes"] if n["type"] == "Cosmos3Sampler")
-    assert sampler["widgets_values"][-7:] == [42, "fixed", False, "seacache", False, 0, 1]  # seed, its control, sound,
-    # cache, compile, chunk frames and overlap
+    seed = widget_names(registry["Cosmos3Sampler"]).index("seed")  # (no widget before it has UI-only values)
+    assert sampler["widgets_values"][seed : seed + 3] == [42, "fixed", False]  # seed, its control, then sound
 
 
 def test_a_shifted_widget_is_caught(registry):
@@ -265,8 +325,8 @@ def test_a_shifted_widget_is_caught(registry):
     for node in workflow["nodes"]:
         if node["type"] == "Cosmos3Sampler":
             node["widgets_values"].insert(0, 0)
-    with pytest.raises(WorkflowError, match="left over"):
-        front_end_conversion(workflow, registry)
+    with pytest.raises(WorkflowError):  # values left over, or one of the wrong type
+        validate(front_end_conversion(workflow, registry), registry)
 
 
 @pytest.mark.parametrize(
@@ -287,6 +347,8 @@ def test_validation_rejects_bad_prompts(registry, change, message):
 
 
 def test_node_definitions_are_well_formed(pack):
+    # one entry per node in NODES (its id is its class name): no class, and no display name, twice
+    assert len(pack.NODE_CLASS_MAPPINGS) == len(set(pack.NODE_DISPLAY_NAME_MAPPINGS.values())) == len(pack.NODES)
     for node_id, cls in pack.NODE_CLASS_MAPPINGS.items():
         assert node_id.startswith("Cosmos3") and pack.NODE_DISPLAY_NAME_MAPPINGS[node_id].startswith("Cosmos3 ")
         assert cls.CATEGORY.startswith("cosmos3") and callable(getattr(cls, cls.FUNCTION))

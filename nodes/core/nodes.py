@@ -10,7 +10,7 @@ import torch
 from ...cosmos3_runtime import InputError
 from ...cosmos3_runtime.request import help_of, parse_frame_indexes
 from .. import services
-from ..sampling import prompt_inputs, prompt_options
+from ..prompting import prompt_inputs, prompt_options
 from .prompt_marker import CorePrompt, conditioning
 
 

@@ -20,6 +20,7 @@ Not a test: numbers depend on the machine.
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -153,7 +154,7 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
             quantize_fp8(model, "fp8" if option["fp8"] is True else option["fp8"])
         text_offload = TextOffload(model, torch.device("cpu")) if option.get("offload_text") else None
         if option.get("blocks_to_swap"):
-            model.streamer = BlockSwap(model, option["blocks_to_swap"])
+            model.hooks = replace(model.hooks, layer=BlockSwap(model, option["blocks_to_swap"]))
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()

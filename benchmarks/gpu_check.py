@@ -566,7 +566,7 @@ def check_block_swap_memory(c: Check) -> None:
     for swap in (0, 10):
         model = random_model(config, str(c.device))
         if swap:
-            model.streamer = BlockSwap(model, swap)  # the swapped layers to pinned CPU memory
+            model.hooks = dataclasses.replace(model.hooks, layer=BlockSwap(model, swap))  # to pinned CPU memory
             torch.cuda.empty_cache()  # their device copies freed, not kept in the allocator's cache
         layer_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                           if n.startswith("layers.1.") and tower_of(n) == "media tower")

@@ -8,8 +8,8 @@
   one already on its way on a side stream (CUDA) while the current layer computes: two swapped layers
   are on the compute device at any time. Same weights, same kernels: bit-identical results.
 
-Both work through the transformer's layer hook (`Cosmos3Transformer.streamer`), so they also serve
-as the seam where a host (ComfyUI) plugs in its own weight streaming.
+Block swap works through the transformer's layer hook (`Hooks.layer` in `Cosmos3Transformer.hooks`), the seam
+where a host (ComfyUI) may plug in its own weight streaming too.
 
 Pinned CPU copies are packed into a few slabs (`_pin_in_slabs`): PyTorch's caching host allocator rounds each
 pinned block up to a power of two, so pinning parameter by parameter took Nano's text tower (14.77 GB in bf16)
@@ -137,7 +137,7 @@ class BlockSwap:
     copy over is asynchronous."""
 
     def __init__(self, model: nn.Module, count: int, pin: bool | None = None):
-        self.model = weakref.ref(model)  # the model holds this streamer: no reference cycle
+        self.model = weakref.ref(model)  # the model's hooks hold this: no reference cycle
         self.swapped = list(range(min(count, len(model.layers))))
         pin = torch.cuda.is_available() if pin is None else pin
         layers = {i: list(_parameters(model, "media tower", i)) for i in self.swapped}

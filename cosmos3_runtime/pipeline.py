@@ -331,6 +331,7 @@ class Cosmos3Pipeline:
         self.quantize: str | None = None
         self._reasoner: reasoning.Reasoner | None = None
         self._finite: FiniteCheck | None = None  # the running generation's (one at a time per pipeline)
+        self._hooks = None  # the running generation's transformer hooks (its media block compiled or not)
 
     @property
     def variant(self) -> Variant:
@@ -371,7 +372,7 @@ class Cosmos3Pipeline:
             self.text_offload = TextOffload(self.transformer, torch.device(home))
         if blocks_to_swap:
             self.block_swap = BlockSwap(self.transformer, blocks_to_swap)
-            self.transformer.streamer = self.block_swap
+            self.transformer.hooks = replace(self.transformer.hooks, layer=self.block_swap)
 
     def text_kv(self, ids: list[int]) -> TextKV:
         """The prompt's per-layer text K/V, computed once and kept for the last two prompts (cond, uncond)."""
@@ -532,7 +533,7 @@ class Cosmos3Pipeline:
 
     def _generate(self, plan: Plan, callback, parallel, progress) -> Generation:
         r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
-        self.transformer.media_block = compiled_media_block() if r.compile else DecoderLayer.media
+        self._hooks = replace(self.transformer.hooks, block=compiled_media_block() if r.compile else DecoderLayer.media)
         if parallel is not None and (r.sound or r.action is not None):
             raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
         cache = None if s.cache is None else StepCache(s.cache)
@@ -712,9 +713,9 @@ class Cosmos3Pipeline:
 
         def velocities(k, ids, context) -> list[torch.Tensor]:
             # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
-            stack = None if cache is None else cache.layers(k)  # each pass (k-th of its step) caches on its own
+            hooks = self._hooks if cache is None else replace(self._hooks, stack=cache.layers(k))  # each pass caches on its own
             out = self.transformer(latents, timesteps[i], self.text_kv(ids), noisy, s.fps,
-                                   [track.tokens() for track in tracks], sp=sp, context=context, stack=stack)
+                                   [track.tokens() for track in tracks], sp=sp, context=context, hooks=hooks)
             return [out.vision.float()] + [v.float() for v in out.tracks]
 
         for i, t in enumerate(schedule.timesteps.tolist()):

@@ -142,8 +142,9 @@ class StepCache:
         return True
 
     def layers(self, pass_index: int):
-        """The hook `Cosmos3Transformer.forward(stack=...)` calls with the stack's input and a function that runs
-        it: a full run stores its residual; a skipped one returns the input plus the extrapolated residual."""
+        """The layer-stack hook (`Hooks.stack`) of this step's pass `pass_index`, which the transformer calls with
+        the stack's input and a function that runs it: a full run stores its residual; a skipped one returns the
+        input plus the extrapolated residual."""
         full = self.runs_in_full(pass_index)
         p = self.pathways[pass_index]
 

@@ -6,6 +6,11 @@ mask to [text K/V ; media K/V]. Text never attends to media, so a prompt's per-l
 not depend on the latents or the timestep: `encode_text` computes them once per prompt and every
 denoising step reuses them (`TextKV`). That removes the whole text tower from the per-step cost.
 
+A forward embeds the media sequence (`MediaTokens`), runs the media layer stack and reads the velocities out. How
+the stack runs is its `Hooks`: the block each layer runs (eager or compiled), a call before and after each layer
+(block swap), a wrapper around the stack (the step cache), and a `MediaKV`: the media K/V of earlier forwards,
+which a causal rollout's tokens attend to between the text and themselves.
+
 Parameter names equal the diffusers checkpoint keys, so weights load without renaming. Weights the
 generation path never reads (lm_head, the UND final norm, and the last layer's UND query, output
 projection and MLP) are not built at all.
@@ -17,10 +22,10 @@ C latent channels, p latent patch size.
 import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -283,8 +288,10 @@ class MoTAttention(nn.Module):
         k = apply_rope(k, cos, sin)
         return self.to_out(attention(q, k, v, causal=True)), k_for_media, v
 
-    def media(self, x, cos, sin, text_k, text_v, shards: SequenceShards | None = None) -> torch.Tensor:
-        """Media attention over [text ; media] keys and values, no mask.
+    def media(self, x, cos, sin, text_k, text_v, shards: SequenceShards | None = None,
+              history: "LayerKV | None" = None) -> torch.Tensor:
+        """Media attention over [text ; media] keys and values, no mask; with `history` (a `MediaKV`'s view of this
+        layer) over [text ; held media ; media], this forward's keys and values written after the held ones.
 
         With `shards` (sequence parallelism) x holds this rank's tokens; attention runs over all tokens
         for this rank's heads, between two all-to-alls, and padding rows never serve as keys.
@@ -297,6 +304,8 @@ class MoTAttention(nn.Module):
             q = shards.to_heads(q)
             k, v = shards.to_heads(k)[: shards.tokens], shards.to_heads(v)[: shards.tokens]
             text_k, text_v = shards.my_heads(text_k), shards.my_heads(text_v)
+        if history is not None:
+            k, v = history.update(k, v)
         out = (self.media_attention or attention)(q, torch.cat([text_k, k]), torch.cat([text_v, v]))
         if shards is not None:
             out = shards.to_tokens(out.view(out.shape[0], -1, self.head_dim)).flatten(1)
@@ -325,9 +334,9 @@ class DecoderLayer(nn.Module):
         x = x + out
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
-    def media(self, x, cos, sin, text_k, text_v, shards=None):
+    def media(self, x, cos, sin, text_k, text_v, shards=None, history=None):
         """Media tokens [N, H] -> [N, H] (this rank's tokens under sequence parallelism)."""
-        x = x + self.self_attn.media(self.input_layernorm_moe_gen(x), cos, sin, text_k, text_v, shards)
+        x = x + self.self_attn.media(self.input_layernorm_moe_gen(x), cos, sin, text_k, text_v, shards, history)
         return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
 
 
@@ -424,6 +433,103 @@ class Velocity:
     tracks: list[torch.Tensor] = field(default_factory=list)  # one [n, dim] per input track, in order
 
 
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's view of a `MediaKV` in one forward: the layer's key and value rows [rows, K, D], the first `held`
+    of them earlier forwards'."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    held: int
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's k, v [n, K, D] after the held rows -> the held and the written rows (views)."""
+        end = self.held + k.shape[0]
+        self.keys[self.held : end] = k
+        self.values[self.held : end] = v
+        return self.keys[:end], self.values[:end]
+
+
+class MediaKV:
+    """The media keys and values of earlier forwards, per layer: the history a causal rollout's tokens attend to after
+    the text. Preallocated, as gpt-fast's KV cache is: `rows` tokens per layer, the held ones first.
+
+    A forward given the cache (`Hooks.cache`) places its video and context items from `start_frame`, attends over
+    [text ; held ; its own tokens] without a mask, and writes its own keys and values right after the held rows;
+    `append` keeps them. Keys are stored with their rotary positions applied, so every row keeps the absolute
+    position it was written at, and since no mask orders the keys, `evict` fills the rows it frees with the latest
+    rows instead of shifting the history. Not under sequence parallelism.
+    """
+
+    def __init__(self, config: TransformerConfig, rows: int, dtype: torch.dtype, device: torch.device):
+        shape = (config.num_hidden_layers, rows, config.num_key_value_heads, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.frames = torch.zeros(0, dtype=torch.long)  # the latent frame of each held row, on the host
+        self.start_frame = 0  # the absolute latent frame the next forward's video starts at
+        self.written = 0  # rows the last forward wrote after the held ones
+
+    @property
+    def held(self) -> int:
+        return self.frames.numel()
+
+    def views(self, tokens: int) -> list[LayerKV]:
+        """Every layer's view for a forward of `tokens` tokens."""
+        if self.held + tokens > self.keys.shape[1]:
+            raise InputError(f"the media K/V cache has {self.keys.shape[1]} rows: the {self.held} held and a forward's "
+                             f"{tokens} do not fit; evict frames first, or make it larger")
+        self.written = tokens
+        return [LayerKV(k, v, self.held) for k, v in zip(self.keys, self.values)]
+
+    def append(self, frames) -> None:
+        """Keep what the last forward wrote: `frames` [n] names the latent frame of each of its n tokens, in order."""
+        frames = torch.as_tensor(frames).to("cpu", torch.long).reshape(-1)
+        if frames.numel() != self.written:
+            raise ValueError(f"the last forward wrote {self.written} rows; {frames.numel()} frame numbers were given")
+        self.frames, self.written = torch.cat([self.frames, frames]), 0
+
+    def evict(self, sink: int, window: int) -> None:
+        """Keep the rows of the first `sink` frames and of the latest `window` frames. The latest rows kept move into
+        the rows freed, so the held rows stay the first ones and each move copies one row per layer."""
+        held = self.frames.unique()  # sorted
+        later = held[sink:]
+        keep = torch.isin(self.frames, torch.cat([held[:sink], later[max(later.numel() - window, 0) :]]))
+        count = int(keep.sum())
+        freed = (~keep[:count]).nonzero().flatten()
+        moved = keep[count:].nonzero().flatten() + count
+        to, fro = freed.to(self.keys.device), moved.to(self.keys.device)
+        self.keys[:, to], self.values[:, to] = self.keys[:, fro], self.values[:, fro]
+        self.frames[freed] = self.frames[moved]
+        self.frames = self.frames[:count]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a forward's media layer stack runs through besides the layers' weights. A model keeps the hooks of its
+    load (`Cosmos3Transformer.hooks`: block swap, a host's weight streaming); a run passes its own to each forward,
+    made from those with `dataclasses.replace` (the compiled block, a step cache, a rollout's media K/V). The media
+    attention is the layers' own (`Cosmos3Transformer.use_media_attention`)."""
+
+    block: Callable = DecoderLayer.media  # runs one media layer; `compiled_media_block()` is its compiled form
+    layer: object | None = None  # .before(i) / .after(i) around media layer i: block swap, host streaming
+    stack: Callable | None = None  # stack(hidden, run) around the layer stack: a step cache may return without run
+    cache: MediaKV | None = None  # earlier frames' media K/V, attended after the text
+
+
+@dataclass
+class MediaTokens:
+    """One forward's media sequence, [context items ; video ; tracks], from the embedding to the read-out."""
+
+    hidden: torch.Tensor  # [N, H] (this rank's rows under sequence parallelism)
+    cos: torch.Tensor  # the rows' rotary tables
+    sin: torch.Tensor
+    context: int  # tokens of the context items, before the video
+    grid: tuple[int, int, int]  # the video's patch grid (T, hp, wp)
+    size: tuple[int, int]  # the video's latent height and width
+    noisy: slice | list[int]  # the video frames being denoised
+    shards: SequenceShards | None = None
+
+
 class Cosmos3Transformer(nn.Module):
     def __init__(self, config: TransformerConfig, media: bool = True):
         """`media=False` builds the text tower alone (embeddings and every layer's text pathway): what the
@@ -435,8 +541,7 @@ class Cosmos3Transformer(nn.Module):
         self.embed_tokens = embedding(config.vocab_size, H)
         last = config.num_hidden_layers - 1
         self.layers = nn.ModuleList(DecoderLayer(config, i < last, media) for i in range(config.num_hidden_layers))
-        self.streamer = None  # optional: .before(i) / .after(i) around media layer i (block swap, host streaming)
-        self.media_block = DecoderLayer.media  # how a media layer runs: `compiled_media_block()` swaps in its compiled form
+        self.hooks = Hooks()  # this load's: what a forward runs through when its run passes none
         if not media:
             return
         self.norm_moe_gen = make_norm(config, H)
@@ -518,87 +623,39 @@ class Cosmos3Transformer(nn.Module):
         return x.reshape(C, frames, hp * p, wp * p)[:, :, :h, :w]
 
     @torch.no_grad()
-    def forward(
-        self,
-        latents: torch.Tensor,
-        timestep: torch.Tensor,
-        text: TextKV,
-        noisy_frames: list[int] | None = None,
-        fps: float = 24.0,
-        tracks: Sequence[TrackTokens] = (),
-        sp: Group | None = None,
-        context: list[torch.Tensor] = (),
-        stack=None,
-    ) -> Velocity:
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: TextKV, noisy_frames: list[int] | None = None,
+                fps: float = 24.0, tracks: Sequence[TrackTokens] = (), sp: Group | None = None,
+                context: Sequence[torch.Tensor] = (), hooks: Hooks | None = None) -> Velocity:
         """Predict the flow velocity of the media tokens.
 
         latents [1, C, T, h, w] on the device the forward runs on; timestep a scalar tensor; text the prompt's cached
-        K/V;
-        noisy_frames the latent frames being denoised (default all; the rest are clean conditioning
-        and get no timestep embedding and zero velocity); fps the video frame rate; tracks the tokens denoised beside
-        the video (their velocities come back in `Velocity.tracks`, in order); sp a
-        sequence-parallel group (every rank passes the same inputs and gets the same result);
-        context clean latent items [1, C, T', h', w'] placed before the video (transfer controls): no
-        timestep embedding, no output, each at the positions the video would have at its size; stack(hidden, run)
-        a hook around the media layer stack (a step cache may return hidden plus a stored residual instead of
-        calling run(hidden)), default: run it.
+        K/V; noisy_frames the latent frames being denoised (default all; the rest are clean conditioning and get no
+        timestep embedding and zero velocity); fps the video frame rate; tracks the tokens denoised beside the video
+        (their velocities come back in `Velocity.tracks`, in order); sp a sequence-parallel group (every rank passes
+        the same inputs and gets the same result); context clean latent items [1, C, T', h', w'] placed before the
+        video (transfer controls): no timestep embedding, no output, each at the positions the video would have at its
+        size; hooks the run's (default: the model's `hooks`).
         """
-        c = self.config
-        dtype, device = self.dtype, latents.device
-        x = latents.to(dtype=dtype)[0]
-        _, T, h, w = x.shape
-        noisy = _frames(noisy_frames, T)
-        temb = self.time_embedding(timestep, device)
-
-        hidden, (cos, sin), n_context, grid = self.embed(x, temb, noisy, text.length, fps, tracks, context)
-        shards = None
+        hooks = self.hooks if hooks is None else hooks
+        start = 0 if hooks.cache is None else hooks.cache.start_frame
+        seq = self.embed(latents, timestep, text.length, noisy_frames, fps, tracks, context, start)
         if sp is not None:
-            if tracks:
-                raise InputError("sound and action tracks do not run under sequence parallelism; run them with sp=1")
-            check_heads(sp, c.num_attention_heads, c.num_key_value_heads)
-            shards = SequenceShards(sp, hidden.shape[0])
-            hidden, cos, sin = shards.shard(hidden), shards.shard(cos), shards.shard(sin)
+            self.shard(seq, sp, tracks, hooks)
+        return self.read_out(self.blocks(seq, text, hooks), seq, tracks)
 
-        def run(hidden: torch.Tensor) -> torch.Tensor:
-            for i, (layer, k, v) in enumerate(zip(self.layers, text.keys, text.values)):
-                cancel.check()
-                if self.streamer is not None:
-                    self.streamer.before(i)
-                hidden = self.media_block(layer, hidden, cos, sin, k, v, shards)
-                if self.streamer is not None:
-                    self.streamer.after(i)
-            return hidden
-
-        hidden = self.norm_moe_gen(run(hidden) if stack is None else stack(hidden, run))
-
-        video = slice(n_context, n_context + T * grid[1] * grid[2])
-        if shards is not None:  # gather 192-wide patch outputs, not hidden states (no tracks: refused above)
-            patches = shards.gather(self.proj_out(hidden))[video]
-            vision_out = patches.view(T, -1, patches.shape[-1])[noisy].flatten(0, 1)
-        else:
-            vision_out = self.proj_out(hidden[video].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1))
-        velocity = torch.zeros_like(x)
-        if _count(noisy):
-            velocity[:, noisy] = self.unpatchify(vision_out, _count(noisy), grid, h, w)
-        result = Velocity(velocity.unsqueeze(0))
-        start = video.stop
-        for track in tracks:
-            n = track.latents.shape[0]
-            rows = _frames(track.noisy_frames, n)
-            out = torch.zeros_like(track.latents, dtype=dtype, device=device)
-            out[rows] = _project(self.track_head(track.head)[1], hidden[start : start + n][rows], track.domain)
-            result.tracks.append(out)
-            start += n
-        return result
-
-    def embed(self, x, temb, noisy, text_length: int, fps: float, tracks, context):
-        """The media sequence [context items ; video ; tracks] embedded, with its rotary tables, the number of context
-        tokens and the video's patch grid. Its own intermediates (patches, per-segment embeddings) are gone when it
-        returns: the layer stack holds one copy of the tokens."""
-        c, (dtype, device) = self.config, (x.dtype, x.device)
+    def embed(self, latents, timestep, text_length: int, noisy_frames, fps: float, tracks, context,
+              start_frame: int = 0) -> MediaTokens:
+        """The media sequence [context items ; video ; tracks] embedded, the video and each context item from latent
+        frame `start_frame`. Its own intermediates (patches, per-segment embeddings) are gone when it returns: the
+        layer stack holds one copy of the tokens."""
+        c = self.config
+        x = latents.to(dtype=self.dtype)[0]
+        dtype, device = x.dtype, x.device
+        noisy = _frames(noisy_frames, x.shape[1])
+        temb = self.time_embedding(timestep, device)
         offset = text_length + c.unified_3d_mrope_temporal_modality_margin
 
-        def positions_of(grid, fps, temporal_factor, base_temporal_factor=None, start_frame=0):
+        def positions_of(grid, fps, temporal_factor, base_temporal_factor=None, start_frame=start_frame):
             """Positions of one media segment; every segment starts at the same temporal offset."""
             return media_positions(
                 *grid, offset, fps if c.enable_fps_modulation else None, float(c.base_fps), temporal_factor,
@@ -624,7 +681,58 @@ class Cosmos3Transformer(nn.Module):
             positions.append(positions_of((tokens.shape[0], 1, 1), fps if track.fps is None else track.fps,
                                           temporal_factor=1, base_temporal_factor=track.base_temporal_factor,
                                           start_frame=track.start_frame))
-        return torch.cat(segments), self.rope(torch.cat(positions, dim=1), dtype), n_context, grid
+        cos, sin = self.rope(torch.cat(positions, dim=1), dtype)
+        return MediaTokens(torch.cat(segments), cos, sin, n_context, grid, tuple(x.shape[2:]), noisy)
+
+    def shard(self, seq: MediaTokens, sp: Group, tracks, hooks: Hooks) -> None:
+        """Keep this rank's rows of the sequence (`SequenceShards`)."""
+        if tracks:
+            raise InputError("sound and action tracks do not run under sequence parallelism; run them with sp=1")
+        if hooks.cache is not None:
+            raise InputError("the media K/V cache does not run under sequence parallelism; run it with sp=1")
+        check_heads(sp, self.config.num_attention_heads, self.config.num_key_value_heads)
+        seq.shards = SequenceShards(sp, seq.hidden.shape[0])
+        seq.hidden, seq.cos, seq.sin = (seq.shards.shard(t) for t in (seq.hidden, seq.cos, seq.sin))
+
+    def blocks(self, seq: MediaTokens, text: TextKV, hooks: Hooks) -> torch.Tensor:
+        """The media layer stack over the sequence, through `hooks` -> the last layer's hidden states."""
+
+        def run(hidden: torch.Tensor) -> torch.Tensor:
+            history = [None] * len(self.layers) if hooks.cache is None else hooks.cache.views(hidden.shape[0])
+            for i, (layer, k, v, held) in enumerate(zip(self.layers, text.keys, text.values, history)):
+                cancel.check()
+                if hooks.layer is not None:
+                    hooks.layer.before(i)
+                hidden = hooks.block(layer, hidden, seq.cos, seq.sin, k, v, seq.shards, held)
+                if hooks.layer is not None:
+                    hooks.layer.after(i)
+            return hidden
+
+        return run(seq.hidden) if hooks.stack is None else hooks.stack(seq.hidden, run)
+
+    def read_out(self, hidden: torch.Tensor, seq: MediaTokens, tracks) -> Velocity:
+        """The velocities of the video's noisy frames and of each track's noisy rows (zero elsewhere)."""
+        hidden = self.norm_moe_gen(hidden)
+        T, hp, wp = seq.grid
+        video = slice(seq.context, seq.context + T * hp * wp)
+        if seq.shards is not None:  # gather 192-wide patch outputs, not hidden states (no tracks: refused)
+            patches = seq.shards.gather(self.proj_out(hidden))[video]
+            vision_out = patches.view(T, -1, patches.shape[-1])[seq.noisy].flatten(0, 1)
+        else:
+            vision_out = self.proj_out(hidden[video].view(T, -1, hidden.shape[-1])[seq.noisy].flatten(0, 1))
+        velocity = hidden.new_zeros(self.config.latent_channel, T, *seq.size, dtype=self.dtype)
+        if _count(seq.noisy):
+            velocity[:, seq.noisy] = self.unpatchify(vision_out, _count(seq.noisy), seq.grid, *seq.size)
+        result = Velocity(velocity.unsqueeze(0))
+        start = video.stop
+        for track in tracks:
+            n = track.latents.shape[0]
+            rows = _frames(track.noisy_frames, n)
+            out = hidden.new_zeros(track.latents.shape, dtype=self.dtype)
+            out[rows] = _project(self.track_head(track.head)[1], hidden[start : start + n][rows], track.domain)
+            result.tracks.append(out)
+            start += n
+        return result
 
     def track_head(self, name: str) -> tuple[nn.Module, nn.Module, torch.Tensor]:
         """The input projection, output projection and modality embedding of the track head `name`."""

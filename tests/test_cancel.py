@@ -6,6 +6,7 @@ import queue
 import shutil
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -176,14 +177,14 @@ def test_the_core_model_checks_comfyuis_cancel_between_layers(comfyui, tiny_edge
     x = torch.randn(1, 48, 2, 3, 4)
     conds = model.model.extra_conds(**positive[0][1], cross_attn=positive[0][0], noise=x, device=torch.device("cpu"))
     transformer = handle.pipeline.transformer
-    media, layers_run = transformer.media_block, []
+    media, layers_run = transformer.hooks.block, []
 
     def media_then_cancel(layer, *args):
         layers_run.append(layer)
         mm.interrupt_current_processing()  # what the server's /interrupt does
         return media(layer, *args)
 
-    monkeypatch.setattr(transformer, "media_block", media_then_cancel)
+    monkeypatch.setattr(transformer, "hooks", replace(transformer.hooks, block=media_then_cancel))
     try:
         with pytest.raises(mm.InterruptProcessingException):
             model.model.apply_model(x, torch.tensor([0.7]), **{k: c.cond for k, c in conds.items()})

@@ -10,6 +10,7 @@ layer, and an error under fullgraph.
 """
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from cosmos3_runtime import devices
 from cosmos3_runtime.devices import DeviceFacts
 from cosmos3_runtime.reasoner.chat import question_messages
 from cosmos3_runtime.reasoner.language import KVCache
-from cosmos3_runtime.transformer import DecoderLayer
+from cosmos3_runtime.transformer import DecoderLayer, MediaKV
 
 CPU_FP8 = devices.facts(torch.device("cpu")).fp8_rowwise  # this torch's CPU has torch._scaled_mm
 LIKE = {
@@ -49,11 +50,20 @@ def traced_whole(fn):
     return torch.compile(fn, fullgraph=True, backend="eager")
 
 
-def test_the_media_block_compiles_whole(edge, like, monkeypatch):
-    monkeypatch.setattr(edge.transformer, "media_block", traced_whole(DecoderLayer.media))
+@pytest.mark.parametrize("cached", [False, True], ids=["plain", "media K/V cache"])
+def test_the_media_block_compiles_whole(edge, like, cached):
+    """With a media K/V cache too: the block writes this forward's keys and values into it and reads them back after
+    the held ones."""
+    model = edge.transformer
+    cache = MediaKV(model.config, 24, model.dtype, torch.device("cpu")) if cached else None
+    hooks = replace(model.hooks, block=traced_whole(DecoderLayer.media), cache=cache)
+    latents = torch.randn(1, 48, 2, 4, 6)  # 12 tokens
     with torch.inference_mode():
-        text = edge.transformer.encode_text(torch.arange(20) % 500)
-        out = edge.transformer(torch.randn(1, 48, 2, 4, 6), torch.tensor(700), text)
+        text = model.encode_text(torch.arange(20) % 500)
+        out = model(latents, torch.tensor(700), text, hooks=hooks)
+        if cached:  # again, after the first forward's keys and values
+            cache.append(torch.zeros(cache.written))
+            out = model(latents, torch.tensor(700), text, hooks=hooks)
     assert torch.isfinite(out.vision).all()
 
 
@@ -85,10 +95,10 @@ def test_the_scaled_fp8_block_compiles_whole(tiny_factory, monkeypatch):
     monkeypatch.setitem(devices._FACTS, ("cpu", None), LIKE["H100"])
     pipe = cosmos3_runtime.load(tiny_factory(kind="edge", overrides={"num_hidden_layers": 3}), device="cpu",
                                 dtype="bf16", quantize="fp8_scaled")
-    monkeypatch.setattr(pipe.transformer, "media_block", traced_whole(DecoderLayer.media))
+    hooks = replace(pipe.transformer.hooks, block=traced_whole(DecoderLayer.media))
     with torch.inference_mode():
         text = pipe.transformer.encode_text(torch.arange(20) % 500)
-        out = pipe.transformer(torch.randn(1, 48, 2, 4, 6), torch.tensor(700), text)
+        out = pipe.transformer(torch.randn(1, 48, 2, 4, 6), torch.tensor(700), text, hooks=hooks)
     assert torch.isfinite(out.vision).all()
 
 

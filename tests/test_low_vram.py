@@ -1,5 +1,7 @@
 """Low-VRAM loading: text tower offload and block swap (bit-identical), fp8 weights (bounded error, half the bytes)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -335,7 +337,8 @@ def test_pinned_homes_are_views_into_a_few_slabs(tiny_factory, monkeypatch, slab
                         or slabs[-1])
     monkeypatch.setattr(offload, "SLAB_BYTES", slab_bytes)
     monkeypatch.setattr(offload.TextOffload, "PINNED_FOR", ("cpu",))
-    model.streamer = swap = offload.BlockSwap(model, 3, pin=True)
+    swap = offload.BlockSwap(model, 3, pin=True)
+    model.hooks = replace(model.hooks, layer=swap)
     text = offload.TextOffload(model, torch.device("cpu"))
     swapped = len(slabs)
     for _ in range(2):  # pinned on the first visit only

@@ -95,14 +95,14 @@ def keep(decoded: torch.Tensor, p: Chunks, k: int, out: Stitched | None) -> torc
     return decoded[:, :, decoded.shape[2] - p.seed_frames(k + 1):].clone()
 
 
-def seed(pipe, previous: torch.Tensor, frames: int, shape: tuple) -> Held:
+def seed(codec, previous: torch.Tensor, frames: int, shape: tuple) -> Held:
     """The held first latent frames of a chunk of latent `shape` seeded by the last `frames` frames of the previous
     chunk's decoded pixels [1, 3, T, H, W] in [-1, 1]: they are encoded again, the last frame repeated up to whole
     latent frames (the causal VAE's first latent holds one frame, each next one four)."""
     held = latent_frames(frames)
     target = pad_with_last_frame(previous[:, :, -frames:][:, :, : pixel_frames(held)], pixel_frames(held))
-    clean = torch.zeros(shape, dtype=torch.float32, device=pipe.device)
-    clean[:, :, :held] = pipe.encode_pixels(target.to(pipe.vae.dtype))
-    mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=pipe.device)
+    clean = torch.zeros(shape, dtype=torch.float32, device=codec.device)
+    clean[:, :, :held] = codec.encode_pixels(target.to(codec.vae.dtype))
+    mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=codec.device)
     mask[:held] = 1.0
     return Held(clean, mask)

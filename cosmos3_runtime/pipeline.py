@@ -14,6 +14,7 @@ import torch
 
 from . import budget, cancel, chunks, keyframes, modelopt_fp8, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
+from .codec import Codec
 from .conditioning import Held, pad_with_last_frame, preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError, NumericalError
 from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
@@ -26,14 +27,14 @@ from .schedulers import (Schedule, checkpoint_schedule, distilled_schedule, in_i
 from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR, latent_size
 from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
 from .action import ActionTrack, action_prompt, canvas_frames
-from .sound import SoundTrack, load_sound_tokenizer
+from .sound import SoundTokenizer, SoundTrack, load_sound_tokenizer
 from .step_cache import StepCache
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
                           linear_layers, load_dtype, pathway_of, split_dtypes)
 from . import reasoner as reasoning
-from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, image_frames, stage
+from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, stage
 from .weights import load_weights, read_headers
 
 log = logging.getLogger(__name__)
@@ -322,8 +323,7 @@ class Cosmos3Pipeline:
         self.text_offload: TextOffload | None = None
         self.block_swap: BlockSwap | None = None
         self.transformer = transformer
-        self.vae = vae
-        self.sound_tokenizer = sound_tokenizer
+        self.codec = Codec(vae, sound_tokenizer, device)
         self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
         self._text_cache: OrderedDict[tuple, TextKV] = OrderedDict()
         self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
@@ -336,6 +336,18 @@ class Cosmos3Pipeline:
     @property
     def variant(self) -> Variant:
         return self.checkpoint.variant
+
+    @property
+    def vae(self) -> WanVAE | None:
+        return self.codec.vae
+
+    @vae.setter
+    def vae(self, vae: WanVAE | None) -> None:
+        self.codec.vae = vae
+
+    @property
+    def sound_tokenizer(self) -> SoundTokenizer | None:
+        return self.codec.sound_tokenizer
 
     def plan(self, prompt, request: Request | None = None, **options) -> Plan:
         """A generation resolved once (`Planner.plan`): a host reads its estimate and notes, then `generate(plan)`."""
@@ -356,9 +368,7 @@ class Cosmos3Pipeline:
         for p in self.transformer.parameters():
             if id(p) not in held:
                 p.data = p.data.to(device)
-        for part in (self.vae, self.sound_tokenizer):
-            if part is not None:
-                part.to(device)
+        self.codec.to(device)
         if self._reasoner is not None:
             self._reasoner.to(device)
         self.device = self.planner.device = device
@@ -522,6 +532,7 @@ class Cosmos3Pipeline:
         log_notes(plan.settings)
         self.planner.check(plan)
         self._finite = FiniteCheck()
+        self.codec.observe = self._finite.note
         try:
             # each step sets the media pathway's own precision
             with modelopt_fp8.for_text(plan.settings.fp8_policy), cancel.checking(interrupt):
@@ -529,7 +540,7 @@ class Cosmos3Pipeline:
             self._finite.check()
             return result
         finally:
-            self._finite = None
+            self._finite = self.codec.observe = None
 
     def _generate(self, plan: Plan, callback, parallel, progress) -> Generation:
         r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
@@ -541,16 +552,12 @@ class Cosmos3Pipeline:
             if parallel is not None and parallel.cfg is not None:
                 raise InputError("transfer runs up to three forward passes a step, which CFG parallelism cannot split; "
                                  "turn cfg-parallel off (sequence parallelism works)")
-            if self.vae is None:
-                raise InputError("transfer needs the VAE (it encodes the controls and decodes every chunk); load the "
-                                 "pipeline with its VAE")
+            self.codec.vae_for("transfer (it encodes the controls and decodes every chunk)")
             self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
             frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress, cache)
             return Generation(None, frames, s, cache=cache and cache.report())
         if s.chunks is not None:
-            if self.vae is None:
-                raise InputError("a long video decodes each chunk to start the next from its last frames; load the "
-                                 "pipeline with its VAE")
+            self.codec.vae_for("a long video (it decodes each chunk to start the next from its last frames)")
             return self._long_video(s, r, cond_ids, uncond_ids, callback, parallel, progress, cache)
 
         held = self._conditioning(s, self.latent_shape(s), r)
@@ -593,7 +600,7 @@ class Cosmos3Pipeline:
             chunk = replace(s, num_frames=p.chunk, chunks=None,
                             condition_frames=s.condition_frames if k == 0 else tuple(range(carried)))
             shape = self.latent_shape(chunk)
-            held = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self, previous, seed, shape)
+            held = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self.codec, previous, seed, shape)
             latents = self.start_latents(shape, generator, held)
             guidance = CFG(prompts[k], uncond_ids, s.guidance_scale, s.guidance_interval)
             self._encode_prompts(prompts[k], uncond_ids, chunk, parallel, progress)
@@ -603,42 +610,31 @@ class Cosmos3Pipeline:
             kept_latents[:, :, filled : filled + own.shape[2]] = own
             filled += own.shape[2]
             if k + 1 < p.count or kept_frames is not None:  # the next chunk starts from these frames
-                previous = chunks.keep(self.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k,
+                previous = chunks.keep(self.codec.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k,
                                        kept_frames)
         frames = None if kept_frames is None else kept_frames.frames
         return Generation(kept_latents, frames, s, cache=cache and cache.report())
 
-    @torch.inference_mode()
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
-        """Sound latents [sound_dim, T_s] -> waveform [channels, samples] float32 in [-1, 1] on the CPU.
-
-        `seconds`: trim to that duration, `int(seconds * sample_rate)` samples (None: the full T_s * hop).
-        """
-        if self.sound_tokenizer is None:
-            raise InputError("this checkpoint has no sound tokenizer (sound_tokenizer/ in model_index.json)")
-        waveform = self.sound_tokenizer.decode(sound_latents).float().cpu()
-        if seconds is not None:
-            waveform = waveform[:, : int(seconds * self.sound_tokenizer.config.sampling_rate)]
-        return waveform
+        return self.codec.decode_sound(sound_latents, seconds)
 
     def _conditioning(self, s: Settings, shape, r: Request):
         """The conditioned frames held at their clean latents, mask [T, 1, 1] (None for T2I/T2V)."""
         if s.mode in ("t2i", "t2v"):
             return None
-        if self.vae is None:
-            raise InputError("image and video conditioning need the VAE; load the pipeline with its VAE")
+        vae = self.codec.vae_for("image and video conditioning")
         needed = s.condition_frames[-1] * TEMPORAL_FACTOR + 1  # causal VAE: latent f only sees pixel frames <= 4f
         if s.action is not None:  # the whole clip on its canvas, encoded, then cropped back to the content
             pixels, _, (content_h, content_w) = canvas_frames(s.action.clip(), s.action.resolution_tier,
-                                                               s.num_frames, self.vae.dtype)
-            encoded = self.encode_pixels(pixels)
+                                                               s.num_frames, vae.dtype)
+            encoded = self.codec.encode_pixels(pixels)
             h, w = latent_size(content_h, content_w)
             encoded = encoded[..., : max(h, 1), : max(w, 1)]
             shape = tuple(encoded.shape)
         elif r.condition_latents is not None:  # already encoded (a ComfyUI LATENT): raw VAE latents
             encoded = self._latent_condition(r.condition_latents, s, shape, r.condition_video_keep)
         elif r.keyframes is not None:  # the reference clip assembled in pixels, up to the last locked latent
-            encoded = self.encode_pixels(keyframes.reference(keyframes.place(r.keyframes, s.num_frames), s.height,
+            encoded = self.codec.encode_pixels(keyframes.reference(keyframes.place(r.keyframes, s.num_frames), s.height,
                                                              s.width))
         else:
             if s.mode == "i2v":
@@ -647,7 +643,7 @@ class Cosmos3Pipeline:
                 frames = preprocess_video(r.video, s.height, s.width)
                 frames = frames[:, :, :needed] if r.condition_video_keep == "first" else frames[:, :, -needed:]
                 pixels = pad_with_last_frame(frames, needed)
-            encoded = self.encode_pixels(pixels)
+            encoded = self.codec.encode_pixels(pixels)
         clean = torch.zeros(shape, dtype=torch.float32, device=self.device)
         clean[:, :, : encoded.shape[2]] = encoded
         mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=self.device)
@@ -668,7 +664,7 @@ class Cosmos3Pipeline:
             raise InputError(f"condition frames {list(s.condition_frames)} need {count} latent frames; the "
                              f"conditioning latents have {raw.shape[2]}")
         raw = raw[:, :, :count] if keep == "first" else raw[:, :, -count:]
-        return self.vae.normalize(raw.to(self.device)).float()
+        return self.codec.vae.normalize(raw.to(self.device)).float()
 
     def _encode_prompts(self, cond_ids, uncond_ids, s: Settings, parallel, progress) -> None:
         """The prompts' text K/V made before the first step (they are cached for it), each reported as "text". A
@@ -744,41 +740,12 @@ class Cosmos3Pipeline:
             self._finite.note("the media tower", self.transformer.dtype, latents, *(track.latents for track in tracks))
         return latents
 
-    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Pixels [1, 3, F, H, W] in [-1, 1] -> normalized latents (float32, on the device)."""
-        return self.vae.normalize(self.vae.encode(pixels.to(self.device, self.vae.dtype))).float()
-
-    @torch.inference_mode()
     def encode(self, frames: torch.Tensor, progress: Progress | None = None, raw: bool = False) -> torch.Tensor:
-        """Frames [F, H, W, 3] in 0..1 (an IMAGE batch) -> latents [1, 48, 1 + (F-1)//4, H/16, W/16] on the CPU.
+        return self.codec.encode(frames, progress, raw)
 
-        Normalized (the transformer's space), or with `raw` the VAE's posterior mean (what ComfyUI's
-        LATENT holds). `progress(done, total)` runs after every latent frame; raise from it to cancel.
-        """
-        if self.vae is None:
-            raise InputError("encoding needs the VAE; load the pipeline with its VAE")
-        pixels = frames[..., :3].permute(3, 0, 1, 2).unsqueeze(0).to(self.device) * 2 - 1
-        encoded = self.vae.encode(pixels, progress=progress)
-        return (encoded if raw else self.vae.normalize(encoded)).float().cpu()
-
-    @torch.inference_mode()
     def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
                raw: bool = False) -> torch.Tensor:
-        """Latents [1, 48, T, h, w] (normalized, or with `raw` the VAE's own) -> frames [F, H, W, 3] float32 in
-        0..1 on the CPU. `progress(done, total)` runs after every latent frame of every tile; raise to cancel.
-        """
-        if self.vae is None:
-            raise InputError("decoding needs the VAE; load the pipeline with its VAE")
-        return image_frames(self.decode_pixels(latents, tile, progress, raw))
-
-    def decode_pixels(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
-                      raw: bool = False) -> torch.Tensor:
-        """Latents [1, 48, T, h, w] -> pixels [1, 3, F, H, W] in [-1, 1], float32 on the device."""
-        z = latents.to(self.device)
-        pixels = self.vae.decode(z if raw else self.vae.denormalize(z), tile=tile, progress=progress)
-        if self._finite is not None:
-            self._finite.note("the VAE decoder", self.vae.dtype, pixels)
-        return pixels.float()
+        return self.codec.decode(latents, tile, progress, raw)
 
     def start_latents(self, shape: tuple, generator: torch.Generator, held: Held | None) -> torch.Tensor:
         """A run's first latents: noise drawn from `generator` (on the CPU, so every device draws the same), with the
@@ -789,12 +756,8 @@ class Cosmos3Pipeline:
     def latent_shape(self, s: Settings) -> tuple[int, ...]:
         return (1, self.transformer.config.latent_channel, s.latent_frames, *latent_size(s.height, s.width))
 
-    @torch.inference_mode()
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """Normalized latents -> the VAE's raw latents (float32, CPU), as the decoder sees them."""
-        if self.vae is None:
-            raise InputError("converting latents needs the VAE config; load the pipeline with its VAE")
-        return self.vae.denormalize(latents.to(self.device)).float().cpu()
+        return self.codec.raw_latents(latents)
 
 
 def load(

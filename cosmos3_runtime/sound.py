@@ -291,10 +291,7 @@ class SoundTrack:
         after the video's."""
         if not r.sound:
             return None
-        tokenizer = pipe.sound_tokenizer
-        if tokenizer is None:
-            raise InputError("sound needs the checkpoint's sound tokenizer: load the pipeline with its VAE (the sound "
-                             "tokenizer loads with it)")
+        tokenizer = pipe.codec.sound_for("sound")
         config = pipe.transformer.config
         frames = -(-samples_for(s.num_frames, s.fps, tokenizer.config.sampling_rate) // tokenizer.config.hop)
         noise = torch.randn((config.sound_dim, frames), generator=generator, dtype=torch.float32).to(pipe.device)
@@ -310,6 +307,6 @@ class SoundTrack:
     def finish(self, result, pipe, s, r) -> None:
         """The run's sound: its latents, and with frames its waveform (trimmed to the video with `sound_trim`)."""
         result.sound_latents = self.latents.cpu()
-        result.sample_rate = pipe.sound_tokenizer.config.sampling_rate
+        result.sample_rate = pipe.codec.sound_tokenizer.config.sampling_rate
         if r.output == "frames":
-            result.sound = pipe.decode_sound(result.sound_latents, s.num_frames / s.fps if r.sound_trim else None)
+            result.sound = pipe.codec.decode_sound(result.sound_latents, s.num_frames / s.fps if r.sound_trim else None)

@@ -181,15 +181,15 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
         if progress is not None:
             progress("chunk", k + 1, p.count)
         start, end = p.window(k)
-        controls = [pipe.encode_pixels(reflect_pad(c[:, :, start:end], p.chunk)) for c in pixels]
+        controls = [pipe.codec.encode_pixels(reflect_pad(c[:, :, start:end], p.chunk)) for c in pixels]
         seed = p.seed_frames(k)
         chunk = replace(s, num_frames=p.chunk, condition_frames=tuple(range(chunks.latent_frames(seed))))
         shape = pipe.latent_shape(chunk)
-        held = chunks.seed(pipe, previous, seed, shape) if seed else None
+        held = chunks.seed(pipe.codec, previous, seed, shape) if seed else None
         latents = pipe.start_latents(shape, generator, held)
         guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
                             p.control_guidance, p.control_interval)
         latents = pipe.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k), parallel,
                                cache=cache)
-        previous = chunks.keep(pipe.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k, stitched)
+        previous = chunks.keep(pipe.codec.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k, stitched)
     return stitched.frames

@@ -1,0 +1,85 @@
+"""The codec: the Wan 2.2 VAE and the sound tokenizer, taking pixels and waveforms to and from the transformer's
+latent space on one device. Runs, tracks and hosts encode and decode through it, never through the pipeline; a
+pipeline loaded without its VAE (latents only, or the Reasoner alone) has a codec that refuses by name what needs it.
+"""
+
+from collections.abc import Callable
+
+import torch
+
+from .errors import InputError
+from .sound import SoundTokenizer
+from .vae import Progress, TileSpec, WanVAE, image_frames
+
+
+class Codec:
+    def __init__(self, vae: WanVAE | None, sound_tokenizer: SoundTokenizer | None, device: torch.device):
+        self.vae, self.sound_tokenizer, self.device = vae, sound_tokenizer, device
+        # told of every decode's pixels during a generation (its finite check), else None
+        self.observe: Callable[[str, torch.dtype, torch.Tensor], None] | None = None
+
+    def vae_for(self, what: str) -> WanVAE:
+        """The VAE, or a refusal naming `what` needs it."""
+        if self.vae is None:
+            raise InputError(f"{what} needs the VAE; load the pipeline with its VAE")
+        return self.vae
+
+    def to(self, device: torch.device) -> None:
+        for part in (self.vae, self.sound_tokenizer):
+            if part is not None:
+                part.to(device)
+        self.device = device
+
+    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels [1, 3, F, H, W] in [-1, 1] -> normalized latents (float32, on the device)."""
+        vae = self.vae_for("encoding frames")
+        return vae.normalize(vae.encode(pixels.to(self.device, vae.dtype))).float()
+
+    def decode_pixels(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
+                      raw: bool = False) -> torch.Tensor:
+        """Latents [1, 48, T, h, w] (normalized, or with `raw` the VAE's own) -> pixels [1, 3, F, H, W] in [-1, 1],
+        float32 on the device. `progress(done, total)` runs after every latent frame of every tile."""
+        vae = self.vae_for("decoding")
+        z = latents.to(self.device)
+        pixels = vae.decode(z if raw else vae.denormalize(z), tile=tile, progress=progress)
+        if self.observe is not None:
+            self.observe("the VAE decoder", vae.dtype, pixels)
+        return pixels.float()
+
+    @torch.inference_mode()
+    def encode(self, frames: torch.Tensor, progress: Progress | None = None, raw: bool = False) -> torch.Tensor:
+        """Frames [F, H, W, 3] in 0..1 (an IMAGE batch) -> latents [1, 48, 1 + (F-1)//4, H/16, W/16] on the CPU:
+        normalized (the transformer's space), or with `raw` the VAE's posterior mean (what ComfyUI's LATENT holds).
+        `progress(done, total)` runs after every latent frame; raise from it to cancel."""
+        vae = self.vae_for("encoding")
+        pixels = frames[..., :3].permute(3, 0, 1, 2).unsqueeze(0).to(self.device) * 2 - 1
+        encoded = vae.encode(pixels, progress=progress)
+        return (encoded if raw else vae.normalize(encoded)).float().cpu()
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
+               raw: bool = False) -> torch.Tensor:
+        """Latents [1, 48, T, h, w] -> frames [F, H, W, 3] float32 in 0..1 on the CPU (`decode_pixels`)."""
+        return image_frames(self.decode_pixels(latents, tile, progress, raw))
+
+    @torch.inference_mode()
+    def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalized latents -> the VAE's raw latents (float32, CPU), as the decoder sees them."""
+        return self.vae_for("converting latents").denormalize(latents.to(self.device)).float().cpu()
+
+    def sound_for(self, what: str) -> SoundTokenizer:
+        """The sound tokenizer, or a refusal naming `what` needs it."""
+        if self.sound_tokenizer is None:
+            raise InputError(f"{what} needs the checkpoint's sound tokenizer (sound_tokenizer/ in model_index.json): "
+                             "load the pipeline with its VAE (the sound tokenizer loads with it)")
+        return self.sound_tokenizer
+
+    @torch.inference_mode()
+    def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
+        """Sound latents [sound_dim, T_s] -> waveform [channels, samples] float32 in [-1, 1] on the CPU; `seconds`:
+        trimmed to `int(seconds * sample_rate)` samples (None: the full T_s * hop)."""
+        tokenizer = self.sound_for("decoding sound")
+        waveform = tokenizer.decode(sound_latents).float().cpu()
+        if seconds is not None:
+            waveform = waveform[:, : int(seconds * tokenizer.config.sampling_rate)]
+        return waveform

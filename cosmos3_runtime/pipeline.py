@@ -317,13 +317,13 @@ class Cosmos3Pipeline:
     local = True
 
     def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
-        self.checkpoint, self.device, self.dtype = checkpoint, device, dtype
+        self.codec = Codec(vae, sound_tokenizer, device)
+        self.checkpoint, self.dtype = checkpoint, dtype
         self.planner = Planner(checkpoint, tokenizer, transformer.config, None if vae is None else vae.config, device,
                                dtype)
         self.text_offload: TextOffload | None = None
         self.block_swap: BlockSwap | None = None
         self.transformer = transformer
-        self.codec = Codec(vae, sound_tokenizer, device)
         self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
         self._text_cache: OrderedDict[tuple, TextKV] = OrderedDict()
         self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
@@ -336,6 +336,15 @@ class Cosmos3Pipeline:
     @property
     def variant(self) -> Variant:
         return self.checkpoint.variant
+
+    @property
+    def device(self) -> torch.device:
+        """Where runs go; the codec's too (a host that moves the pipeline for a node sets it)."""
+        return self.codec.device
+
+    @device.setter
+    def device(self, device: torch.device) -> None:
+        self.codec.device = device
 
     @property
     def vae(self) -> WanVAE | None:

@@ -37,3 +37,5 @@ def test_the_pipeline_and_its_codec_share_one_vae(tiny_gated):
     pipe.codec.observe = lambda part, dtype, pixels: seen.append(part)
     pipe.codec.decode(pipe.codec.encode(frames))
     assert seen == ["the VAE decoder"]  # a generation's finite check hears every decode through this
+    pipe.device = torch.device("meta")  # what a host does when it moves the pipeline for a node
+    assert pipe.codec.device == torch.device("meta")

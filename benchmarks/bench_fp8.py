@@ -71,7 +71,7 @@ def measure(kind: str, folder: Path) -> None:
         for name, module in pipe.transformer.named_modules():
             if isinstance(module, Fp8Linear):
                 module.scaled = policy(name, layer_class(name, n), n)
-        pipe._text_cache.clear()  # the text tower's K/V depend on the policy too
+        pipe.denoiser.text_cache.clear()  # the text tower's K/V depend on the policy too
         errors = [((pipe.generate("a cat walks", seed=s, **REQUEST).latents - e).abs().mean() / e.abs().mean()).item()
                   for s, e in zip(SEEDS, expected)]
         error = sum(errors) / len(errors)

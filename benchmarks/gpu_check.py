@@ -182,7 +182,7 @@ def check_low_vram(c: Check) -> None:
     for options in (dict(offload_text=True), dict(blocks_to_swap=3), dict(offload_text=True, blocks_to_swap=6)):
         pipe = cosmos3_runtime.load(tiny(c), device=c.device, dtype="bf16", **options)
         same = torch.equal(pipe.generate("a cat", **REQUEST).latents, baseline(c))
-        held = [p for part in (pipe.text_offload, pipe.block_swap) if part is not None for p in part.held()]
+        held = [p for part in (pipe.denoiser.text_offload, pipe.block_swap) if part is not None for p in part.held()]
         off = all(p.device.type == "cpu" for p in held)
         c.row(f"{options}", same and off, f"bit-identical={same}, {len(held)} offloaded tensors in CPU memory={off}")
 
@@ -528,7 +528,7 @@ def check_generate_stages(c: Check) -> None:
     _, cond, uncond = pipe.planner.prepare("A robot arm stacks two cubes.", request)
     c.sync()
     start = time.perf_counter()
-    pipe.text_kv(cond), pipe.text_kv(uncond)
+    pipe.denoiser.text_kv(cond), pipe.denoiser.text_kv(uncond)
     c.sync()
     text = time.perf_counter() - start
     stamps = []

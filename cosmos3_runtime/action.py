@@ -296,7 +296,7 @@ class ActionTrack:
         """The track a request with an action asks for, its noise drawn after the video's (and the sound's)."""
         if s.action is None:
             return None
-        return cls(s.action, pipe.transformer.config.action_dim, generator, pipe.device, pipe.schedule_for(s))
+        return cls(s.action, pipe.transformer.config.action_dim, generator, pipe.device, pipe.denoiser.schedule_for(s))
 
     def tokens(self) -> TrackTokens:
         """One token per action, at the video's frame rate (4 per latent frame), from the frame after the

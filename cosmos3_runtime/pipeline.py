@@ -3,7 +3,6 @@
 import json
 import logging
 import os
-from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -15,15 +14,15 @@ import torch
 from . import budget, cancel, chunks, keyframes, modelopt_fp8, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .codec import Codec
+from .denoiser import Denoiser
 from .conditioning import Held, pad_with_last_frame, preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError, NumericalError
 from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
 from .offload import BlockSwap, TextOffload
-from .parallel import Parallel, exchange_branches
+from .parallel import Parallel
 from .prompts import PromptOptions, negative_text, positive_text
 from .quantize import check_mode, expect_stored_fp8, quantize_fp8, remember_input_ranges
-from .schedulers import (Schedule, checkpoint_schedule, distilled_schedule, in_interval, stepper_for,
-                         unipc_schedule)
+from .schedulers import in_interval
 from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR, latent_size
 from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
 from .action import ActionTrack, action_prompt, canvas_frames
@@ -31,7 +30,7 @@ from .sound import SoundTokenizer, SoundTrack, load_sound_tokenizer
 from .step_cache import StepCache
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
-from .transformer import (Cosmos3Transformer, DecoderLayer, TextKV, checkpoint_key_mapper, compiled_media_block,
+from .transformer import (Cosmos3Transformer, DecoderLayer, checkpoint_key_mapper, compiled_media_block,
                           linear_layers, load_dtype, pathway_of, split_dtypes)
 from . import reasoner as reasoning
 from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, stage
@@ -39,7 +38,6 @@ from .weights import load_weights, read_headers
 
 log = logging.getLogger(__name__)
 
-TEXT_CACHE_SIZE = 2  # the cond and uncond prompts of the latest request
 # The sound tokenizer decodes in fp32 whatever the model's dtype: in bf16 its Snake activations (sin(a x) of a
 # coarsely rounded x) leave a noise floor about 48 dB under the signal (benchmarks/bench_precision.py), for 0.5 B
 # parameters decoded once per clip.
@@ -318,20 +316,17 @@ class Cosmos3Pipeline:
 
     def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
         self.codec = Codec(vae, sound_tokenizer, device)
+        self.denoiser = Denoiser(transformer, checkpoint, device)
         self.checkpoint, self.dtype = checkpoint, dtype
         self.planner = Planner(checkpoint, tokenizer, transformer.config, None if vae is None else vae.config, device,
                                dtype)
-        self.text_offload: TextOffload | None = None
         self.block_swap: BlockSwap | None = None
-        self.transformer = transformer
         self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
-        self._text_cache: OrderedDict[tuple, TextKV] = OrderedDict()
         self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
         self.linear_class: type | None = None  # how the transformer was built: the Reasoner's parts are built alike
         self.quantize: str | None = None
         self._reasoner: reasoning.Reasoner | None = None
         self._finite: FiniteCheck | None = None  # the running generation's (one at a time per pipeline)
-        self._hooks = None  # the running generation's transformer hooks (its media block compiled or not)
 
     @property
     def variant(self) -> Variant:
@@ -339,12 +334,20 @@ class Cosmos3Pipeline:
 
     @property
     def device(self) -> torch.device:
-        """Where runs go; the codec's too (a host that moves the pipeline for a node sets it)."""
+        """Where runs go, and the denoiser's and the codec's (a host that moves the pipeline for a node sets it)."""
         return self.codec.device
 
     @device.setter
     def device(self, device: torch.device) -> None:
-        self.codec.device = device
+        self.codec.device = self.denoiser.device = device
+
+    @property
+    def transformer(self) -> Cosmos3Transformer:
+        return self.denoiser.transformer
+
+    @transformer.setter
+    def transformer(self, transformer: Cosmos3Transformer) -> None:
+        self.denoiser.transformer = transformer
 
     @property
     def vae(self) -> WanVAE | None:
@@ -372,7 +375,7 @@ class Cosmos3Pipeline:
         """
         device = torch.device(device)
         held = set()
-        for part in (self.text_offload, self.block_swap):
+        for part in (self.denoiser.text_offload, self.block_swap):
             held.update(map(id, part.held()) if part is not None else ())
         for p in self.transformer.parameters():
             if id(p) not in held:
@@ -381,37 +384,17 @@ class Cosmos3Pipeline:
         if self._reasoner is not None:
             self._reasoner.to(device)
         self.device = self.planner.device = device
-        self._text_cache.clear()
+        self.denoiser.text_cache.clear()
         return self
 
     def use_low_vram(self, offload_text: bool = False, blocks_to_swap: int = 0, home: str = "cpu") -> None:
         """Text tower on `home` between prompts, and/or the media pathway of `blocks_to_swap` layers streamed
         from CPU memory (see `offload`). Results stay bit-identical."""
         if offload_text:
-            self.text_offload = TextOffload(self.transformer, torch.device(home))
+            self.denoiser.text_offload = TextOffload(self.transformer, torch.device(home))
         if blocks_to_swap:
             self.block_swap = BlockSwap(self.transformer, blocks_to_swap)
             self.transformer.hooks = replace(self.transformer.hooks, layer=self.block_swap)
-
-    def text_kv(self, ids: list[int]) -> TextKV:
-        """The prompt's per-layer text K/V, computed once and kept for the last two prompts (cond, uncond)."""
-        key = self._text_key(ids)
-        if key in self._text_cache:
-            self._text_cache.move_to_end(key)
-        else:
-            on_device = self.text_offload.on(self.device) if self.text_offload is not None else nullcontext()
-            with on_device:  # an offloaded text tower visits the compute device for this prompt only
-                self._text_cache[key] = self.transformer.encode_text(torch.tensor(ids, dtype=torch.long), self.device)
-            while len(self._text_cache) > TEXT_CACHE_SIZE:
-                self._text_cache.popitem(last=False)
-            if self._finite is not None:
-                kv = self._text_cache[key]
-                self._finite.note("the text tower", self.transformer.text_dtype, *kv.keys, *kv.values)
-        return self._text_cache[key]
-
-    @staticmethod
-    def _text_key(ids: list[int]) -> tuple:
-        return tuple(ids), modelopt_fp8.runs_w8a8("text")  # an FP8 text tower's K/V depend on its precision
 
     @property
     def reasoner(self) -> reasoning.Reasoner:
@@ -491,7 +474,8 @@ class Cosmos3Pipeline:
         (`reasoner.Clip`s) in order. Options as for `reason`."""
         sampling = reasoning.Sampling.resolve(thinking, temperature, top_p, top_k, presence_penalty)
         reasoner = self.reasoner
-        on_device = self.text_offload.on(self.device) if self.text_offload is not None else nullcontext()
+        offload = self.denoiser.text_offload
+        on_device = offload.on(self.device) if offload is not None else nullcontext()
         with on_device, modelopt_fp8.for_text(self.variant.fp8_policy):
             return reasoner.answer(messages, images, videos, sampling=sampling, thinking=thinking, **options)
 
@@ -541,7 +525,7 @@ class Cosmos3Pipeline:
         log_notes(plan.settings)
         self.planner.check(plan)
         self._finite = FiniteCheck()
-        self.codec.observe = self._finite.note
+        self.codec.observe = self.denoiser.observe = self._finite.note
         try:
             # each step sets the media pathway's own precision
             with modelopt_fp8.for_text(plan.settings.fp8_policy), cancel.checking(interrupt):
@@ -549,11 +533,12 @@ class Cosmos3Pipeline:
             self._finite.check()
             return result
         finally:
-            self._finite = self.codec.observe = None
+            self._finite = self.codec.observe = self.denoiser.observe = None
 
     def _generate(self, plan: Plan, callback, parallel, progress) -> Generation:
         r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
-        self._hooks = replace(self.transformer.hooks, block=compiled_media_block() if r.compile else DecoderLayer.media)
+        block = compiled_media_block() if r.compile else DecoderLayer.media
+        self.denoiser.hooks = replace(self.transformer.hooks, block=block)  # this run's: the model is unchanged
         if parallel is not None and (r.sound or r.action is not None):
             raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
         cache = None if s.cache is None else StepCache(s.cache)
@@ -562,24 +547,24 @@ class Cosmos3Pipeline:
                 raise InputError("transfer runs up to three forward passes a step, which CFG parallelism cannot split; "
                                  "turn cfg-parallel off (sequence parallelism works)")
             self.codec.vae_for("transfer (it encodes the controls and decodes every chunk)")
-            self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
+            self.denoiser.encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
             frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress, cache)
             return Generation(None, frames, s, cache=cache and cache.report())
         if s.chunks is not None:
             self.codec.vae_for("a long video (it decodes each chunk to start the next from its last frames)")
             return self._long_video(s, r, cond_ids, uncond_ids, callback, parallel, progress, cache)
 
-        held = self._conditioning(s, self.latent_shape(s), r)
-        shape = self.latent_shape(s) if held is None else tuple(held.clean.shape)  # an action canvas is cropped
+        held = self._conditioning(s, self.denoiser.latent_shape(s), r)
+        shape = self.denoiser.latent_shape(s) if held is None else tuple(held.clean.shape)  # an action canvas is cropped
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
-        latents = self.start_latents(shape, generator, held)
+        latents = self.denoiser.start_latents(shape, generator, held)
 
         # Each track's noise follows the video's from the same generator, in TRACKS order.
         tracks = [track for kind in TRACKS if (track := kind.for_request(self, s, r, generator)) is not None]
 
         guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
-        self._encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-        latents = self.denoise(latents, s, guidance, held, generator, callback, parallel, tracks, cache)
+        self.denoiser.encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
+        latents = self.denoiser.denoise(latents, s, guidance, held, generator, callback, parallel, tracks, cache)
         frames = None
         if r.output == "frames":
             frames = self.decode(latents, tile=r.vae_tile, progress=stage(progress, "decode"))
@@ -598,7 +583,7 @@ class Cosmos3Pipeline:
         p: chunks.Chunks = s.chunks
         generator = torch.Generator("cpu").manual_seed(int(r.seed))
         prompts = s.chunk_ids or [cond_ids] * p.count
-        kept_latents, filled = torch.empty(self.latent_shape(s)), 0
+        kept_latents, filled = torch.empty(self.denoiser.latent_shape(s)), 0
         kept_frames = chunks.Stitched(p, s.height, s.width) if r.output == "frames" else None
         previous = None
         for k in range(p.count):
@@ -608,12 +593,12 @@ class Cosmos3Pipeline:
             carried = chunks.latent_frames(seed)  # latent frames the previous chunk's last frames fill
             chunk = replace(s, num_frames=p.chunk, chunks=None,
                             condition_frames=s.condition_frames if k == 0 else tuple(range(carried)))
-            shape = self.latent_shape(chunk)
+            shape = self.denoiser.latent_shape(chunk)
             held = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self.codec, previous, seed, shape)
-            latents = self.start_latents(shape, generator, held)
+            latents = self.denoiser.start_latents(shape, generator, held)
             guidance = CFG(prompts[k], uncond_ids, s.guidance_scale, s.guidance_interval)
-            self._encode_prompts(prompts[k], uncond_ids, chunk, parallel, progress)
-            latents = self.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k),
+            self.denoiser.encode_prompts(prompts[k], uncond_ids, chunk, parallel, progress)
+            latents = self.denoiser.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k),
                                    parallel, (), cache)
             own = latents[:, :, carried:][:, :, : s.latent_frames - filled]
             kept_latents[:, :, filled : filled + own.shape[2]] = own
@@ -675,95 +660,12 @@ class Cosmos3Pipeline:
         raw = raw[:, :, :count] if keep == "first" else raw[:, :, -count:]
         return self.codec.vae.normalize(raw.to(self.device)).float()
 
-    def _encode_prompts(self, cond_ids, uncond_ids, s: Settings, parallel, progress) -> None:
-        """The prompts' text K/V made before the first step (they are cached for it), each reported as "text". A
-        CFG-parallel rank encodes what its branch needs, in its first step."""
-        if parallel is not None and parallel.cfg is not None:
-            return
-        prompts = [cond_ids] + ([uncond_ids] if s.guidance_scale != 1.0 else [])
-        new = any(self._text_key(ids) not in self._text_cache for ids in prompts)
-        on_device = self.text_offload.on(self.device) if self.text_offload is not None and new else nullcontext()
-        with on_device:  # an offloaded text tower visits the device once for both prompts
-            for done, ids in enumerate(prompts, 1):
-                self.text_kv(ids)
-                if progress is not None:
-                    progress("text", done, len(prompts))
-
-    def schedule_for(self, s: Settings) -> Schedule:
-        if s.schedule == "distilled":
-            return distilled_schedule(self.variant.distilled_sigmas, self.variant.stochastic_distilled)
-        if s.schedule == "checkpoint":
-            native = bool(self.checkpoint.model_index.get("use_native_flow_schedule", False))
-            return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)
-        return unipc_schedule(s.steps, s.flow_shift)
-
-    def denoise(self, latents, s: Settings, guidance, held: Held | None, generator, callback, parallel, tracks: list = (),
-                cache: StepCache | None = None):
-        """The sampling loop over the video latents and the tracks beside them (sound, action): the one loop every
-        mode runs (a plain generation, each transfer chunk, each chunk of a long video).
-
-        `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
-        transfer's). A track (see `TRACKS`) gives the transformer its tokens (`tokens()`, a `TrackTokens`) and
-        takes its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack.
-        """
-        schedule = self.schedule_for(s)
-        stepper = stepper_for(schedule)
-        noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
-        sp, cfg = (parallel.sp, parallel.cfg) if parallel is not None else (None, None)
-        if cache is not None:
-            cache.begin(len(schedule))
-        # The schedule goes to the device once (the model's timesteps, the previews' sigmas); guidance and the cache
-        # decide on host copies: a step reads nothing back from the device but the cache's one figure.
-        timesteps, sigmas = schedule.timesteps.to(latents.device), schedule.sigmas.to(latents.device)
-
-        def velocities(k, ids, context) -> list[torch.Tensor]:
-            # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
-            hooks = self._hooks if cache is None else replace(self._hooks, stack=cache.layers(k))  # each pass caches on its own
-            out = self.transformer(latents, timesteps[i], self.text_kv(ids), noisy, s.fps,
-                                   [track.tokens() for track in tracks], sp=sp, context=context, hooks=hooks)
-            return [out.vision.float()] + [v.float() for v in out.tracks]
-
-        for i, t in enumerate(schedule.timesteps.tolist()):
-            if cache is not None:
-                cache.step(i, latents, t, sp)
-            # Each pass runs at its own text length: padding one to the other's would leave zero keys that the
-            # (unmasked) media attention still weights.
-            passes = guidance.passes(t)
-            with modelopt_fp8.for_step(s.fp8_policy, i, len(schedule)):
-                if cfg is not None and len(passes) == 2:  # one pass per rank group, exchanged (no tracks)
-                    outputs = [[v] for v in exchange_branches(cfg, velocities(cfg.rank, *passes[cfg.rank])[0])]
-                else:
-                    outputs = [velocities(k, *p) for k, p in enumerate(passes)]
-            combined = guidance.combine(t, outputs)
-            velocity = combined[0]
-            if callback is not None:  # the model's current guess of the result: what previews should show
-                denoised = latents - sigmas[i] * velocity
-            latents = stepper.step(velocity, latents, generator)
-            for track, track_velocity in zip(tracks, combined[1:]):
-                track.step(track_velocity, generator)
-            if held is not None:  # conditioned frames stay exactly at their clean latents
-                latents = held.hold(latents)
-            if callback is not None:
-                callback(i + 1, len(schedule), denoised)
-        if self._finite is not None:
-            self._finite.note("the media tower", self.transformer.dtype, latents, *(track.latents for track in tracks))
-        return latents
-
     def encode(self, frames: torch.Tensor, progress: Progress | None = None, raw: bool = False) -> torch.Tensor:
         return self.codec.encode(frames, progress, raw)
 
     def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
                raw: bool = False) -> torch.Tensor:
         return self.codec.decode(latents, tile, progress, raw)
-
-    def start_latents(self, shape: tuple, generator: torch.Generator, held: Held | None) -> torch.Tensor:
-        """A run's first latents: noise drawn from `generator` (on the CPU, so every device draws the same), with the
-        held frames at their clean latents."""
-        noise = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
-        return noise if held is None else held.hold(noise)
-
-    def latent_shape(self, s: Settings) -> tuple[int, ...]:
-        return (1, self.transformer.config.latent_channel, s.latent_frames, *latent_size(s.height, s.width))
 
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
         return self.codec.raw_latents(latents)

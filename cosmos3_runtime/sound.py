@@ -295,7 +295,7 @@ class SoundTrack:
         config = pipe.transformer.config
         frames = -(-samples_for(s.num_frames, s.fps, tokenizer.config.sampling_rate) // tokenizer.config.hop)
         noise = torch.randn((config.sound_dim, frames), generator=generator, dtype=torch.float32).to(pipe.device)
-        return cls(noise, float(config.sound_latent_fps), pipe.schedule_for(s))
+        return cls(noise, float(config.sound_latent_fps), pipe.denoiser.schedule_for(s))
 
     def tokens(self) -> TrackTokens:
         """One token per latent frame, at the sound latents' own rate."""

@@ -184,12 +184,12 @@ def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, p
         controls = [pipe.codec.encode_pixels(reflect_pad(c[:, :, start:end], p.chunk)) for c in pixels]
         seed = p.seed_frames(k)
         chunk = replace(s, num_frames=p.chunk, condition_frames=tuple(range(chunks.latent_frames(seed))))
-        shape = pipe.latent_shape(chunk)
+        shape = pipe.denoiser.latent_shape(chunk)
         held = chunks.seed(pipe.codec, previous, seed, shape) if seed else None
-        latents = pipe.start_latents(shape, generator, held)
+        latents = pipe.denoiser.start_latents(shape, generator, held)
         guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
                             p.control_guidance, p.control_interval)
-        latents = pipe.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k), parallel,
+        latents = pipe.denoiser.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k), parallel,
                                cache=cache)
         previous = chunks.keep(pipe.codec.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k, stitched)
     return stitched.frames

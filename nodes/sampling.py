@@ -102,7 +102,7 @@ def schedule_sigmas(pipe, options: dict, frames: int | None):
     """The sigmas (float32, ending in 0) Cosmos3 Sampler would walk for these options."""
     request = Request.build(**options, num_frames=frames)
     if pipe is not None:
-        return pipe.schedule_for(resolve_settings(pipe.variant, request)).sigmas
+        return pipe.denoiser.schedule_for(resolve_settings(pipe.variant, request)).sigmas
     if request.schedule not in ("auto", "unipc"):  # (the schedule output still serves Cosmos3 Sampler)
         return refusing(SigmasNeedTheModel)
     s = resolve_settings(MULTI_STEP, request)

@@ -89,7 +89,7 @@ def test_one_forward_equals_the_pack_transformer(core, models):
     denoised = model.model.apply_model(x, sigma, **{k: c.cond for k, c in conds.items()})
     request = dict(num_frames=9, **SIZE, fps=16.0, negative_prompt="")
     _, ids, _ = pipe.planner.prepare("a red ball rolls", core.pack.sampling.Request(**request))
-    expected = pipe.transformer(x, sigma * 1000, pipe.text_kv(ids), None, 16.0).vision
+    expected = pipe.transformer(x, sigma * 1000, pipe.denoiser.text_kv(ids), None, 16.0).vision
     torch.testing.assert_close((x - denoised) / sigma, expected, atol=1e-5, rtol=0)
 
 

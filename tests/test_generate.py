@@ -128,7 +128,7 @@ def test_callback_gets_the_denoised_estimate(pipe):
 
 
 def test_text_kv_is_computed_once_per_prompt(pipe, monkeypatch):
-    pipe._text_cache.clear()
+    pipe.denoiser.text_cache.clear()
     encoded = []
     original = pipe.transformer.encode_text
     monkeypatch.setattr(pipe.transformer, "encode_text",

@@ -365,7 +365,7 @@ def test_a_whole_run_peaks_where_the_plan_says(tiny_factory, tmp_path, monkeypat
         request = dict(num_frames=61, steps=2, guidance_scale=5.0, output="latents", cache="off")
     plan = pipe.plan("A robot arm stacks two cubes on a table.", **CLIP, **request)
     steps = []  # each sampling loop's own peak (the whole run's is often the decode's)
-    denoise = pipe.denoise
+    denoise = pipe.denoiser.denoise
 
     def measured_denoise(*args, **kwargs):
         before, virtual.peak = virtual.peak, virtual.allocated
@@ -375,7 +375,7 @@ def test_a_whole_run_peaks_where_the_plan_says(tiny_factory, tmp_path, monkeypat
             steps.append(virtual.peak)
             virtual.peak = max(before, virtual.peak)
 
-    monkeypatch.setattr(pipe, "denoise", measured_denoise)
+    monkeypatch.setattr(pipe.denoiser, "denoise", measured_denoise)
     with torch.inference_mode(), VirtualDevice(readable=True) as virtual:
         pipe.generate(plan)
     estimate = plan.estimate

@@ -129,18 +129,18 @@ def test_long_video_chunks_are_a_plain_run_then_continuations(pipe, monkeypatch)
 
 def test_long_video_takes_a_prompt_per_chunk_and_reports_each_chunk(pipe):
     stages, texts = [], []
-    original = pipe.text_kv
+    original = pipe.denoiser.text_kv
 
     def spy(ids):
         texts.append(pipe.planner.tokenizer.tokenizer.decode(ids))
         return original(ids)
 
-    pipe.text_kv = spy
+    pipe.denoiser.text_kv = spy
     try:
         result = pipe.generate('["a red ball rolls", "the ball stops at a wall"]', num_frames=17, chunk_frames=9,
                                progress=lambda *stage: stages.append(stage), **RUN)
     finally:
-        del pipe.text_kv
+        del pipe.denoiser.text_kv
     assert result.frames.shape[0] == 17 and len(result.settings.chunk_ids) == 2
     assert [s for s in stages if s[0] == "chunk"] == [("chunk", 1, 2), ("chunk", 2, 2)]
     assert any("red ball rolls" in t for t in texts) and any("stops at a wall" in t for t in texts)

@@ -34,7 +34,7 @@ def test_block_swap_keeps_at_most_two_swapped_layers_on_the_device(tiny_factory)
 
     def media(layer, *args, **kwargs):
         i = list(pipe.transformer.layers).index(layer)
-        seen.append((i, swap.resident(), pipe.text_offload.on_compute))
+        seen.append((i, swap.resident(), pipe.denoiser.text_offload.on_compute))
         return original(layer, *args, **kwargs)
 
     type(pipe.transformer.layers[0]).media = media
@@ -47,7 +47,7 @@ def test_block_swap_keeps_at_most_two_swapped_layers_on_the_device(tiny_factory)
         assert len(resident) <= 2 and (i not in swap.swapped or i in resident) and not text_on_device
     assert [r for i, r, _ in seen[:4]] == [[0, 1], [1, 2], [2], []]  # the next one prefetched, the last dropped
     assert swap.resident() == [] and swap.most_resident == 2
-    for p in swap.held() + pipe.text_offload.held():  # back in CPU memory after the run
+    for p in swap.held() + pipe.denoiser.text_offload.held():  # back in CPU memory after the run
         assert p.device.type == "cpu"
 
 
@@ -57,14 +57,14 @@ def test_the_text_tower_visits_the_device_only_while_encoding(tiny_gated, monkey
 
     pipe = cosmos3_runtime.load(tiny_gated, dtype="fp32", device="cpu", offload_text=True)
     during, visits = [], []
-    pipe.transformer.embed_tokens.register_forward_pre_hook(lambda *_: during.append(pipe.text_offload.on_compute))
-    homes = [home.data_ptr() for _, home in pipe.text_offload.homes]
+    pipe.transformer.embed_tokens.register_forward_pre_hook(lambda *_: during.append(pipe.denoiser.text_offload.on_compute))
+    homes = [home.data_ptr() for _, home in pipe.denoiser.text_offload.homes]
     original = TextOffload._point_home
     monkeypatch.setattr(TextOffload, "_point_home", lambda self: visits.append(1) or original(self))
     pipe.generate("a cat", **REQUEST)
-    assert during == [True, True] and not pipe.text_offload.on_compute  # cond and uncond prompts
+    assert during == [True, True] and not pipe.denoiser.text_offload.on_compute  # cond and uncond prompts
     assert len(visits) == 1  # one visit for both
-    assert [p.data.data_ptr() for p in pipe.text_offload.held()] == homes  # the same home copies as before
+    assert [p.data.data_ptr() for p in pipe.denoiser.text_offload.held()] == homes  # the same home copies as before
     names = {name for name, _ in pipe.transformer.named_parameters() if tower_of(name) == "text tower"}
     assert "embed_tokens.weight" in names and "layers.0.self_attn.to_k.weight" in names
     assert not any("moe_gen" in name or ".add_" in name for name in names)

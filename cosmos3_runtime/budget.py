@@ -178,16 +178,14 @@ def check(needed: Estimate, device: torch.device, advice: str = GENERATION_ADVIC
     """Refuse a request whose estimate exceeds what `device` has free, or whose output exceeds the host's free memory,
     naming the figures and what to lower. `output_only`: the output's part alone on a GPU (before a host such as
     ComfyUI has made room there: the whole check comes then); on the CPU, one memory, everything together."""
-    if device.type == "cpu":
-        available = available_bytes(device)
-        if available is not None and needed.total + needed.host_total > available:
-            raise InputError(f"this request needs at least {needed.describe(host=True)} on {device}, which has "
-                             f"{gib(available)} free; {advice}")
-        return
+    on_cpu = device.type == "cpu"
     available = available_bytes(device)
-    if not output_only and available is not None and needed.total > available:
-        raise InputError(f"this request needs at least {needed.describe()} on {device}, which has {gib(available)} "
-                         f"free; {advice}")
+    if (on_cpu or not output_only) and available is not None and \
+            needed.total + (needed.host_total if on_cpu else 0) > available:
+        raise InputError(f"this request needs at least {needed.describe(host=on_cpu)} on {device}, which has "
+                         f"{gib(available)} free; {advice}")
+    if on_cpu:
+        return
     host = available_bytes(torch.device("cpu"))
     if host is not None and needed.host_total > host:
         shown = ", ".join(f"{name} {gib(n)}" for name, n in needed.host.items())

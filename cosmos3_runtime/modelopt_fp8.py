@@ -215,12 +215,15 @@ UNKNOWN_SCALE = re.compile(r"(_quantizer\.|(^|[._])(scale|amax)(_\d+)?$|\.svdqua
 
 @dataclass(frozen=True)
 class ScaleLayout:
-    """How one weight folder's FP8 scales are read (`scale_layout`): `rename` maps every key (scales included) to a
-    parameter name or None; `convert` turns a read tensor into the parameter's value (an activation range into its
-    scale); `scale_of` names, for each scale key, the linear it belongs to."""
+    """How one weight folder is read (`scale_layout`): every key's parameter name (None: not read), the fp8 weights
+    among them, and `convert`, which turns a read tensor into its parameter's value (an activation range into its
+    scale)."""
 
-    rename: Callable[[str], str | None]
-    scale_of: dict[str, str]
+    names: dict[str, str | None]
+    fp8_weights: set[str]
+
+    def rename(self, key: str) -> str | None:
+        return self.names[key]
 
     @staticmethod
     def convert(key: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -228,9 +231,9 @@ class ScaleLayout:
 
 
 def scale_layout(headers: dict, rename) -> ScaleLayout:
-    """The scales of a weight folder (its safetensors `headers`, keys mapped by `rename`) in either layout, the
-    unified export's winning where a linear has both. Every key is mapped here, so an unknown quantization tensor
-    or a scale that is not one number is refused by name before any weight is read."""
+    """Every key of a weight folder (its safetensors `headers`) mapped by `rename`, its FP8 scales in either layout,
+    the unified export's winning where a linear has both. An unknown quantization tensor, a scale that is not one
+    number or one beside a weight not stored in fp8 is refused by name, before any weight is read."""
     unified = {key[: -len(suffix)] for key in headers for suffix in UNIFIED_SCALES if key.endswith(suffix)}
 
     def scale_name(key: str) -> tuple[bool, str | None]:
@@ -245,26 +248,27 @@ def scale_layout(headers: dict, rename) -> ScaleLayout:
                     return True, None if name is None or target is None else name.removesuffix(".weight") + target
         return False, None
 
-    def mapped(key: str) -> str | None:
-        is_scale, name = scale_name(key)
+    names, scales = {}, {}
+    for key, entry in headers.items():
+        is_scale, names[key] = scale_name(key)
         if is_scale:
-            return name
-        if UNKNOWN_SCALE.search(key):
+            if names[key] is not None:
+                scales[key] = entry
+        elif UNKNOWN_SCALE.search(key):
             raise CheckpointError(f"{key}: a quantization tensor this pack does not read (it runs tensorwise FP8 "
                                   "weights and activations with `weight_scale` / `input_scale`, or ModelOpt's "
                                   "`_scale` / `_amax` buffers; SmoothQuant pre-scales, output and K/V scales and "
                                   "other formats are not supported)")
-        return rename(key)
-
-    scale_of = {}
-    for key, entry in headers.items():
-        name = mapped(key)
-        if name is not None and scale_name(key)[0]:
-            if math.prod(entry["shape"]) != 1:
-                raise CheckpointError(f"{key} has shape {entry['shape']}: per-channel or block FP8 scales are not "
-                                      "read (the pack runs tensorwise scales, one number per tensor)")
-            scale_of[key] = name.rsplit(".", 1)[0]
-    return ScaleLayout(mapped, scale_of)
+        else:
+            names[key] = rename(key)
+    fp8_weights = {names[key] for key, entry in headers.items() if entry["dtype"] == "F8_E4M3"}
+    for key, entry in scales.items():
+        if math.prod(entry["shape"]) != 1:
+            raise CheckpointError(f"{key} has shape {entry['shape']}: per-channel or block FP8 scales are not read "
+                                  "(the pack runs tensorwise scales, one number per tensor)")
+        if names[key].rsplit(".", 1)[0] + ".weight" not in fp8_weights:
+            raise CheckpointError(f"{key}: a scale beside a weight that is not stored in float8_e4m3fn")
+    return ScaleLayout(names, fp8_weights)
 
 
 # --- the arithmetic --------------------------------------------------------------------------------------------------

@@ -220,19 +220,13 @@ def expect_stored_fp8(model: nn.Module, headers: dict, rename, pathway_of=lambda
     """Make fp8 shells (built on the meta device) of the linears whose weight the checkpoint (its safetensors
     `headers`, keys mapped by `rename`) stores in fp8, with a static input scale where it has one (official FP8);
     `pathway_of(name)` says which pathway's precision a linear follows. Returns how `load_weights` reads the scales
-    (`rename` and `convert`). A linear the checkpoint's ignore list names, or a scale beside a weight that is not
-    fp8, is refused by name."""
-    layout = scale_layout(headers, rename)  # every key mapped first: unknown quantization tensors are refused now
-    names = {key: layout.rename(key) for key in headers}
-    fp8_weights = {names[key] for key, entry in headers.items() if entry["dtype"] == "F8_E4M3"}
-    for key, linear in layout.scale_of.items():
-        if f"{linear}.weight" not in fp8_weights:
-            raise CheckpointError(f"{key}: a scale beside a weight that is not stored in float8_e4m3fn")
-    calibrated = {name for name in names.values() if name is not None and name.endswith(".input_scale")}
+    (`rename` and `convert`). A linear the checkpoint's ignore list names is refused by name."""
+    layout = scale_layout(headers, rename)  # every key mapped first: what cannot be read is refused now
+    calibrated = {name for name in layout.names.values() if name is not None and name.endswith(".input_scale")}
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if isinstance(child, nn.Linear) and f"{full}.weight" in fp8_weights:
+            if isinstance(child, nn.Linear) and f"{full}.weight" in layout.fp8_weights:
                 if quantization is not None and quantization.ignores(full):
                     raise CheckpointError(f"{full}.weight is stored in fp8, but the checkpoint's quantization config "
                                           "lists it as ignored (left in full precision); the files and the config "

@@ -22,13 +22,13 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 from cosmos3_runtime import budget  # noqa: E402
+from cosmos3_runtime.geometry import RunGeometry  # noqa: E402
 from cosmos3_runtime.gguf_dequant import BLOCKS  # noqa: E402
 from cosmos3_runtime.gguf_weights import BLOCK_LINEARS, GGUFLinear  # noqa: E402
 from cosmos3_runtime.offload import BlockSwap, TextOffload  # noqa: E402
@@ -87,9 +87,8 @@ def computed_weights(config: TransformerConfig, option: dict) -> int:
 
 def activations(config: TransformerConfig, size: tuple[int, int, int], text_tokens: int = 300) -> int:
     width, height, frames = size
-    settings = SimpleNamespace(width=width, height=height, num_frames=frames, latent_frames=1 + (frames - 1) // 4,
-                               guidance_scale=4.0, transfer=None, chunks=None, cache=None)
-    return budget.estimate(config, VAEConfig(latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48), settings,
+    geometry = RunGeometry(height, width, frames, frames, guided=True)  # the default request: guidance 4
+    return budget.estimate(config, VAEConfig(latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48), geometry,
                            text_tokens, text_tokens, torch.bfloat16, tile=None).total
 
 

@@ -11,7 +11,7 @@ import torch
 
 from .action import MODES, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from .checkpoint import Checkpoint, read_json, resolve
-from . import estimate
+from . import timing
 from .errors import Cosmos3Error, InputError, reworded
 from .geometry import latent_frames, latent_size
 from .gguf_convert import WRITABLE, convert, describe_types
@@ -73,8 +73,9 @@ def cmd_generate(args) -> None:
         plan = planning.plan(args.prompt, request)
         planning.check(plan)
         if main and planning.device.type == "cpu":
-            guess = estimate.generation(planning.transformer_config, planning.vae_config, plan.settings,
-                                        len(plan.cond_ids), not latents_only, planning.dtype, planning.device)
+            guess = timing.generation(planning.transformer_config, planning.vae_config, plan.settings.geometry,
+                                      plan.settings.steps, len(plan.cond_ids), not latents_only, planning.dtype,
+                                      planning.device)
             say(f"on the CPU this takes {guess.describe()}" + ("; --frames 17 --width 256 --height 256 --steps 8 "
                 "is a quick look" if guess.seconds > 600 else ""))
         pipe = load(args.checkpoint, device=device, dtype=args.dtype, vae_dtype=args.vae_dtype, **low_vram_options(args))
@@ -119,7 +120,7 @@ class Report:
     def step(self, done: int, total: int, _latents) -> None:
         self.steps_began = self.steps_began or self.last  # over every chunk of a transfer
         left = (time.perf_counter() - self.steps_began) / done * (total - done)
-        text = f"step {done}/{total}" + (f", about {estimate.duration(left)} left" if done < total else "")
+        text = f"step {done}/{total}" + (f", about {timing.duration(left)} left" if done < total else "")
         self._show("step", text, done == total, quiet=done % max(1, total // 10) != 0)
 
     def _show(self, name: str, text: str, last: bool, quiet: bool = False) -> None:

@@ -1,7 +1,8 @@
 """How much memory a request needs, checked against its device before anything is allocated.
 
 The estimate counts what one generation holds at its peak beyond the loaded weights: the fp32 sampling state, the
-per-prompt text K/V caches, SeaCache's stored residuals and a long run's overlap frames throughout, plus the largest
+per-prompt text K/V caches, SeaCache's stored residuals, a long run's overlap frames and media K/V kept across
+forwards (`RunGeometry.history_frames`) throughout, plus the largest
 of its phases: the VAE encode of its conditioning frames (or a transfer chunk's controls), the text tower over the
 prompt, the media tower over the media tokens during the steps (attention runs in memory-efficient kernels, so no
 L x L score matrix; an official FP8 checkpoint's W8A8 products on a GPU without fp8 matmuls), or the VAE decode
@@ -24,6 +25,7 @@ import torch
 from .devices import facts
 from .errors import InputError
 from .geometry import SPATIAL_FACTOR, RunGeometry, latent_frames as chunk_latent_frames, pixel_frames
+from .step_cache import CacheConfig
 
 GIB = 1024**3
 STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, latents, velocities, UniPC history ...)
@@ -72,17 +74,17 @@ def gib(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.2f} GiB"
 
 
-def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None,
+def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None,
              device: torch.device | None = None, *, decode: bool = True, frames_out: bool = False,
-             encoded_frames: int = 0, w8a8: bool = False) -> Estimate:
-    """The memory of a generation under settings `s` on `device` (None: as on a CPU); `vae_config` None: no VAE work;
+             encoded_frames: int = 0, w8a8: bool = False, cache: CacheConfig | None = None) -> Estimate:
+    """The memory of a generation of geometry `g` on `device` (None: as on a CPU); `vae_config` None: no VAE work;
     `tile` a TileSpec or None; `decode`: frames are decoded (a long video decodes every chunk); `frames_out`: the
     run hands back its frames; `encoded_frames`: the most pixel frames one encode takes (see `encoded_frames`);
-    `w8a8`: an official FP8 checkpoint (its activations quantized to fp8)."""
+    `w8a8`: an official FP8 checkpoint (its activations quantized to fp8); `cache`: its step cache (None: off)."""
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)
-    g = s.geometry  # a chunked run holds one chunk at a time (a transfer its controls beside it in the sequence)
+    # a chunked run holds one chunk at a time (a transfer its controls beside it in the sequence)
     (h, w), latent_frames, controls = g.latent_size, g.window_latent_frames, g.controls
     latent = config.latent_channel * latent_frames * h * w
     p = config.latent_patch_size
@@ -95,8 +97,9 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
     longest_text = max(cond_tokens, uncond_tokens)
     # the media attention's keys and values: grouped, plus a copy expanded to the query heads where SDPA needs it
     kv_heads = K if device is None or facts(device).grouped_kv(dtype, D) else K + A
-    joined_kv = (longest_text + media_tokens) * 2 * kv_heads * D * b
-    prompts = cond_tokens + (uncond_tokens if s.guidance_scale != 1.0 else 0)
+    history = g.history_frames * video_tokens // latent_frames  # rows of earlier forwards' media K/V
+    joined_kv = (longest_text + history + media_tokens) * 2 * kv_heads * D * b
+    prompts = cond_tokens + (uncond_tokens if g.guided else 0)
     parts = {
         "latents": STATE_COPIES * latent * 4,
         "text K/V cache": config.num_hidden_layers * prompts * 2 * K * D * b,
@@ -105,15 +108,15 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
                                                          media_tokens * attention_bytes + joined_kv),
         "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
     }
+    if history:  # held throughout, every layer's keys and values
+        parts["media K/V cache"] = config.num_hidden_layers * history * 2 * K * D * b
     if w8a8:  # an MLP down projection's input quantized to fp8 through two float32 copies (4.2-4.5 bytes per N x I
         # measured on the virtual device); one fused kernel on a GPU with fp8 matmuls and Triton leaves its fp8 copy
         fused = device is not None and facts(device).fp8_tensorwise and facts(device).triton
         parts["W8A8 products"] = int(media_tokens * I * (1 if fused else 4.5))
-    if s.cache is not None:  # each guidance pass keeps its last full runs' residuals
-        passes = [video_tokens * (1 + controls)] * (1 + (s.guidance_scale != 1.0))
-        if s.transfer is not None and s.transfer.control_guidance != 1.0:
-            passes.append(video_tokens)
-        parts["SeaCache residuals"] = sum(passes) * (s.cache.residual_order + 1) * H * b
+    if cache is not None:  # each guidance pass keeps its last full runs' residuals (the control-free one: the video's)
+        tokens = media_tokens * (1 + g.guided) + video_tokens * g.control_guided
+        parts["SeaCache residuals"] = tokens * (cache.residual_order + 1) * H * b
     if g.windows > 1:  # the decoded frames the next chunk starts from (float32)
         parts["overlap frames"] = 3 * g.overlap * g.height * g.width * 4
     if vae_config is not None and encoded_frames:
@@ -125,7 +128,7 @@ def estimate(config, vae_config, s, cond_tokens: int, uncond_tokens: int, dtype:
         working = DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b
         out = 3 * g.window_frames * g.height * g.width  # the output as it grows, then as float32 frames in 0..1
         parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
-    return Estimate(parts, output(config, g, frames_out, latents_out=s.transfer is None,
+    return Estimate(parts, output(config, g, frames_out, latents_out=not controls,
                                   on_cpu=device is None or device.type == "cpu"))
 
 

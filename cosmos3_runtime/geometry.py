@@ -55,6 +55,14 @@ class RunGeometry:
     windows: int = 1  # chunks
     overlap: int = 0  # frames each later window takes from the one before
     controls: int = 0  # control clips beside the video in each window's sequence (transfer)
+    guided: bool = False  # each step also runs the negative prompt (guidance scale not 1)
+    control_guided: bool = False  # each step also runs the video without its controls (control guidance not 1)
+    history_frames: int = 0  # latent frames of media K/V kept across forwards and attended to (a causal rollout's)
+
+    @property
+    def passes(self) -> int:
+        """Forward passes a step runs."""
+        return 1 + self.guided + self.control_guided
 
     @property
     def latent_size(self) -> tuple[int, int]:

@@ -90,3 +90,22 @@ def test_a_long_video_handing_back_latents_keeps_no_frames(tiny_gated, monkeypat
     pipe = cosmos3_runtime.load(tiny_gated, dtype="fp32")
     result = pipe.generate("a cat", num_frames=13, chunk_frames=5, width=32, height=32, steps=2, output="latents")
     assert result.frames is None and result.latents.shape[2] == 4 and not made
+
+
+def test_media_kv_kept_across_forwards_is_held_throughout_and_attended():
+    """A causal rollout's history: Nano at 480p keeping 151 latent frames of control and RGB K/V (302 frames) holds
+    about 17 GB in bf16 (the figure NVIDIA's Sim-Transfer notes give), and each forward's attention reads it."""
+    from cosmos3_runtime.geometry import RunGeometry
+    from cosmos3_runtime.tiny import RELEASED
+    from cosmos3_runtime.transformer import TransformerConfig
+
+    config = TransformerConfig(**RELEASED["nano"])
+    chunk = RunGeometry(480, 832, 13, 13)
+    plain = budget.estimate(config, None, chunk, 300, 0, torch.bfloat16)
+    held = budget.estimate(config, None, RunGeometry(480, 832, 13, 13, history_frames=302), 300, 0, torch.bfloat16)
+    tokens = 302 * (480 // 32) * (832 // 32)  # 2 x 2 patches of 16-pixel latents
+    assert held.parts["media K/V cache"] == 36 * tokens * 2 * 8 * 128 * 2 and 17e9 < held.parts["media K/V cache"] < 18e9
+    assert "media K/V cache" not in plain.parts
+    attended = tokens * 2 * 8 * 128 * 2  # one layer's history, joined to the forward's own keys and values
+    assert held.parts["media tower"] > plain.parts["media tower"] and held.parts["media tower"] > attended
+    assert held.total - plain.total > held.parts["media K/V cache"]

@@ -252,8 +252,6 @@ HEADS = {"edge": dict(action_gen=True, action_dim=64), "nano": dict(sound_gen=Tr
 def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
     """A whole forward at a released size on the virtual device, weights there too: no device or dtype mix, and the
     activations' peak within the runtime's estimate (the planner refuses from it) plus a quarter."""
-    from types import SimpleNamespace
-
     from cosmos3_runtime import budget
     from cosmos3_runtime.quantize import quantize_fp8
 
@@ -273,8 +271,7 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
         out = model(torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device=meta), torch.tensor(900), text,
                     tracks=tracks)
     assert out.vision.shape == (1, 48, 1 + (f - 1) // 4, h // 16, w // 16)
-    settings = SimpleNamespace(geometry=RunGeometry(h, w, f, f), guidance_scale=1.0, transfer=None, cache=None)
-    parts = budget.estimate(config, None, settings, 300, 300, dtype, device=meta).parts
+    parts = budget.estimate(config, None, RunGeometry(h, w, f, f), 300, 300, dtype, device=meta).parts
     planned = parts["media tower"] + parts["rotary tables"] + parts["text K/V cache"]
     assert virtual.peak <= 1.25 * planned, (virtual.peak / 2**30, planned / 2**30)
 
@@ -283,8 +280,6 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
 def test_the_planned_vae_decode_holds_what_a_decode_takes_at_the_released_width(size, tile):
     """The VAE decode at the released width on the virtual device: its peak within the planner's decode estimate
     (working set plus output) and not far under it."""
-    from types import SimpleNamespace
-
     from cosmos3_runtime import budget
     from cosmos3_runtime.tiny import vae_config
     from cosmos3_runtime.vae import TileSpec, VAEConfig, WanVAE
@@ -297,8 +292,8 @@ def test_the_planned_vae_decode_holds_what_a_decode_takes_at_the_released_width(
     spec = None if tile is None else TileSpec(size=tile, overlap=8)
     with torch.inference_mode(), VirtualDevice() as virtual:
         vae.decode(latents, tile=spec)
-    settings = SimpleNamespace(geometry=RunGeometry(h, w, f, f), guidance_scale=1.0, transfer=None, cache=None)
-    parts = budget.estimate(TransformerConfig(**RELEASED["edge"]), config, settings, 10, 10, BF16, spec).parts
+    parts = budget.estimate(TransformerConfig(**RELEASED["edge"]), config, RunGeometry(h, w, f, f), 10, 10, BF16,
+                            spec).parts
     planned = parts["VAE decode"]  # the working set and the decode's own output
     assert virtual.peak <= planned <= 1.1 * virtual.peak, (virtual.peak / 2**30, planned / 2**30)
 

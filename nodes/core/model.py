@@ -16,7 +16,6 @@ Importing this module imports ComfyUI: only nodes that run inside ComfyUI import
 """
 
 import logging
-from types import SimpleNamespace
 
 import comfy.conds
 import comfy.latent_formats
@@ -208,8 +207,7 @@ class Cosmos3Model(comfy.model_base.BaseModel):
         batch, _, frames, h, w = input_shape
         tokens = max((shape[3] for shape in cond_shapes.get(TEXT_KV, [])), default=0)  # [1, layers, 2, L, K, D]
         g = RunGeometry(h * SPATIAL_FACTOR, w * SPATIAL_FACTOR, pixel_frames(frames), pixel_frames(frames))
-        s = SimpleNamespace(geometry=g, guidance_scale=1.0, transfer=None, cache=None)  # one window, one pass
-        one = estimate(self.diffusion_model.runtime[0].config, None, s, tokens, 0, self.get_dtype_inference())
+        one = estimate(self.diffusion_model.runtime[0].config, None, g, tokens, 0, self.get_dtype_inference())
         return batch * one.total
 
 

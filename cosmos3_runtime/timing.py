@@ -14,6 +14,7 @@ from functools import cache
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from .geometry import RunGeometry
 from .transformer import Cosmos3Transformer, TextKV
 from .vae import WanVAE
 
@@ -21,7 +22,7 @@ META = torch.device("meta")
 
 
 @dataclass(frozen=True)
-class Estimate:
+class Timing:
     forward_flops: float  # one transformer forward (one guidance pass)
     forwards: int  # every pass of every step (of every chunk)
     decode_flops: float  # the whole VAE decode (0: latents only)
@@ -39,17 +40,16 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-def generation(transformer_config, vae_config, s, cond_tokens: int, decode: bool, dtype: torch.dtype,
-               device: torch.device) -> Estimate:
-    """The estimate of a request resolved to settings `s` (a chunked run counts its chunks, a transfer its controls)."""
-    g = s.geometry
+def generation(transformer_config, vae_config, g: RunGeometry, steps: int, cond_tokens: int, decode: bool,
+               dtype: torch.dtype, device: torch.device) -> Timing:
+    """The estimate of a run of geometry `g` and `steps` steps per window (a chunked run counts its chunks, a transfer
+    its controls)."""
     latent_frames, (h, w), chunks = g.window_latent_frames, g.latent_size, g.windows
     forward = forward_flops(transformer_config, (latent_frames, h, w), cond_tokens, g.controls, dtype)
-    passes = 1 + (s.guidance_scale != 1.0) + (s.transfer is not None and s.transfer.control_guidance != 1.0)
-    forwards = s.steps * passes * chunks
+    forwards = steps * g.passes * chunks
     decoded = chunks * decode_flops(vae_config, latent_frames, h, w, dtype) if decode and vae_config else 0.0
     matmul, convolution = rates(device, dtype, vae_config.decoder_dim if vae_config else 32)
-    return Estimate(forward, forwards, decoded, forwards * forward / matmul + decoded / convolution)
+    return Timing(forward, forwards, decoded, forwards * forward / matmul + decoded / convolution)
 
 
 def forward_flops(config, grid: tuple[int, int, int], text_tokens: int, contexts: int, dtype: torch.dtype) -> float:

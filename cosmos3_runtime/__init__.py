@@ -10,7 +10,8 @@
 from .action import ActionRequest
 from .checkpoint import Checkpoint, Variant, detect_variant
 from .errors import CheckpointError, Cosmos3Error, InputError, NumericalError
-from .pipeline import Cosmos3Pipeline, Generation, load
+from .pipeline import Cosmos3Pipeline, load
+from .runs import Generation
 from .reasoner import Answer, Clip
 from .request import Request
 from .transformer import Cosmos3Transformer, TextKV, TransformerConfig

@@ -21,11 +21,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .conditioning import Held, frame_size, pad_with_last_frame, preprocess_video
+from .conditioning import frame_size, pad_with_last_frame, preprocess_video
 from .errors import InputError
-from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
-from .schedulers import Schedule, stepper_for
-from .transformer import TrackTokens
+from .geometry import SPATIAL_FACTOR
+
 
 log = logging.getLogger(__name__)
 
@@ -259,70 +258,3 @@ def action_prompt(description: str, view_point: str, num_frames: int, fps: float
 def vision_condition_frames(req: ActionRequest, latent_frames: int) -> tuple[int, ...]:
     """Clean latent frames: every one for inverse dynamics, else the observation (frame 0)."""
     return tuple(range(latent_frames)) if req.mode == "inverse_dynamics" else (0,)
-
-
-class ActionTrack:
-    """Action latents [chunk, action_dim]: clean (forward dynamics) or noisy, zero beyond the domain's width."""
-
-    def __init__(self, req: ActionRequest, action_dim: int, generator, device, schedule: Schedule):
-        if req.width > action_dim:
-            raise InputError(f"domain {req.domain!r} has {req.width}-wide actions; this checkpoint's action head "
-                             f"has {action_dim}")
-        self.req, self.width = req, req.width
-        self.with_state = req.settings.joint_state  # a clean robot-state row first, at temporal position 0
-        chunk = req.chunk_size + self.with_state
-        clean = torch.zeros(chunk, action_dim)
-        self.clean_rows: list[int] = []
-        if self.with_state:
-            clean[0, : self.width] = req.state
-            self.clean_rows = [0]
-        if req.mode == "forward_dynamics":
-            actions = req.actions
-            if actions.shape[0] < chunk:  # short: repeat the last action
-                actions = torch.cat([actions, actions[-1:].expand(chunk - actions.shape[0], -1)])
-            clean[self.with_state :, : self.width] = actions[: req.chunk_size]
-            self.clean_rows = list(range(chunk))
-        noise = torch.randn((chunk, action_dim), generator=generator, dtype=torch.float32)
-        mask = torch.zeros(chunk, 1)
-        mask[self.clean_rows] = 1.0
-        self.held = Held(clean.to(device), mask.to(device))
-        self.latents = self.held.hold(noise.to(device))
-        self.latents[:, self.width :] = 0
-        self.noisy = [i for i in range(chunk) if i not in self.clean_rows]
-        self.stepper = stepper_for(schedule)
-
-    @classmethod
-    def for_request(cls, pipe, s, r, generator) -> "ActionTrack | None":
-        """The track a request with an action asks for, its noise drawn after the video's (and the sound's)."""
-        if s.action is None:
-            return None
-        return cls(s.action, pipe.transformer.config.action_dim, generator, pipe.device, pipe.denoiser.schedule_for(s))
-
-    def tokens(self) -> TrackTokens:
-        """One token per action, at the video's frame rate (4 per latent frame), from the frame after the
-        observation; the state row sits at the observation's time."""
-        start = 0 if self.with_state else 1
-        return TrackTokens("action", self.latents, self.noisy, base_temporal_factor=TEMPORAL_FACTOR,
-                           start_frame=start, domain=DOMAIN_IDS[self.req.domain])
-
-    def step(self, velocity: torch.Tensor, generator) -> None:
-        if not self.noisy:  # every action clean: nothing to denoise
-            return
-        velocity = velocity * (1.0 - self.held.mask)
-        velocity[:, self.width :] = 0
-        self.latents = self.stepper.step(velocity, self.latents, generator)
-        self.latents = self.held.hold(self.latents)  # the robot state stays exactly clean, as held frames do
-        self.latents[:, self.width :] = 0
-
-    def finish(self, result, pipe, s, r) -> None:
-        result.actions = self.actions()
-
-    def actions(self) -> torch.Tensor | None:
-        """The predicted actions [chunk, width] (policy, inverse dynamics), float32 on the CPU; None otherwise."""
-        if self.req.mode == "forward_dynamics":
-            return None
-        actions = self.latents[:, : self.width].float().cpu()
-        if self.with_state:  # the server's contract: predicted rows only, gripper as 1 - g
-            actions = actions[1:].clone()
-            actions[:, -1] = 1.0 - actions[:, -1]
-        return denormalize(actions, self.req.stats) if self.req.stats is not None else actions

@@ -46,7 +46,7 @@ class Chunks:
         return lambda step, total, denoised: callback(k * total + step, self.count * total, denoised)
 
 
-def plan(total: int, chunk_frames: int | None, overlap: int | None, default_chunk: int, default_overlap: int,
+def split(total: int, chunk_frames: int | None, overlap: int | None, default_chunk: int, default_overlap: int,
          notes: list[str], what: str) -> Chunks:
     """The chunks of `total` frames: `chunk_frames` rounded up to 1 + 4k (None: `default_chunk`, or the whole clip when
     it is shorter); `overlap` None: `default_overlap`. `what` names the run in notes ("transfer", "long video")."""

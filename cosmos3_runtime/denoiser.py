@@ -83,7 +83,7 @@ class Denoiser:
         mode runs (a plain generation, each transfer chunk, each chunk of a long video).
 
         `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
-        transfer's). A track (see `pipeline.TRACKS`) gives the transformer its tokens (`tokens()`, a `TrackTokens`) and
+        transfer's). A track (see `tracks.TRACKS`) gives the transformer its tokens (`tokens()`, a `TrackTokens`) and
         takes its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack.
         """
         schedule = self.schedule_for(s)

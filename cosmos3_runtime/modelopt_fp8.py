@@ -35,7 +35,6 @@ per prompt and cached) follows "reasoner".
 import fnmatch
 import math
 import re
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 

@@ -4,36 +4,34 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import budget, cancel, chunks, keyframes, modelopt_fp8, transfer
+from . import budget, cancel, modelopt_fp8, runs, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .codec import Codec
 from .denoiser import Denoiser
-from .conditioning import Held, pad_with_last_frame, preprocess_image, preprocess_video
 from .errors import CheckpointError, InputError, NumericalError
 from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel
 from .prompts import PromptOptions, negative_text, positive_text
 from .quantize import check_mode, expect_stored_fp8, quantize_fp8, remember_input_ranges
-from .schedulers import in_interval
-from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR, latent_size
+from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
 from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
-from .action import ActionTrack, action_prompt, canvas_frames
-from .sound import SoundTokenizer, SoundTrack, load_sound_tokenizer
+from .action import action_prompt
+from .sound import SoundTokenizer, load_sound_tokenizer
+from .runs import Generation, StepCallback
 from .step_cache import StepCache
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, DecoderLayer, checkpoint_key_mapper, compiled_media_block,
                           linear_layers, load_dtype, pathway_of, split_dtypes)
 from . import reasoner as reasoning
-from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE, stage
+from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE
 from .weights import load_weights, read_headers
 
 log = logging.getLogger(__name__)
@@ -122,51 +120,6 @@ def load_vae(folder: Path, device: torch.device, dtype: torch.dtype) -> WanVAE:
 
 
 @dataclass
-class Generation:
-    latents: torch.Tensor | None  # normalized latents [1, 48, T, h, w], float32, CPU (None for a transfer)
-    frames: torch.Tensor | None  # [F, H, W, 3] float32 in 0..1, CPU (ComfyUI IMAGE); None for output="latents"
-    settings: Settings
-    sound: torch.Tensor | None = None  # [channels, samples] float32 in [-1, 1], CPU (sound=True, output="frames")
-    sample_rate: int | None = None  # of `sound`
-    sound_latents: torch.Tensor | None = None  # [sound_dim, T_s] float32, CPU
-    actions: torch.Tensor | None = None  # [chunk, width] float32, CPU (policy and inverse dynamics)
-    cache: str | None = None  # what the step cache did ("SeaCache: N forwards run, M skipped"); None: off
-
-
-# (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
-StepCallback = Callable[[int, int, torch.Tensor], None]
-
-# What a run may denoise beside the video, in the order their noise is drawn. Each kind makes its track from a request
-# (`for_request(pipe, settings, request, generator)`, None when not asked), gives the transformer its tokens
-# (`tokens()`), steps on its velocity (`step`) and puts its output on the result (`finish`).
-TRACKS = (SoundTrack, ActionTrack)
-
-
-@dataclass(frozen=True)
-class CFG:
-    """Classifier-free guidance as separate forwards: the prompt, and the negative prompt where the scale (inside
-    its interval of timesteps) is not 1; combined as u + g (c - u) for the video and every track."""
-
-    cond: list[int]  # token ids
-    uncond: list[int]
-    scale: float
-    interval: tuple[float, float] | None
-
-    def _scale(self, t: float) -> float:
-        return self.scale if in_interval(self.interval, t) else 1.0
-
-    def passes(self, t: float) -> list[tuple[list[int], list]]:
-        """(token ids, clean items before the video) of each forward pass."""
-        return [(self.cond, [])] + ([(self.uncond, [])] if self._scale(t) != 1.0 else [])
-
-    def combine(self, t: float, outputs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-        if len(outputs) == 1:
-            return outputs[0]
-        g = self._scale(t)
-        return [u + g * (c - u) for c, u in zip(*outputs)]
-
-
-@dataclass
 class Plan:
     """A generation resolved once: the request, its settings, token ids and memory estimate. Hosts read `estimate`
     (ComfyUI's memory manager makes room for it) and `settings.notes`, then `generate(plan)` runs it as it is."""
@@ -226,12 +179,12 @@ class Planner:
 
     def prepare(self, prompt, r: Request) -> tuple[Settings, list[int], list[int]]:
         """Resolved settings and the (cond, uncond) token ids of a request. A long video given a prompt per chunk
-        (`prompt_list`) keeps each chunk's ids in `Settings.chunk_ids` and returns the longest as the cond ids."""
+        (`prompt_list`) has each chunk's ids in `Settings.chunk_ids`, and returns the longest as the cond ids."""
         prompts = prompt_list(prompt)
         s = resolve_settings(self.variant, r)
         if not prompts[0].strip():
-            s.notes.append("the prompt is empty: the video is unconditioned (only the checkpoint's templates guide "
-                           "it), so what it shows is arbitrary; write a prompt")
+            s = replace(s, notes=s.notes + ["the prompt is empty: the video is unconditioned (only the checkpoint's "
+                                            "templates guide it), so what it shows is arbitrary; write a prompt"])
         frames = s.num_frames if s.chunks is None else s.chunks.chunk  # each chunk's prompt states its own duration
         prompt_options = PromptOptions(frames, s.height, s.width, s.fps, s.use_system_prompt,
                                        r.add_resolution_template, r.add_duration_template, r.json_captions)
@@ -250,16 +203,16 @@ class Planner:
             texts = [(positive_text(p, prompt_options), negative) for p in prompts]
         ids = [self.token_ids(t, system, r.max_sequence_length, r.max_prompt_tokens) for t in texts]
         if len(ids) > 1:
-            s.chunk_ids = [cond for cond, _ in ids]
+            s = replace(s, chunk_ids=tuple(cond for cond, _ in ids))
         return s, max((cond for cond, _ in ids), key=len), ids[0][1]
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
         frames_out = r.output == "frames" or s.transfer is not None  # a transfer's output is its frames
         decoded = frames_out or s.chunks is not None  # a long video decodes each chunk for the next
-        return budget.estimate(self.transformer_config, self.vae_config, s, cond_tokens, uncond_tokens, self.dtype,
-                               r.vae_tile, self.device, decode=decoded, frames_out=frames_out,
+        return budget.estimate(self.transformer_config, self.vae_config, s.geometry, cond_tokens, uncond_tokens,
+                               self.dtype, r.vae_tile, self.device, decode=decoded, frames_out=frames_out,
                                encoded_frames=budget.encoded_frames(s, r.condition_latents is not None),
-                               w8a8=self.variant.quantization is not None)
+                               w8a8=self.variant.quantization is not None, cache=s.cache)
 
 
 def prompt_list(prompt) -> list[str]:
@@ -317,6 +270,7 @@ class Cosmos3Pipeline:
     def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
         self.codec = Codec(vae, sound_tokenizer, device)
         self.denoiser = Denoiser(transformer, checkpoint, device)
+        self.parts = runs.Parts(self.denoiser, self.codec)  # what a run works with
         self.checkpoint, self.dtype = checkpoint, dtype
         self.planner = Planner(checkpoint, tokenizer, transformer.config, None if vae is None else vae.config, device,
                                dtype)
@@ -392,6 +346,8 @@ class Cosmos3Pipeline:
         from CPU memory (see `offload`). Results stay bit-identical."""
         if offload_text:
             self.denoiser.text_offload = TextOffload(self.transformer, torch.device(home))
+            if self._reasoner is not None:  # they share the text tower
+                self._reasoner.text_offload = self.denoiser.text_offload
         if blocks_to_swap:
             self.block_swap = BlockSwap(self.transformer, blocks_to_swap)
             self.transformer.hooks = replace(self.transformer.hooks, layer=self.block_swap)
@@ -405,79 +361,20 @@ class Cosmos3Pipeline:
         """Read the Reasoner's own parts (head, vision tower) onto this pipeline's device, built like the transformer."""
         self._reasoner = reasoning.Reasoner.load(self.checkpoint, self.transformer, self.device,
                                                  self.transformer.text_dtype, self.linear_class, self.quantize)
+        self._reasoner.text_offload = self.denoiser.text_offload
         return self._reasoner
 
-    def reason(
-        self,
-        question: str,
-        *,
-        images=None,
-        video=None,
-        video_fps: float | None = None,
-        sample_fps: float | None = None,
-        system_prompt: str | None = None,
-        **options,
-    ) -> reasoning.Answer:
-        """Answer a question about `images` (a list of PIL images or uint8 [H, W, 3] arrays) and/or a `video`
-        (PIL images, uint8 [T, H, W, 3] or floats in 0..1 at `video_fps`, default 24, looked at `sample_fps`
-        frames per second, default the checkpoint's video processor setting (NVIDIA recommends 4); or a
-        `reasoner.Clip`), or a text-only question.
+    def reason(self, question: str, **options) -> reasoning.Answer:
+        """Answer a question about images, a video or nothing (`Reasoner.reason`)."""
+        return self.reasoner.reason(question, **options)
 
-        `options`: max_new_tokens (default 1024), temperature / top_p / top_k / presence_penalty (unset: NVIDIA's
-        recommendation, 0.7 / 0.8 / 20 / 1.5, or 0.6 / 0.95 / 20 / 0 with thinking; temperature=0 is greedy),
-        seed, thinking (the reply's reasoning comes back separately as `answer.thinking`), callback(new tokens,
-        max_new_tokens, text so far) after every token (raise from it to stop), max_prompt_tokens, check_memory,
-        stop (strings that end the answer), compile (decode with a torch.compile'd fixed-shape step).
-        """
-        if not isinstance(question, str) or not question.strip():
-            raise InputError("no question: pass the question as a non-empty string")
-        images = reasoning.image_list(images)
-        if video is None or isinstance(video, reasoning.Clip):
-            videos = [] if video is None else [video]
-        else:
-            videos = [reasoning.Clip(video, video_fps or reasoning.DEFAULT_VIDEO_FPS, sample_fps)]
-        messages = reasoning.chat.question_messages(question, system_prompt, len(images), bool(videos))
-        return self.chat(messages, images, videos, **options)
+    def upsample_prompt(self, prompt: str, **options) -> "reasoning.Upsampled":
+        """A short prompt as the JSON caption the generator was trained on (`Reasoner.upsample_prompt`)."""
+        return self.reasoner.upsample_prompt(prompt, **options)
 
-    def upsample_prompt(self, prompt: str, *, image=None, video=None, width: int | None = None,
-                        height: int | None = None, num_frames: int | None = None, fps: float | None = None,
-                        **options) -> "reasoning.Upsampled":
-        """Turn a short prompt (and optionally the starting image of an image-to-video request, or the clip a
-        video-to-video request continues) into the JSON caption the generator was trained on, with the model
-        authors' upsampling templates where the user has their framework (`reasoner.templates`), else the pack's
-        own. A clip is described from its last frame, where the continuation starts (the templates take one
-        starting image). width, height, num_frames and fps are the generation's
-        (unset: the variant's defaults; num_frames=1 asks for an image caption). `options` as for `reason`;
-        greedy by default (temperature=0), max_new_tokens 4096."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InputError("no prompt to upsample: pass a non-empty string")
-        if image is not None and video is not None:
-            raise InputError("upsample with a starting image or a clip to continue, not both")
-        if video is not None:
-            image = reasoning.processing.uint8_frames(video, "video")[-1].permute(1, 2, 0)
-        s = resolve_settings(self.variant, Request.build(width=width, height=height, num_frames=num_frames, fps=fps))
-        task = reasoning.upsample.task_for(s.num_frames, image is not None)
-        chosen = reasoning.upsample.templates()  # the authors' where the user has them, else the pack's own
-        messages = reasoning.upsample.messages_for(task, prompt, s.width, s.height, s.num_frames, s.fps, chosen)
-        options.setdefault("temperature", 0.0)
-        options.setdefault("max_new_tokens", reasoning.upsample.DEFAULT_MAX_NEW_TOKENS)
-        answer = self.chat(messages, [] if image is None else [image], **options)
-        upsampled = reasoning.upsample.caption_from_reply(answer.text, prompt, task, s.num_frames, s.fps)
-        upsampled.templates = chosen.source
-        return upsampled
-
-    @torch.inference_mode()
-    def chat(self, messages: list[dict], images=(), videos=(), *, temperature=None, top_p=None, top_k=None,
-             presence_penalty=None, thinking: bool = False, **options) -> reasoning.Answer:
-        """Answer the last user turn of a conversation: turns {"role", "content"}, content a string or parts
-        ({"type": "text", "text": ...}, {"type": "image"}, {"type": "video"}) that take `images` and `videos`
-        (`reasoner.Clip`s) in order. Options as for `reason`."""
-        sampling = reasoning.Sampling.resolve(thinking, temperature, top_p, top_k, presence_penalty)
-        reasoner = self.reasoner
-        offload = self.denoiser.text_offload
-        on_device = offload.on(self.device) if offload is not None else nullcontext()
-        with on_device, modelopt_fp8.for_text(self.variant.fp8_policy):
-            return reasoner.answer(messages, images, videos, sampling=sampling, thinking=thinking, **options)
+    def chat(self, messages: list[dict], images=(), videos=(), **options) -> reasoning.Answer:
+        """Answer the last user turn of a conversation (`Reasoner.chat`)."""
+        return self.reasoner.chat(messages, images, videos, **options)
 
     @torch.inference_mode()
     def generate(
@@ -536,129 +433,15 @@ class Cosmos3Pipeline:
             self._finite = self.codec.observe = self.denoiser.observe = None
 
     def _generate(self, plan: Plan, callback, parallel, progress) -> Generation:
-        r, s, cond_ids, uncond_ids = plan.request, plan.settings, plan.cond_ids, plan.uncond_ids
-        block = compiled_media_block() if r.compile else DecoderLayer.media
+        block = compiled_media_block() if plan.request.compile else DecoderLayer.media
         self.denoiser.hooks = replace(self.transformer.hooks, block=block)  # this run's: the model is unchanged
-        if parallel is not None and (r.sound or r.action is not None):
-            raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
+        s = plan.settings
+        run = runs.for_plan(self.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, parallel)
         cache = None if s.cache is None else StepCache(s.cache)
-        if s.transfer is not None:
-            if parallel is not None and parallel.cfg is not None:
-                raise InputError("transfer runs up to three forward passes a step, which CFG parallelism cannot split; "
-                                 "turn cfg-parallel off (sequence parallelism works)")
-            self.codec.vae_for("transfer (it encodes the controls and decodes every chunk)")
-            self.denoiser.encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-            frames = transfer.generate(self, s, cond_ids, uncond_ids, r, callback, parallel, progress, cache)
-            return Generation(None, frames, s, cache=cache and cache.report())
-        if s.chunks is not None:
-            self.codec.vae_for("a long video (it decodes each chunk to start the next from its last frames)")
-            return self._long_video(s, r, cond_ids, uncond_ids, callback, parallel, progress, cache)
-
-        held = self._conditioning(s, self.denoiser.latent_shape(s), r)
-        shape = self.denoiser.latent_shape(s) if held is None else tuple(held.clean.shape)  # an action canvas is cropped
-        generator = torch.Generator("cpu").manual_seed(int(r.seed))
-        latents = self.denoiser.start_latents(shape, generator, held)
-
-        # Each track's noise follows the video's from the same generator, in TRACKS order.
-        tracks = [track for kind in TRACKS if (track := kind.for_request(self, s, r, generator)) is not None]
-
-        guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
-        self.denoiser.encode_prompts(cond_ids, uncond_ids, s, parallel, progress)
-        latents = self.denoiser.denoise(latents, s, guidance, held, generator, callback, parallel, tracks, cache)
-        frames = None
-        if r.output == "frames":
-            frames = self.decode(latents, tile=r.vae_tile, progress=stage(progress, "decode"))
-        result = Generation(latents.cpu(), frames, s, cache=cache and cache.report())
-        for track in tracks:
-            track.finish(result, self, s, r)
-        return result
-
-    def _long_video(self, s: Settings, r: Request, cond_ids, uncond_ids, callback, parallel, progress,
-                    cache) -> Generation:
-        """A video longer than one window, chunk by chunk (`s.chunks`): the first as a plain run of its length, each
-        later one a video-to-video run on the decoded last frames of the one before; one noise generator throughout,
-        each chunk's own prompt where one per chunk was given. The frames are the chunks' own decodes, stitched; the
-        latents, the chunks' latents without those the overlap held (decoding them at once gives the same length).
-        Both are written into host tensors of the clip's size as the chunks come (`budget.output` counts them)."""
-        p: chunks.Chunks = s.chunks
-        generator = torch.Generator("cpu").manual_seed(int(r.seed))
-        prompts = s.chunk_ids or [cond_ids] * p.count
-        kept_latents, filled = torch.empty(self.denoiser.latent_shape(s)), 0
-        kept_frames = chunks.Stitched(p, s.height, s.width) if r.output == "frames" else None
-        previous = None
-        for k in range(p.count):
-            if progress is not None:
-                progress("chunk", k + 1, p.count)
-            seed = p.seed_frames(k)
-            carried = chunks.latent_frames(seed)  # latent frames the previous chunk's last frames fill
-            chunk = replace(s, num_frames=p.chunk, chunks=None,
-                            condition_frames=s.condition_frames if k == 0 else tuple(range(carried)))
-            shape = self.denoiser.latent_shape(chunk)
-            held = self._conditioning(chunk, shape, r) if k == 0 else chunks.seed(self.codec, previous, seed, shape)
-            latents = self.denoiser.start_latents(shape, generator, held)
-            guidance = CFG(prompts[k], uncond_ids, s.guidance_scale, s.guidance_interval)
-            self.denoiser.encode_prompts(prompts[k], uncond_ids, chunk, parallel, progress)
-            latents = self.denoiser.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k),
-                                   parallel, (), cache)
-            own = latents[:, :, carried:][:, :, : s.latent_frames - filled]
-            kept_latents[:, :, filled : filled + own.shape[2]] = own
-            filled += own.shape[2]
-            if k + 1 < p.count or kept_frames is not None:  # the next chunk starts from these frames
-                previous = chunks.keep(self.codec.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k,
-                                       kept_frames)
-        frames = None if kept_frames is None else kept_frames.frames
-        return Generation(kept_latents, frames, s, cache=cache and cache.report())
+        return runs.execute(run, self.parts, int(plan.request.seed), callback, parallel, progress, cache)
 
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
         return self.codec.decode_sound(sound_latents, seconds)
-
-    def _conditioning(self, s: Settings, shape, r: Request):
-        """The conditioned frames held at their clean latents, mask [T, 1, 1] (None for T2I/T2V)."""
-        if s.mode in ("t2i", "t2v"):
-            return None
-        vae = self.codec.vae_for("image and video conditioning")
-        needed = s.condition_frames[-1] * TEMPORAL_FACTOR + 1  # causal VAE: latent f only sees pixel frames <= 4f
-        if s.action is not None:  # the whole clip on its canvas, encoded, then cropped back to the content
-            pixels, _, (content_h, content_w) = canvas_frames(s.action.clip(), s.action.resolution_tier,
-                                                               s.num_frames, vae.dtype)
-            encoded = self.codec.encode_pixels(pixels)
-            h, w = latent_size(content_h, content_w)
-            encoded = encoded[..., : max(h, 1), : max(w, 1)]
-            shape = tuple(encoded.shape)
-        elif r.condition_latents is not None:  # already encoded (a ComfyUI LATENT): raw VAE latents
-            encoded = self._latent_condition(r.condition_latents, s, shape, r.condition_video_keep)
-        elif r.keyframes is not None:  # the reference clip assembled in pixels, up to the last locked latent
-            encoded = self.codec.encode_pixels(keyframes.reference(keyframes.place(r.keyframes, s.num_frames), s.height,
-                                                             s.width))
-        else:
-            if s.mode == "i2v":
-                pixels = preprocess_image(r.image, s.height, s.width).unsqueeze(2)  # [1, 3, 1, H, W]
-            else:
-                frames = preprocess_video(r.video, s.height, s.width)
-                frames = frames[:, :, :needed] if r.condition_video_keep == "first" else frames[:, :, -needed:]
-                pixels = pad_with_last_frame(frames, needed)
-            encoded = self.codec.encode_pixels(pixels)
-        clean = torch.zeros(shape, dtype=torch.float32, device=self.device)
-        clean[:, :, : encoded.shape[2]] = encoded
-        mask = torch.zeros(shape[2], 1, 1, dtype=torch.float32, device=self.device)
-        mask[list(s.condition_frames)] = 1.0
-        return Held(clean, mask)
-
-    def _latent_condition(self, raw: torch.Tensor, s: Settings, shape, keep: str) -> torch.Tensor:
-        """Normalized conditioning latents from raw VAE latents [1, 48, T', h, w] (first or last latent frames)."""
-        if not isinstance(raw, torch.Tensor) or raw.ndim != 5 or tuple(raw.shape[:2]) != shape[:2]:
-            got = list(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
-            raise InputError(f"condition_latents must be raw VAE latents [1, {shape[1]}, T, h, w], got {got}")
-        if tuple(raw.shape[3:]) != shape[3:]:
-            h, w = raw.shape[3:]
-            raise InputError(f"the conditioning latents are {w * SPATIAL_FACTOR}x{h * SPATIAL_FACTOR} (WxH) and the "
-                             f"request is {s.width}x{s.height}; set width and height to the clip's size")
-        count = s.condition_frames[-1] + 1
-        if raw.shape[2] < count:
-            raise InputError(f"condition frames {list(s.condition_frames)} need {count} latent frames; the "
-                             f"conditioning latents have {raw.shape[2]}")
-        raw = raw[:, :, :count] if keep == "first" else raw[:, :, -count:]
-        return self.codec.vae.normalize(raw.to(self.device)).float()
 
     def encode(self, frames: torch.Tensor, progress: Progress | None = None, raw: bool = False) -> torch.Tensor:
         return self.codec.encode(frames, progress, raw)

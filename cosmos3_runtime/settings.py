@@ -15,18 +15,19 @@ Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge
 """
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from . import chunks, keyframes, transfer
 from .checkpoint import Variant
+from .chunks import Chunks
 from .errors import InputError
-from .action import FRAMEWORK_FPS, canvas_size, vision_condition_frames
+from .action import FRAMEWORK_FPS, ActionRequest, canvas_size, vision_condition_frames
 from .modelopt_fp8 import StepPolicy, resolve_policy
 from .geometry import TEMPORAL_FACTOR, RunGeometry, latent_frames, pixel_frames, round_down_frames
 from .request import LONGEST_WINDOW, Request
 from .schedulers import FLOW_MATCH_EULER
 from .step_cache import CacheConfig
+from .transfer import Controls
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,10 @@ NOT_DISTILLED = "schedule 'distilled' needs a distilled checkpoint (this one is 
 EDGE_SIZES = ((832, 480), (480, 832), (640, 480), (480, 640), (480, 480), (640, 640), (448, 256), (256, 448), (256, 256))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
+    """A request resolved against the checkpoint's variant; frozen (a run's windows are `replace`d copies)."""
+
     width: int
     height: int
     num_frames: int
@@ -56,10 +59,10 @@ class Settings:
     mode: str  # "t2i", "t2v", "i2v", "v2v", "keyframes" (and an action run's mode, "transfer")
     condition_frames: tuple[int, ...]  # conditioned latent frames
     notes: list[str] = field(default_factory=list)
-    action: Any = None  # the ActionRequest with its preset's values filled in (action runs)
-    transfer: Any = None  # the transfer.Plan (transfer runs): controls and chunks
-    chunks: Any = None  # the chunks.Chunks of a run made in chunks (a transfer's plan, a long video), else None
-    chunk_ids: Any = None  # a long video with a prompt per chunk: each chunk's token ids (else one prompt serves all)
+    action: ActionRequest | None = None  # with its preset's values filled in (action runs)
+    transfer: Controls | None = None  # a transfer's controls (and its chunks)
+    chunks: Chunks | None = None  # the chunks of a run made in chunks (a transfer, a long video), else None
+    chunk_ids: tuple[list[int], ...] | None = None  # a long video's prompt per chunk: each one's token ids
     applied: int = 0  # the first `applied` notes say what was applied (INFO), the rest what changed (warnings)
     cache: CacheConfig | None = None  # the step cache (None: off)
     fp8_policy: StepPolicy | None = None  # an official FP8 checkpoint's W8A16 steps (None: W8A8 throughout, or not FP8)
@@ -70,11 +73,12 @@ class Settings:
 
     @property
     def geometry(self) -> RunGeometry:
-        c = self.chunks
+        c, t = self.chunks, self.transfer
+        guidance = dict(guided=self.guidance_scale != 1.0, control_guided=t is not None and t.control_guidance != 1.0)
         if c is None:
-            return RunGeometry(self.height, self.width, self.num_frames, self.num_frames)
-        controls = 0 if self.transfer is None else len(self.transfer.hints)
-        return RunGeometry(self.height, self.width, c.chunk, c.total, c.count, c.overlap, controls)
+            return RunGeometry(self.height, self.width, self.num_frames, self.num_frames, **guidance)
+        controls = 0 if t is None else len(t.hints)
+        return RunGeometry(self.height, self.width, c.chunk, c.total, c.count, c.overlap, controls, **guidance)
 
 
 def resolve(variant: Variant, request: Request) -> Settings:
@@ -172,7 +176,7 @@ def _long_video(r: Request, num_frames: int, notes: list[str], applied: list[str
     """The chunks of a video longer than one window (or than an explicit chunk_frames), else None."""
     if num_frames == 1 or (r.chunk_frames is None and num_frames <= LONGEST_WINDOW):
         return None
-    plan = chunks.plan(num_frames, r.chunk_frames, r.chunk_overlap_frames, DEFAULT_CHUNK, 1, notes, "long video")
+    plan = chunks.split(num_frames, r.chunk_frames, r.chunk_overlap_frames, DEFAULT_CHUNK, 1, notes, "long video")
     if plan.count == 1:
         return None
     refused = [what for what, given in (("sound", r.sound), ("keyframes", r.keyframes is not None),
@@ -201,9 +205,7 @@ def _cache(r: Request, noisy_video: bool, notes: list[str]) -> CacheConfig | Non
 
 def _report(settings: Settings, applied: list[str]) -> Settings:
     """List what was applied before what of the request was changed or ignored (`log_notes` logs them)."""
-    settings.notes[:0] = applied
-    settings.applied = len(applied)
-    return settings
+    return replace(settings, notes=applied + settings.notes, applied=len(applied))
 
 
 def log_notes(settings: Settings) -> None:
@@ -223,7 +225,7 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
                          "documents for control-to-video; Edge is refused, as SGLang refuses it")
     if r.schedule == "distilled":
         raise InputError(NOT_DISTILLED)
-    plan = transfer.plan(r.control_videos, r.num_frames, r.chunk_frames, r.chunk_overlap_frames, r.control_guidance,
+    plan = transfer.controls_for(r.control_videos, r.num_frames, r.chunk_frames, r.chunk_overlap_frames, r.control_guidance,
                          None if r.control_guidance_interval == "auto" else r.control_guidance_interval, notes)
     width, height = _size(variant, r, plan.total == 1, notes)
     notes.extend(transfer.resize_notes(r.control_videos, height, width))

@@ -20,9 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import CheckpointError, InputError
-from .schedulers import Schedule, stepper_for
-from .transformer import TrackTokens
 from .weights import read_headers
+
 
 TOKENIZER_CLASS = "Cosmos3AVAEAudioTokenizer"
 
@@ -273,40 +272,3 @@ def load_sound_tokenizer(folder: Path, device: torch.device, dtype: torch.dtype)
         tokenizer = SoundTokenizer(config, with_encoder=any(name.startswith("encoder.") for name in headers))
     load_weights(tokenizer, folder, dtype, device)
     return tokenizer
-
-
-# --- the sound segment of a generation --------------------------------------------------------------
-
-
-class SoundTrack:
-    """Sound latents [sound_dim, T_s], all noisy, denoised on the video's timesteps by their own stepper."""
-
-    def __init__(self, noise: torch.Tensor, latent_fps: float, schedule: Schedule):
-        self.latents, self.latent_fps = noise, latent_fps
-        self.stepper = stepper_for(schedule)
-
-    @classmethod
-    def for_request(cls, pipe, s, r, generator) -> "SoundTrack | None":
-        """The track a request with `sound` asks for: noise for the clip's duration, drawn from the generator right
-        after the video's."""
-        if not r.sound:
-            return None
-        tokenizer = pipe.codec.sound_for("sound")
-        config = pipe.transformer.config
-        frames = -(-samples_for(s.num_frames, s.fps, tokenizer.config.sampling_rate) // tokenizer.config.hop)
-        noise = torch.randn((config.sound_dim, frames), generator=generator, dtype=torch.float32).to(pipe.device)
-        return cls(noise, float(config.sound_latent_fps), pipe.denoiser.schedule_for(s))
-
-    def tokens(self) -> TrackTokens:
-        """One token per latent frame, at the sound latents' own rate."""
-        return TrackTokens("sound", self.latents.t(), fps=self.latent_fps)
-
-    def step(self, velocity: torch.Tensor, generator) -> None:
-        self.latents = self.stepper.step(velocity.t(), self.latents, generator)
-
-    def finish(self, result, pipe, s, r) -> None:
-        """The run's sound: its latents, and with frames its waveform (trimmed to the video with `sound_trim`)."""
-        result.sound_latents = self.latents.cpu()
-        result.sample_rate = pipe.codec.sound_tokenizer.config.sampling_rate
-        if r.output == "frames":
-            result.sound = pipe.codec.decode_sound(result.sound_latents, s.num_frames / s.fps if r.sound_trim else None)

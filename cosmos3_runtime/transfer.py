@@ -15,11 +15,11 @@ above 1), nested as
 
     v = u + g * ((n + cg * (c - n)) - u)
 
-The scheduler restarts every chunk; one noise generator runs through all of them. The prompt is read verbatim
-under the transfer system prompt: no templates, no caption metadata.
+The scheduler restarts every chunk; one noise generator runs through all of them (`runs.Controlled` is the run). The
+prompt is read verbatim under the transfer system prompt: no templates, no caption metadata.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -27,7 +27,6 @@ from . import chunks
 from .conditioning import frame_count, frame_size, pad_with_last_frame, preprocess_video
 from .errors import InputError
 from .schedulers import in_interval
-from .vae import stage
 
 HINTS = ("edge", "blur", "depth", "seg", "wsm")  # also the order the controls take in the sequence
 HINT_NAMES = {"edge": "edges (Canny)", "blur": "a blurred copy of the clip", "depth": "depth",
@@ -78,32 +77,33 @@ def canonical(control_videos) -> dict:
 
 
 @dataclass(frozen=True)
-class Plan(chunks.Chunks):
-    """What a transfer does: its chunks, its controls (in sequence order) and their guidance."""
+class Controls(chunks.Chunks):
+    """A transfer's controls (their hints in sequence order) and their guidance, over its chunks."""
 
     hints: tuple[str, ...] = ()
     control_guidance: float = 1.0
     control_interval: tuple[float, float] | None = None
 
 
-def plan(controls: dict, num_frames, chunk_frames, overlap, control_guidance, control_interval, notes: list) -> Plan:
+def controls_for(controls: dict, num_frames, chunk_frames, overlap, control_guidance, control_interval,
+                 notes: list) -> Controls:
     """The chunk geometry of checked controls (`canonical`); None values take the defaults."""
     first = frame_count(next(iter(controls.values())))
     total = max(1, min(first, num_frames) if num_frames is not None else first)
     if num_frames is not None and num_frames > first:
         notes.append(f"transfer: num_frames {num_frames} capped at the control clip's {first} frames")
     default_chunk = WSM_CHUNK if tuple(controls) == ("wsm",) else DEFAULT_CHUNK  # short clips: one chunk of their own
-    geometry = chunks.plan(total, chunk_frames, overlap, default_chunk, DEFAULT_OVERLAP, notes, "transfer")
+    geometry = chunks.split(total, chunk_frames, overlap, default_chunk, DEFAULT_OVERLAP, notes, "transfer")
     for hint, clip in controls.items():
         frames = frame_count(clip)
         if frames < geometry.padded:
             notes.append(f"transfer: control {hint!r} has {frames} frames, reflect-padded to {geometry.padded}")
     scale = recommended(tuple(controls))[1] if control_guidance is None else float(control_guidance)
-    return Plan(**vars(geometry), hints=tuple(controls), control_guidance=scale, control_interval=control_interval)
+    return Controls(**vars(geometry), hints=tuple(controls), control_guidance=scale, control_interval=control_interval)
 
 
-def summary(p: Plan) -> str:
-    """The plan in a few words, for reports: ", control guidance 1.5 (edge, depth), 2 chunks of 93 frames"."""
+def summary(p: Controls) -> str:
+    """The controls in a few words, for reports: ", control guidance 1.5 (edge, depth), 2 chunks of 93 frames"."""
     chunks = f"{p.count} chunks of {p.chunk} frames, overlap {p.overlap}" if p.count > 1 else f"one chunk of {p.chunk} frames"
     return f", control guidance {p.control_guidance:g} ({', '.join(p.hints)}), {chunks}"
 
@@ -130,7 +130,7 @@ def reflect_pad(frames: torch.Tensor, length: int) -> torch.Tensor:
     return frames
 
 
-def control_pixels(controls: dict, p: Plan, height: int, width: int, dtype: torch.dtype) -> list[torch.Tensor]:
+def control_pixels(controls: dict, p: Controls, height: int, width: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """Every control as pixels [1, 3, padded, H, W] in [-1, 1], rounded to `dtype` (the transformer's), in order."""
     return [reflect_pad(preprocess_video(controls[h], height, width).to(dtype), p.padded) for h in p.hints]
 
@@ -169,27 +169,3 @@ class Guidance:
             c = u + g * (c - u)
         return [c]
 
-
-def generate(pipe, s, cond_ids: list[int], uncond_ids: list[int], r, callback, parallel, progress=None, cache=None):
-    """The stitched frames [F, H, W, 3] in 0..1 (CPU) of a transfer; `s.transfer` is its plan. `progress(stage, done,
-    total)` hears of each chunk begun ("chunk") and each latent frame decoded ("decode")."""
-    p: Plan = s.transfer
-    pixels = control_pixels(r.control_videos, p, s.height, s.width, pipe.transformer.dtype)
-    generator = torch.Generator("cpu").manual_seed(int(r.seed))
-    stitched, previous = chunks.Stitched(p, s.height, s.width), None
-    for k in range(p.count):
-        if progress is not None:
-            progress("chunk", k + 1, p.count)
-        start, end = p.window(k)
-        controls = [pipe.codec.encode_pixels(reflect_pad(c[:, :, start:end], p.chunk)) for c in pixels]
-        seed = p.seed_frames(k)
-        chunk = replace(s, num_frames=p.chunk, condition_frames=tuple(range(chunks.latent_frames(seed))))
-        shape = pipe.denoiser.latent_shape(chunk)
-        held = chunks.seed(pipe.codec, previous, seed, shape) if seed else None
-        latents = pipe.denoiser.start_latents(shape, generator, held)
-        guidance = Guidance(cond_ids, uncond_ids, controls, s.guidance_scale, s.guidance_interval,
-                            p.control_guidance, p.control_interval)
-        latents = pipe.denoiser.denoise(latents, chunk, guidance, held, generator, p.step_callback(callback, k), parallel,
-                               cache=cache)
-        previous = chunks.keep(pipe.codec.decode_pixels(latents, r.vae_tile, stage(progress, "decode")), p, k, stitched)
-    return stitched.frames

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F

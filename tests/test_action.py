@@ -194,7 +194,7 @@ def test_droid_server_layout(tiny_factory):
     start, noisy, latents = seen[-1]
     assert start == 0 and noisy == [1, 2, 3, 4] and torch.equal(latents[0, :8], state) and not latents[0, 8:].any()
     assert result.actions.shape == (4, 8)
-    from cosmos3_runtime.action import ActionTrack
+    from cosmos3_runtime.tracks import ActionTrack
     from cosmos3_runtime.schedulers import unipc_schedule
 
     track = ActionTrack(request.resolved("droid-server"), 64, torch.Generator().manual_seed(0), "cpu",

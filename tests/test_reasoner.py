@@ -325,7 +325,7 @@ def test_upsampling_fills_the_templates_and_reads_the_reply(nano, monkeypatch):
         asked.update(messages=messages, images=images, options=options)
         return type("Answer", (), {"text": '<think>plan</think>```json\n{"scene_imagination": "x", "duration": "0:09"}\n```'})
 
-    monkeypatch.setattr(nano, "chat", chat)
+    monkeypatch.setattr(nano.reasoner, "chat", chat)  # the Reasoner upsamples through its own chat
     clip = np.zeros((5, 32, 48, 3), np.uint8)
     clip[-1] = 200
     result = nano.upsample_prompt("A cat plays with yarn.", video=clip, num_frames=49, fps=16)

@@ -110,7 +110,7 @@ def test_the_prompt_is_read_verbatim_under_the_transfer_system_prompt(ours, thei
     (1, 9, 1, (1, 1, 1)),  # an image
 ])
 def test_chunk_geometry(total, chunk_frames, overlap, expected):
-    p = transfer.plan({"edge": clip(total, 0, 8, 8)}, None, chunk_frames, overlap, None, None, [])
+    p = transfer.controls_for({"edge": clip(total, 0, 8, 8)}, None, chunk_frames, overlap, None, None, [])
     assert (p.chunk, p.stride, p.count) == expected and p.total == total
 
 

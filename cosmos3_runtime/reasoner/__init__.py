@@ -11,15 +11,20 @@ the vision tower) is read from the checkpoint when it is first asked a question.
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .. import budget
-from ..checkpoint import Checkpoint
+from .. import modelopt_fp8
+from ..checkpoint import Checkpoint, Variant
 from ..errors import CheckpointError, InputError
 from ..gguf_weights import expanded_bytes, expanded_once, quantized_linears
+from ..offload import TextOffload
+from ..request import Request
+from ..settings import resolve as resolve_settings
 from ..tokenizer import PromptTokenizer
 from ..transformer import Cosmos3Transformer, linear_layers, tower_of
 from ..quantize import expect_stored_fp8, remember_input_ranges
@@ -153,8 +158,8 @@ def check_stop(stop) -> tuple[str, ...]:
 
 class Reasoner:
     def __init__(self, config: ReasonerConfig, tokenizer: PromptTokenizer, tower: Cosmos3Transformer,
-                 head: ReasonerHead, vision, processors: dict, device: torch.device):
-        self.config = config
+                 head: ReasonerHead, vision, processors: dict, device: torch.device, variant: Variant):
+        self.config, self.variant = config, variant
         self.tokenizer = tokenizer
         self.language = LanguageModel(tower, head)
         self.head = head
@@ -166,6 +171,7 @@ class Reasoner:
         self.special_texts = tuple(t.content for t in added if t.special)  # never accepted inside user text
         self.end_ids = {tokenizer.eos_id, *config.end_token_ids}
         self.compiled_step = None  # made on the first answer with compile=True
+        self.text_offload: TextOffload | None = None  # the text tower kept elsewhere between answers (shared)
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, tower: Cosmos3Transformer, device: torch.device, dtype: torch.dtype,
@@ -201,11 +207,82 @@ class Reasoner:
             load_weights(vision, checkpoint.root, dtype, device, rename=lambda key: key.removeprefix(prefix),
                          files=list(config.vision_weights))
         processors = {kind: read_processor(checkpoint.root, family, kind) for kind in ("image", "video")}
-        return cls(config, tokenizer, tower, head, vision, processors, device)
+        return cls(config, tokenizer, tower, head, vision, processors, device, checkpoint.variant)
 
     def to(self, device: torch.device) -> None:
         self.parts.to(device)
         self.device = torch.device(device)
+
+    def reason(
+        self,
+        question: str,
+        *,
+        images=None,
+        video=None,
+        video_fps: float | None = None,
+        sample_fps: float | None = None,
+        system_prompt: str | None = None,
+        **options,
+    ) -> Answer:
+        """Answer a question about `images` (a list of PIL images or uint8 [H, W, 3] arrays) and/or a `video`
+        (PIL images, uint8 [T, H, W, 3] or floats in 0..1 at `video_fps`, default 24, looked at `sample_fps`
+        frames per second, default the checkpoint's video processor setting (NVIDIA recommends 4); or a
+        `reasoner.Clip`), or a text-only question.
+
+        `options`: max_new_tokens (default 1024), temperature / top_p / top_k / presence_penalty (unset: NVIDIA's
+        recommendation, 0.7 / 0.8 / 20 / 1.5, or 0.6 / 0.95 / 20 / 0 with thinking; temperature=0 is greedy),
+        seed, thinking (the reply's reasoning comes back separately as `answer.thinking`), callback(new tokens,
+        max_new_tokens, text so far) after every token (raise from it to stop), max_prompt_tokens, check_memory,
+        stop (strings that end the answer), compile (decode with a torch.compile'd fixed-shape step).
+        """
+        if not isinstance(question, str) or not question.strip():
+            raise InputError("no question: pass the question as a non-empty string")
+        images = image_list(images)
+        if video is None or isinstance(video, Clip):
+            videos = [] if video is None else [video]
+        else:
+            videos = [Clip(video, video_fps or DEFAULT_VIDEO_FPS, sample_fps)]
+        messages = chat.question_messages(question, system_prompt, len(images), bool(videos))
+        return self.chat(messages, images, videos, **options)
+
+    def upsample_prompt(self, prompt: str, *, image=None, video=None, width: int | None = None,
+                        height: int | None = None, num_frames: int | None = None, fps: float | None = None,
+                        **options) -> Upsampled:
+        """Turn a short prompt (and optionally the starting image of an image-to-video request, or the clip a
+        video-to-video request continues) into the JSON caption the generator was trained on, with the model
+        authors' upsampling templates where the user has their framework (`reasoner.templates`), else the pack's
+        own. A clip is described from its last frame, where the continuation starts (the templates take one
+        starting image). width, height, num_frames and fps are the generation's
+        (unset: the variant's defaults; num_frames=1 asks for an image caption). `options` as for `reason`;
+        greedy by default (temperature=0), max_new_tokens 4096."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InputError("no prompt to upsample: pass a non-empty string")
+        if image is not None and video is not None:
+            raise InputError("upsample with a starting image or a clip to continue, not both")
+        if video is not None:
+            image = processing.uint8_frames(video, "video")[-1].permute(1, 2, 0)
+        s = resolve_settings(self.variant, Request.build(width=width, height=height, num_frames=num_frames, fps=fps))
+        task = upsample.task_for(s.num_frames, image is not None)
+        chosen = upsample.templates()  # the authors' where the user has them, else the pack's own
+        messages = upsample.messages_for(task, prompt, s.width, s.height, s.num_frames, s.fps, chosen)
+        options.setdefault("temperature", 0.0)
+        options.setdefault("max_new_tokens", upsample.DEFAULT_MAX_NEW_TOKENS)
+        answer = self.chat(messages, [] if image is None else [image], **options)
+        upsampled = upsample.caption_from_reply(answer.text, prompt, task, s.num_frames, s.fps)
+        upsampled.templates = chosen.source
+        return upsampled
+
+    @torch.inference_mode()
+    def chat(self, messages: list[dict], images=(), videos=(), *, temperature=None, top_p=None, top_k=None,
+             presence_penalty=None, thinking: bool = False, **options) -> Answer:
+        """Answer the last user turn of a conversation: turns {"role", "content"}, content a string or parts
+        ({"type": "text", "text": ...}, {"type": "image"}, {"type": "video"}) that take `images` and `videos`
+        (`reasoner.Clip`s) in order. Options as for `reason`."""
+        sampling = Sampling.resolve(thinking, temperature, top_p, top_k, presence_penalty)
+        offload = self.text_offload
+        on_device = offload.on(self.device) if offload is not None else nullcontext()
+        with on_device, modelopt_fp8.for_text(self.variant.fp8_policy):
+            return self.answer(messages, images, videos, sampling=sampling, thinking=thinking, **options)
 
     def _media(self, images, videos) -> list[VisionInput]:
         if (images or videos) and self.vision is None:

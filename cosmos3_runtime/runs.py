@@ -1,0 +1,231 @@
+"""Kinds of run, and the one window loop that runs them all.
+
+A plan is one kind of run (`for_plan`):
+- `Single`: the request in one window, its tracks (sound, actions) beside the video;
+- `Continued`: a video longer than one window (a long video), chunk by chunk, each chunk after the first continuing
+  from the decoded last frames of the one before;
+- `Controlled`: a transfer, each chunk denoised beside its control latents and continuing like a long video.
+
+A kind says what its windows are (`window(k)`: the window's settings, held frames and guidance) and keeps what each
+made (`keep`); `execute` is the loop: one noise generator through every window, each window's first latents, its
+prompts' text K/V, the denoiser's sampling loop. Runs work with the denoiser and the codec (`Parts`), never with the
+pipeline. Beside them plug in the conditioning sources (`sources.SOURCES`) and the tracks (`tracks.TRACKS`).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from . import chunks, transfer
+from .conditioning import Held
+from .errors import InputError
+from .geometry import latent_frames
+from .parallel import Parallel
+from .request import Request
+from .schedulers import in_interval
+from .settings import Settings
+from .sources import held_for
+from .step_cache import StepCache
+from .tracks import TRACKS, Parts
+from .vae import StageCallback, stage
+
+# (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
+StepCallback = Callable[[int, int, torch.Tensor], None]
+
+
+@dataclass
+class Generation:
+    latents: torch.Tensor | None  # normalized latents [1, 48, T, h, w], float32, CPU (None for a transfer)
+    frames: torch.Tensor | None  # [F, H, W, 3] float32 in 0..1, CPU (ComfyUI IMAGE); None for output="latents"
+    settings: Settings
+    sound: torch.Tensor | None = None  # [channels, samples] float32 in [-1, 1], CPU (sound=True, output="frames")
+    sample_rate: int | None = None  # of `sound`
+    sound_latents: torch.Tensor | None = None  # [sound_dim, T_s] float32, CPU
+    actions: torch.Tensor | None = None  # [chunk, width] float32, CPU (policy and inverse dynamics)
+    cache: str | None = None  # what the step cache did ("SeaCache: N forwards run, M skipped"); None: off
+
+
+@dataclass(frozen=True)
+class CFG:
+    """Classifier-free guidance as separate forwards: the prompt, and the negative prompt where the scale (inside
+    its interval of timesteps) is not 1; combined as u + g (c - u) for the video and every track."""
+
+    cond: list[int]  # token ids
+    uncond: list[int]
+    scale: float
+    interval: tuple[float, float] | None
+
+    def _scale(self, t: float) -> float:
+        return self.scale if in_interval(self.interval, t) else 1.0
+
+    def passes(self, t: float) -> list[tuple[list[int], list]]:
+        """(token ids, clean items before the video) of each forward pass."""
+        return [(self.cond, [])] + ([(self.uncond, [])] if self._scale(t) != 1.0 else [])
+
+    def combine(self, t: float, outputs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        if len(outputs) == 1:
+            return outputs[0]
+        g = self._scale(t)
+        return [u + g * (c - u) for c, u in zip(*outputs)]
+
+
+@dataclass(frozen=True)
+class Window:
+    """One pass of the sampling loop: its settings (its frames, its held frames), what it holds clean, how it is
+    guided (`CFG`, `transfer.Guidance`: their `cond` / `uncond` ids are the prompts it encodes)."""
+
+    settings: Settings
+    held: Held | None
+    guidance: CFG | transfer.Guidance
+
+
+class Single:
+    """The request in one window, its tracks beside the video."""
+
+    chunks, count = None, 1
+
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int]):
+        self.parts, self.s, self.r = parts, s, r
+        self.guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
+        self.result: Generation | None = None
+
+    def window(self, k: int) -> Window:
+        held = held_for(self.parts.codec, self.s, self.r, self.parts.denoiser.latent_shape(self.s))
+        return Window(self.s, held, self.guidance)
+
+    def tracks(self, generator: torch.Generator) -> list:
+        """Each asked-for track, its noise drawn from `generator` after the video's, in TRACKS order."""
+        return [t for kind in TRACKS if (t := kind.for_request(self.parts, self.s, self.r, generator)) is not None]
+
+    def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
+        frames = None
+        if self.r.output == "frames":
+            frames = self.parts.codec.decode(latents, tile=self.r.vae_tile, progress=stage(progress, "decode"))
+        self.result = Generation(latents.cpu(), frames, self.s)
+        for track in tracks:
+            self.result = replace(self.result, **track.finish(self.parts, self.s, self.r))
+
+
+class Chunked:
+    """A run of `chunks.count` windows, each after the first seeded by the decoded last frames of the one before
+    (`chunks.seed`); every chunk is decoded as it finishes, its own frames stitched into the clip (`chunks.keep`)."""
+
+    def __init__(self, parts: Parts, s: Settings, r: Request, p: chunks.Chunks, what: str, frames_out: bool):
+        parts.codec.vae_for(what)
+        self.parts, self.s, self.r, self.chunks, self.count = parts, s, r, p, p.count
+        self.frames = chunks.Stitched(p, s.height, s.width) if frames_out else None
+        self.previous: torch.Tensor | None = None  # the decoded frames the next chunk starts from
+
+    def tracks(self, generator: torch.Generator) -> list:
+        return []  # sound and actions are made in one window (settings refuses them here)
+
+    def seeded(self, k: int, s: Settings) -> Held | None:
+        """Chunk k's first latent frames held at the previous chunk's last frames, encoded again (None for the
+        first)."""
+        seed = self.chunks.seed_frames(k)
+        return chunks.seed(self.parts.codec, self.previous, seed, self.parts.denoiser.latent_shape(s)) if seed else None
+
+    def decode(self, k: int, latents: torch.Tensor, progress: StageCallback | None) -> None:
+        if k + 1 < self.count or self.frames is not None:  # the next chunk starts from these frames
+            pixels = self.parts.codec.decode_pixels(latents, self.r.vae_tile, stage(progress, "decode"))
+            self.previous = chunks.keep(pixels, self.chunks, k, self.frames)
+
+
+class Continued(Chunked):
+    """A long video: the first chunk as a one-window run of its length (its conditioning from the request), each later
+    one a video-to-video window on the last frames of the one before; each chunk's own prompt where one per chunk was
+    given. Its latents are the chunks' latents without those the overlap held (decoding them at once gives the same
+    length); both they and the frames fill host tensors of the clip's size (`budget.output` counts them)."""
+
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int]):
+        super().__init__(parts, s, r, s.chunks, "a long video (it decodes each chunk to start the next from its last "
+                         "frames)", r.output == "frames")
+        self.prompts = s.chunk_ids or [cond_ids] * self.count
+        self.uncond_ids = uncond_ids
+        self.latents, self.filled = torch.empty(parts.denoiser.latent_shape(s)), 0
+
+    def window(self, k: int) -> Window:
+        s, p = self.s, self.chunks
+        frames = s.condition_frames if k == 0 else tuple(range(latent_frames(p.seed_frames(k))))
+        chunk = replace(s, num_frames=p.chunk, chunks=None, chunk_ids=None, condition_frames=frames)
+        held = held_for(self.parts.codec, chunk, self.r, self.parts.denoiser.latent_shape(chunk)) if k == 0 else \
+            self.seeded(k, chunk)
+        return Window(chunk, held, CFG(self.prompts[k], self.uncond_ids, s.guidance_scale, s.guidance_interval))
+
+    def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
+        carried = latent_frames(self.chunks.seed_frames(k))
+        own = latents[:, :, carried:][:, :, : self.latents.shape[2] - self.filled]
+        self.latents[:, :, self.filled : self.filled + own.shape[2]] = own
+        self.filled += own.shape[2]
+        self.decode(k, latents, progress)
+
+    @property
+    def result(self) -> Generation:
+        return Generation(self.latents, None if self.frames is None else self.frames.frames, self.s)
+
+
+class Controlled(Chunked):
+    """A transfer: each chunk denoised beside its controls' latents (encoded per chunk from the whole control clips,
+    reflect-padded), continuing from the one before; its output is the stitched frames."""
+
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
+                 parallel: Parallel | None):
+        if parallel is not None and parallel.cfg is not None:
+            raise InputError("transfer runs up to three forward passes a step, which CFG parallelism cannot split; "
+                             "turn cfg-parallel off (sequence parallelism works)")
+        super().__init__(parts, s, r, s.transfer, "transfer (it encodes the controls and decodes every chunk)", True)
+        self.cond_ids, self.uncond_ids = cond_ids, uncond_ids
+        dtype = parts.denoiser.transformer.dtype
+        self.pixels = transfer.control_pixels(r.control_videos, s.transfer, s.height, s.width, dtype)
+
+    def window(self, k: int) -> Window:
+        s, p = self.s, self.s.transfer
+        start, end = p.window(k)
+        controls = [self.parts.codec.encode_pixels(transfer.reflect_pad(c[:, :, start:end], p.chunk))
+                    for c in self.pixels]
+        frames = tuple(range(latent_frames(p.seed_frames(k))))
+        chunk = replace(s, num_frames=p.chunk, chunks=None, transfer=None, condition_frames=frames)
+        guidance = transfer.Guidance(self.cond_ids, self.uncond_ids, controls, s.guidance_scale, s.guidance_interval,
+                                     p.control_guidance, p.control_interval)
+        return Window(chunk, self.seeded(k, chunk), guidance)
+
+    def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
+        self.decode(k, latents, progress)
+
+    @property
+    def result(self) -> Generation:
+        return Generation(None, self.frames.frames, self.s)
+
+
+def for_plan(parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
+             parallel: Parallel | None) -> Single | Continued | Controlled:
+    """The kind of run resolved settings `s` make."""
+    if parallel is not None and (r.sound or r.action is not None):
+        raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
+    if s.transfer is not None:
+        return Controlled(parts, s, r, cond_ids, uncond_ids, parallel)
+    if s.chunks is not None:
+        return Continued(parts, s, r, cond_ids, uncond_ids)
+    return Single(parts, s, r, cond_ids, uncond_ids)
+
+
+def execute(run: Single | Continued | Controlled, parts: Parts, seed: int, callback: StepCallback | None,
+            parallel: Parallel | None, progress: StageCallback | None, cache: StepCache | None) -> Generation:
+    """The window loop: each window from noise drawn from one generator (held frames in place), its tracks' noise
+    after the video's, its prompts encoded, the denoiser's steps, then what the run keeps of it. `progress` hears of
+    each chunk begun ("chunk"), the prompts ("text") and the decode ("decode")."""
+    generator = torch.Generator("cpu").manual_seed(seed)
+    for k in range(run.count):
+        if run.chunks is not None and progress is not None:
+            progress("chunk", k + 1, run.count)
+        w = run.window(k)
+        shape = parts.denoiser.latent_shape(w.settings) if w.held is None else tuple(w.held.clean.shape)
+        latents = parts.denoiser.start_latents(shape, generator, w.held)
+        tracks = run.tracks(generator)
+        parts.denoiser.encode_prompts(w.guidance.cond, w.guidance.uncond, w.settings, parallel, progress)
+        steps = callback if run.chunks is None else run.chunks.step_callback(callback, k)
+        latents = parts.denoiser.denoise(latents, w.settings, w.guidance, w.held, generator, steps, parallel, tracks,
+                                         cache)
+        run.keep(k, latents, tracks, progress)
+    return replace(run.result, cache=cache and cache.report())

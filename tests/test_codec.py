@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import cosmos3_runtime
+from cosmos3_runtime.codec import Codec
 from cosmos3_runtime.errors import InputError
 
 
@@ -30,7 +31,7 @@ def test_a_load_without_the_vae_refuses_by_name_what_needs_it(latents_only, call
 
 def test_the_pipeline_and_its_codec_share_one_vae(tiny_gated):
     pipe = cosmos3_runtime.load(tiny_gated, dtype="fp32")
-    assert pipe.vae is pipe.codec.vae and pipe.sound_tokenizer is pipe.codec.sound_tokenizer
+    assert isinstance(pipe.codec, Codec) and pipe.vae is pipe.codec.vae and pipe.sound_tokenizer is pipe.codec.sound_tokenizer
     frames = torch.rand(5, 32, 32, 3)
     assert torch.equal(pipe.encode(frames), pipe.codec.encode(frames))
     seen = []

@@ -117,3 +117,30 @@ def test_the_layers_of_nodes_import_downward_only():
     assert "nodes.core" in layers["nodes.sampling"]
     assert [t for t in layers["nodes.services"] if t.startswith("nodes")] == []
     assert cycle(layers) == []
+
+
+def test_every_runtime_module_has_tests_a_maintainer_finds_by_its_name():
+    """Each module of cosmos3_runtime is imported by some test file, and `tests/test_<module>.py` (a subpackage's
+    module: `test_<package>_<module>.py`), where it exists, imports the module it is named after: a module's tests
+    are found by its name, and a module no test imports shows up here."""
+    import ast
+
+    runtime = {".".join(p.relative_to(ROOT / "cosmos3_runtime").with_suffix("").parts).removesuffix("__init__")
+               .rstrip(".") for p in (ROOT / "cosmos3_runtime").rglob("*.py")}
+    runtime.discard("")  # the package itself
+    imported: dict[str, set[str]] = {}
+    for path in (ROOT / "tests").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cosmos3_runtime"):
+                base = node.module.removeprefix("cosmos3_runtime").lstrip(".")
+                names = [base] + [f"{base}.{a.name}".lstrip(".") for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name.removeprefix("cosmos3_runtime.") for a in node.names if a.name.startswith("cosmos3_runtime.")]
+            for name in names:
+                imported.setdefault(name, set()).add(path.name)
+    untested = sorted(m for m in runtime if m not in imported)
+    assert untested == [], f"no test file imports {untested}"
+    misnamed = sorted(m for m in runtime if (ROOT / "tests" / f"test_{m.replace('.', '_')}.py").exists()
+                      and f"test_{m.replace('.', '_')}.py" not in imported.get(m, ()))
+    assert misnamed == [], f"test files named after these modules do not import them: {misnamed}"

@@ -495,7 +495,7 @@ def test_upsample_prompt_node_passes_a_caption_to_text_encode(nodes, monkeypatch
     model, _, _ = load(nodes, "Cosmos3-Nano")
     reply = '```json\n{"scene_imagination": "focus: a cat", "temporal_caption": "0:00 a cat", "duration": "0:02"}\n```'
     answer = type("Answer", (), {"text": reply})
-    monkeypatch.setattr(type(model.pipeline), "chat", lambda self, messages, images, **options: answer)
+    monkeypatch.setattr(type(model.pipeline.reasoner), "chat", lambda self, messages, images, **options: answer)
     out = nodes.Cosmos3UpsamplePrompt().upsample(model, "a cat", 64, 48, 49, 24.0, 64, 0)
     (caption,) = out["result"]
     assert json.loads(caption)["duration"] == "2s"

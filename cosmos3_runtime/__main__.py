@@ -22,16 +22,18 @@ from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, re
 from .parallel import init_from_env
 from .pipeline import load, open_gguf, planner
 from .request import Request, add_arguments, options_from_args
-from .tiny import KINDS, SIZES, make_tiny_checkpoint
+from .tiny import KINDS, SIZES, make_tiny_checkpoint, sim_transfer_block
 from .transfer import HINTS, check_hints, summary as transfer_summary
 from .transformer import Cosmos3Transformer, tower_of
 from .weights import stored_bytes
 
 
 def cmd_make_tiny(args) -> None:
-    root = make_tiny_checkpoint(args.folder, kind=args.kind, size=args.size, distilled=args.distilled,
-                                sound=args.sound, action=args.action)
-    print(f"wrote a random {args.size} {args.kind} checkpoint to {root}")
+    causal = sim_transfer_block() if args.sim_transfer else None
+    root = make_tiny_checkpoint(args.folder, kind="gated" if causal else args.kind, size=args.size,
+                                distilled=args.distilled or bool(causal), sound=args.sound, action=args.action,
+                                causal=causal)
+    print(f"wrote a random {args.size} {'Sim-Transfer (causal, gated)' if causal else args.kind} checkpoint to {root}")
 
 
 def cmd_generate(args) -> None:
@@ -381,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--action", action="store_true", help="with an action head (as Edge, Nano, Policy-DROID)")
     p.add_argument("--size", choices=sorted(SIZES), default="tiny")
     p.add_argument("--distilled", action="store_true")
+    p.add_argument("--sim-transfer", action="store_true", help="Cosmos3-Nano-Sim-Transfer's layout: a causal gated "
+                   "checkpoint that rolls a video out chunk by chunk from a caption and one control clip")
     p.set_defaults(run=cmd_make_tiny)
 
     for command in sub.choices.values():

@@ -117,7 +117,7 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
     if cache is not None:  # each guidance pass keeps its last full runs' residuals (the control-free one: the video's)
         tokens = media_tokens * (1 + g.guided) + video_tokens * g.control_guided
         parts["SeaCache residuals"] = tokens * (cache.residual_order + 1) * H * b
-    if g.windows > 1:  # the decoded frames the next chunk starts from (float32)
+    if g.windows > 1 and g.overlap:  # the decoded frames the next chunk starts from (float32)
         parts["overlap frames"] = 3 * g.overlap * g.height * g.width * 4
     if vae_config is not None and encoded_frames:
         peak = ENCODE_PEAK_ONE if encoded_frames == 1 else ENCODE_PEAK_FRAMES
@@ -148,6 +148,8 @@ def encoded_frames(s, latent_input: bool) -> int:
     conditioning frames (none where they come as latents, `latent_input`), a long video's overlap."""
     if s.transfer is not None:
         return s.transfer.chunk
+    if s.rollout is not None:  # its control clip, encoded whole
+        return s.num_frames if s.rollout.hint is not None else 0
     needed = 0
     if s.condition_frames and not latent_input:
         last = pixel_frames(s.condition_frames[-1] + 1)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .action import default_preset
+from .causal import CausalConfig, read_config as read_causal
 from .errors import CheckpointError
 from .modelopt_fp8 import HF_QUANT_CONFIG, Quantization, StepPolicy, read_quantization
 from .schedulers import FLOW_MATCH_EULER
@@ -25,7 +26,8 @@ from .transformer import EDGE_BACKBONE, TransformerConfig
 
 log = logging.getLogger(__name__)
 
-PIPELINE_CLASSES = ("Cosmos3OmniPipeline", "Cosmos3OmniDiffusersPipeline")
+PIPELINE_CLASSES = ("Cosmos3OmniPipeline", "Cosmos3OmniDiffusersPipeline", "Cosmos3NanoSimTransferPipeline",
+                    "Cosmos3NanoSimBimanualPipeline", "Cosmos3NanoSimAutoPipeline")  # the causal ones: `causal`
 TOKENIZER_DIRS = ("text_tokenizer", "tokenizer")
 CONFIG_FILES = (
     "model_index.json",
@@ -53,6 +55,7 @@ class Variant:
     scheduler_class: str  # scheduler/scheduler_config.json _class_name (the 'checkpoint' schedule runs it)
     default_action_preset: str = "framework"  # droid-server when the folder or repo id names Policy-DROID
     quantization: Quantization | None = None  # an official FP8 checkpoint's (transformer config's quantization_config)
+    causal: CausalConfig | None = None  # a causal checkpoint's rollout (distilled: its fixed SDE sigmas)
 
     @property
     def fp8_policy(self) -> StepPolicy | None:
@@ -72,6 +75,8 @@ class Variant:
             parts.append("sound head" if self.has_sound_tokenizer else "sound head (no sound tokenizer)")
         if self.quantization is not None:
             parts.append(self.quantization.describe())
+        if self.causal is not None:
+            parts.append(self.causal.describe())
         return ", ".join(parts)
 
 
@@ -170,7 +175,8 @@ def _detect(root: Path) -> Variant:
     scheduler = read_json(root / "scheduler" / "scheduler_config.json")
 
     is_edge = config.backbone_type == EDGE_BACKBONE or config.hidden_act == "relu2"
-    sigmas, stochastic = _distilled_schedule(root, scheduler, modular)
+    causal = read_causal(transformer_raw, index["_class_name"], str(root / "transformer" / "config.json"))
+    sigmas, stochastic = (causal.t_list, True) if causal else _distilled_schedule(root, scheduler, modular)
     system_prompt = index.get("default_use_system_prompt", modular.get("default_use_system_prompt", True))
     return Variant(
         is_edge=is_edge,
@@ -185,6 +191,7 @@ def _detect(root: Path) -> Variant:
         scheduler_class=str(scheduler.get("_class_name", "UniPCMultistepScheduler")),
         default_action_preset=default_preset(str(root)),
         quantization=_quantization(root, transformer_raw),
+        causal=causal,
     )
 
 

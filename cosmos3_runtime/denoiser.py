@@ -78,13 +78,16 @@ class Denoiser:
         return unipc_schedule(s.steps, s.flow_shift)
 
     def denoise(self, latents, s: Settings, guidance, held: Held | None, generator, callback, parallel, tracks: list = (),
-                cache: StepCache | None = None):
+                cache: StepCache | None = None, forward: Callable | None = None,
+                step_noise: Callable[[int], torch.Generator] | None = None):
         """The sampling loop over the video latents and the tracks beside them (sound, action): the one loop every
         mode runs (a plain generation, each transfer chunk, each chunk of a long video).
 
         `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
         transfer's). A track (see `tracks.TRACKS`) gives the transformer its tokens (`tokens()`, a `TrackTokens`) and
-        takes its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack.
+        takes its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack. `forward` replaces the
+        transformer's call (a causal rollout's, over its history); `step_noise(i)`, the generator step i re-noises from
+        (default `generator` throughout).
         """
         schedule = self.schedule_for(s)
         stepper = stepper_for(schedule)
@@ -99,8 +102,8 @@ class Denoiser:
         def velocities(k, ids, context) -> list[torch.Tensor]:
             # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
             hooks = self.hooks if cache is None else replace(self.hooks, stack=cache.layers(k))  # each pass caches on its own
-            out = self.transformer(latents, timesteps[i], self.text_kv(ids), noisy, s.fps,
-                                   [track.tokens() for track in tracks], sp=sp, context=context, hooks=hooks)
+            out = (forward or self.transformer)(latents, timesteps[i], self.text_kv(ids), noisy, s.fps,
+                                                [track.tokens() for track in tracks], sp=sp, context=context, hooks=hooks)
             return [out.vision.float()] + [v.float() for v in out.tracks]
 
         for i, t in enumerate(schedule.timesteps.tolist()):
@@ -118,7 +121,7 @@ class Denoiser:
             velocity = combined[0]
             if callback is not None:  # the model's current guess of the result: what previews should show
                 denoised = latents - sigmas[i] * velocity
-            latents = stepper.step(velocity, latents, generator)
+            latents = stepper.step(velocity, latents, generator if step_noise is None else step_noise(i))
             for track, track_velocity in zip(tracks, combined[1:]):
                 track.step(track_velocity, generator)
             if held is not None:  # conditioned frames stay exactly at their clean latents

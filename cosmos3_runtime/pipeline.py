@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import budget, cancel, modelopt_fp8, runs, transfer
+from . import budget, cancel, causal, modelopt_fp8, runs, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .codec import Codec
 from .denoiser import Denoiser
@@ -194,7 +194,11 @@ class Planner:
                              "long video (set the frame count and chunk_frames for as many chunks)")
         system = prompt_options.system_prompt
         negative = negative_text(s.negative_prompt, prompt_options)
-        if s.transfer is not None:  # verbatim, under the transfer system prompt
+        if s.rollout is not None:  # with its control, duration and resolution sentences, under the transfer prompt
+            c = s.rollout
+            texts = [(causal.prompt_text(prompts[0], c.hint, c.emphasize, s.num_frames, s.fps, s.height, s.width), "")]
+            system = transfer.SYSTEM_PROMPT if s.use_system_prompt else None
+        elif s.transfer is not None:  # verbatim, under the transfer system prompt
             texts, system = [(prompts[0], s.negative_prompt)], transfer.SYSTEM_PROMPT if s.use_system_prompt else None
         elif s.action is not None:  # the structured action caption; the negative prompt as given
             texts = [(action_prompt(prompts[0], s.action.view_point, s.num_frames, s.fps, s.height, s.width),

@@ -23,6 +23,8 @@ CACHES = ("seacache", "off")
 FP8_POLICIES = ("checkpoint", "on", "off")
 OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
+CAUSAL_CACHES = ("kv", "recompute")
+CAUSAL_SEEDS = ("framework", "sglang")
 LONGEST_WINDOW = 201  # frames generated in one window by default; longer videos run in chunks (NVIDIA lists <= 200 at 720p)
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
 MAX_SIZE = 8192  # pixels per side: far above anything Cosmos3 was trained on, below int32 index trouble
@@ -153,6 +155,19 @@ class Request:
     chunk_overlap_frames: int | None = option(None, "transfer and long videos: frames each chunk takes from the end of "
                                               "the previous one, generated again there and kept once (auto: 1; a long "
                                               "video's are 1 + 4k: whole latent frames)", type=int)
+    causal_cache: str = option("kv", "causal checkpoints (Sim-Transfer): kv (each chunk attends to the K/V its history "
+                               "left, kept across chunks) or recompute (every forward over the whole clip so far "
+                               "under the matching mask: the same result, far slower; a reference)",
+                               choices=list(CAUSAL_CACHES))
+    causal_window: int | None = option(None, "causal checkpoints: latent frames of history a chunk attends to, its "
+                                       "sinks and itself included; fewer bound the K/V memory (auto: the "
+                                       "checkpoint's; all history where it never evicts)", type=int)
+    causal_seeds: str = option("framework", "causal checkpoints: the per-step noise seeds, NVIDIA's framework's "
+                               "(seed + chunk start x 1000003 + (step + 1) x 9176) or sglang's (step x 9176)",
+                               choices=list(CAUSAL_SEEDS))
+    emphasize_control: bool | None = option(None, "causal Sim-Transfer: add the sentence telling the model to follow "
+                                            "the control clip precisely (auto: the checkpoint's setting)",
+                                            tri_state=True)
     keyframes: Any = option(None, "keyframes held in the video (first-last frame to video, or any frame): {frame: image "
                             "or clip}, negative frames counting from the end (-1: the last; a clip there ends on it). "
                             "A still holds the latent frame that holds its frame (4 frames), a clip every latent frame "
@@ -185,7 +200,7 @@ class Request:
         set_(self, "condition_frame_indexes", parse_frame_indexes(self.condition_frame_indexes))
         set_(self, "vae_tile", parse_tile(self.vae_tile))
         for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS),
-                              ("cache", CACHES)):
+                              ("cache", CACHES), ("causal_cache", CAUSAL_CACHES), ("causal_seeds", CAUSAL_SEEDS)):
             if getattr(self, name) not in choices:
                 raise InputError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
@@ -200,7 +215,7 @@ class Request:
                     + ("" if other is None else f" (size asked: {self.width}x{self.height}, WxH)")
                 )
         positive = {"num_frames": self.num_frames, "steps": self.steps, "max_prompt_tokens": self.max_prompt_tokens,
-                    "max_sequence_length": self.max_sequence_length}
+                    "max_sequence_length": self.max_sequence_length, "causal_window": self.causal_window}
         for name, value in positive.items():
             if value is not None and value < 1:
                 raise InputError(f"{name} must be at least 1, got {value}")

@@ -30,16 +30,18 @@ def media_positions(
     start_frame: int = 0,
     reset_spatial: bool = True,
     device=None,
+    in_video: bool = False,
 ) -> torch.Tensor:
     """[3, grid_t*grid_h*grid_w] positions of one media item, frame-major then row then column.
 
     `temporal_factor` is how many source frames one token frame covers (4 for VAE video latents,
     1 for sound and action tokens); `base_temporal_factor` is the factor `base_fps` refers to.
-    `fps=None` turns fps modulation off (integer temporal steps).
+    `fps=None` turns fps modulation off (integer temporal steps), as does a single frame (an image) unless it is
+    `in_video`: part of a longer clip, as a causal rollout's one-frame forwards are.
     """
     base_factor = temporal_factor if base_temporal_factor is None else base_temporal_factor
     frames = grid_h * grid_w
-    if fps is not None and grid_t > 1:
+    if fps is not None and (grid_t > 1 or in_video):
         tokens_per_second = fps / temporal_factor
         base_tokens_per_second = base_fps / base_factor
         t = torch.arange(grid_t, dtype=torch.float32, device=device)

@@ -12,15 +12,16 @@ prompts' text K/V, the denoiser's sampling loop. Runs work with the denoiser and
 pipeline. Beside them plug in the conditioning sources (`sources.SOURCES`) and the tracks (`tracks.TRACKS`).
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
-from . import chunks, transfer
-from .conditioning import Held
+from . import causal, chunks, transfer
+from .conditioning import Held, preprocess_video
 from .errors import InputError
-from .geometry import latent_frames
+from .geometry import TEMPORAL_FACTOR, latent_frames, latent_size, pixel_frames
 from .parallel import Parallel
 from .request import Request
 from .schedulers import in_interval
@@ -28,6 +29,7 @@ from .settings import Settings
 from .sources import held_for
 from .step_cache import StepCache
 from .tracks import TRACKS, Parts
+from .transformer import MediaKV, masked_media_attention
 from .vae import StageCallback, stage
 
 # (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
@@ -73,17 +75,33 @@ class CFG:
 @dataclass(frozen=True)
 class Window:
     """One pass of the sampling loop: its settings (its frames, its held frames), what it holds clean, how it is
-    guided (`CFG`, `transfer.Guidance`: their `cond` / `uncond` ids are the prompts it encodes)."""
+    guided (`CFG`, `transfer.Guidance`: their `cond` / `uncond` ids are the prompts it encodes); a window of its own
+    noise (a causal rollout's) also brings the generator of its first latents and of each step's re-noising, and the
+    forward it runs (over its history)."""
 
     settings: Settings
     held: Held | None
     guidance: CFG | transfer.Guidance
+    noise: torch.Generator | None = None  # its first latents' (None: the run's one generator)
+    step_noise: Callable[[int], torch.Generator] | None = None  # step i's re-noising (None: the run's generator)
+    forward: Callable | None = None  # the transformer's call (None: the transformer itself)
 
 
-class Single:
+class Run:
+    """What every kind of run shares: one window unless it says otherwise, no tracks, the caller's step callback."""
+
+    count, chunked = 1, False
+
+    def tracks(self, generator: torch.Generator) -> list:
+        return []
+
+    def steps(self, callback: StepCallback | None, k: int) -> StepCallback | None:
+        """The step callback of window k (its steps counted over the whole run)."""
+        return callback
+
+
+class Single(Run):
     """The request in one window, its tracks beside the video."""
-
-    chunks, count = None, 1
 
     def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int]):
         self.parts, self.s, self.r = parts, s, r
@@ -107,18 +125,18 @@ class Single:
             self.result = replace(self.result, **track.finish(self.parts, self.s, self.r))
 
 
-class Chunked:
+class Chunked(Run):
     """A run of `chunks.count` windows, each after the first seeded by the decoded last frames of the one before
     (`chunks.seed`); every chunk is decoded as it finishes, its own frames stitched into the clip (`chunks.keep`)."""
 
     def __init__(self, parts: Parts, s: Settings, r: Request, p: chunks.Chunks, what: str, frames_out: bool):
         parts.codec.vae_for(what)
-        self.parts, self.s, self.r, self.chunks, self.count = parts, s, r, p, p.count
+        self.parts, self.s, self.r, self.chunks, self.count, self.chunked = parts, s, r, p, p.count, True
         self.frames = chunks.Stitched(p, s.height, s.width) if frames_out else None
         self.previous: torch.Tensor | None = None  # the decoded frames the next chunk starts from
 
-    def tracks(self, generator: torch.Generator) -> list:
-        return []  # sound and actions are made in one window (settings refuses them here)
+    def steps(self, callback: StepCallback | None, k: int) -> StepCallback | None:
+        return self.chunks.step_callback(callback, k)
 
     def seeded(self, k: int, s: Settings) -> Held | None:
         """Chunk k's first latent frames held at the previous chunk's last frames, encoded again (None for the
@@ -198,11 +216,115 @@ class Controlled(Chunked):
         return Generation(None, self.frames.frames, self.s)
 
 
+class Rollout(Run):
+    """A causal rollout (`causal`): chunk by chunk, each denoised in the checkpoint's fixed steps against the K/V of
+    the frames committed before it (its control chunk committed first, its RGB frames after it is denoised), with its
+    own noise seeds; or, in "recompute" mode, every forward over the whole clip so far under the matching mask. The
+    clip is decoded once, at the end."""
+
+    chunked = True
+
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], parallel: Parallel | None):
+        if parallel is not None:
+            raise InputError("a causal rollout runs on one process; turn sequence and CFG parallelism off")
+        parts.codec.vae_for("a causal rollout (it encodes the control clip and decodes the clip)")
+        self.parts, self.s, self.r, self.cond_ids = parts, s, r, cond_ids
+        self.plan: causal.Rollout = s.rollout
+        self.count = len(self.plan.chunks)
+        self.model = parts.denoiser.transformer
+        self.latents = torch.zeros(parts.denoiser.latent_shape(s), device=parts.device)
+        self.controls = None  # the whole control clip's latents, encoded once
+        if self.plan.hint is not None:
+            clip = preprocess_video(r.control_videos[self.plan.hint], s.height, s.width)[:, :, : s.num_frames]
+            self.controls = parts.codec.encode_pixels(clip.to(self.model.dtype))
+        self.cache = None
+        if self.plan.mode == "kv":
+            tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
+            self.cache = MediaKV(self.model.config, self.plan.history_frames() * tokens, self.model.dtype, parts.device)
+        self.seed, self.seeds = int(r.seed), causal.SEEDS[self.plan.seeds]
+        self.frames: torch.Tensor | None = None
+
+    def steps(self, callback: StepCallback | None, k: int) -> StepCallback | None:
+        if callback is None:
+            return None
+        return lambda step, total, denoised: callback(k * total + step, self.count * total, denoised)
+
+    def window(self, k: int) -> Window:
+        start, end = self.plan.chunks[k]
+        frames = pixel_frames(end) if start == 0 else TEMPORAL_FACTOR * (end - start)  # latent frame 0 holds one
+        chunk = replace(self.s, num_frames=frames, rollout=None)
+        if self.cache is not None:
+            if self.plan.window_frames is not None:
+                self.cache.evict(self.plan.sink_frames, self.plan.recent(start))
+            if self.controls is not None:  # the control chunk, committed clean in one forward before the RGB frames
+                self.commit(self.controls[:, :, start:end], start)
+            forward = self.cached_forward(start)
+        else:
+            forward = self.recompute_forward(start, end)
+        noise = torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, None))
+        guidance = CFG(self.cond_ids, self.cond_ids, 1.0, None)
+        return Window(chunk, None, guidance, noise, lambda i: torch.Generator("cpu").manual_seed(
+            self.seeds(self.seed, start, i)), forward)
+
+    def commit(self, latents: torch.Tensor, start: int) -> None:
+        """Append the K/V of clean frames at latent frame `start` (no time embedding: no frame is noisy)."""
+        self.cache.start_frame = start
+        self.model(latents, torch.zeros(()), self.parts.denoiser.text_kv(self.cond_ids), [], self.s.fps,
+                   hooks=replace(self.parts.denoiser.hooks, cache=self.cache))
+        self.cache.append(torch.arange(start, start + latents.shape[2]).repeat_interleave(
+            self.cache.written // latents.shape[2]))
+
+    def cached_forward(self, start: int) -> Callable:
+        def forward(latents, t, text, noisy, fps, tracks, sp=None, context=(), hooks=None):
+            self.cache.start_frame = start  # read, never appended: the history stays as committed
+            return self.model(latents, t, text, noisy, fps, tracks, sp=sp, context=context,
+                              hooks=replace(hooks or self.model.hooks, cache=self.cache))
+
+        return forward
+
+    def recompute_forward(self, start: int, end: int) -> Callable:
+        """Every forward over the clip so far (controls as a context item, the committed frames clean before the
+        chunk's), under the mask that reproduces what each frame saw in the K/V rollout."""
+        tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(self.s.height, self.s.width))
+        visible = causal.visibility(self.plan, end, self.controls is not None).to(self.parts.device)
+        visible = visible.repeat_interleave(tokens, 0).repeat_interleave(tokens, 1)
+
+        def forward(latents, t, text, noisy, fps, tracks, sp=None, context=(), hooks=None):
+            whole = torch.cat([self.latents[:, :, :start], latents], dim=2)
+            items = [] if self.controls is None else [self.controls[:, :, :end]]
+            previous = [layer.self_attn.media_attention for layer in self.model.layers]
+            self.model.use_media_attention(masked_media_attention(visible))
+            try:
+                out = self.model(whole, t, text, list(range(start, end)), fps, tracks, context=items, hooks=hooks)
+            finally:
+                for layer, attend in zip(self.model.layers, previous):
+                    layer.self_attn.media_attention = attend
+            out.vision = out.vision[:, :, start:]
+            return out
+
+        return forward
+
+    def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
+        start, end = self.plan.chunks[k]
+        self.latents[:, :, start:end] = latents
+        if self.cache is not None and k + 1 < self.count:  # committed frame by frame (the last chunk's never are)
+            for f in range(start, end):
+                self.commit(latents[:, :, f - start : f - start + 1], f)
+        if k + 1 == self.count and self.r.output == "frames":
+            self.frames = self.parts.codec.decode(self.latents, tile=self.r.vae_tile, progress=stage(progress, "decode"))
+
+    @property
+    def result(self) -> Generation:
+        return Generation(self.latents.cpu(), self.frames, self.s)
+
+
 def for_plan(parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
-             parallel: Parallel | None) -> Single | Continued | Controlled:
+             parallel: Parallel | None) -> Run:
     """The kind of run resolved settings `s` make."""
     if parallel is not None and (r.sound or r.action is not None):
         raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
+    if s.rollout is not None:
+        return Rollout(parts, s, r, cond_ids, parallel)
     if s.transfer is not None:
         return Controlled(parts, s, r, cond_ids, uncond_ids, parallel)
     if s.chunks is not None:
@@ -210,22 +332,21 @@ def for_plan(parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_
     return Single(parts, s, r, cond_ids, uncond_ids)
 
 
-def execute(run: Single | Continued | Controlled, parts: Parts, seed: int, callback: StepCallback | None,
+def execute(run: Run, parts: Parts, seed: int, callback: StepCallback | None,
             parallel: Parallel | None, progress: StageCallback | None, cache: StepCache | None) -> Generation:
     """The window loop: each window from noise drawn from one generator (held frames in place), its tracks' noise
     after the video's, its prompts encoded, the denoiser's steps, then what the run keeps of it. `progress` hears of
     each chunk begun ("chunk"), the prompts ("text") and the decode ("decode")."""
     generator = torch.Generator("cpu").manual_seed(seed)
     for k in range(run.count):
-        if run.chunks is not None and progress is not None:
+        if run.chunked and progress is not None:
             progress("chunk", k + 1, run.count)
         w = run.window(k)
         shape = parts.denoiser.latent_shape(w.settings) if w.held is None else tuple(w.held.clean.shape)
-        latents = parts.denoiser.start_latents(shape, generator, w.held)
+        latents = parts.denoiser.start_latents(shape, w.noise or generator, w.held)
         tracks = run.tracks(generator)
         parts.denoiser.encode_prompts(w.guidance.cond, w.guidance.uncond, w.settings, parallel, progress)
-        steps = callback if run.chunks is None else run.chunks.step_callback(callback, k)
-        latents = parts.denoiser.denoise(latents, w.settings, w.guidance, w.held, generator, steps, parallel, tracks,
-                                         cache)
+        latents = parts.denoiser.denoise(latents, w.settings, w.guidance, w.held, generator, run.steps(callback, k),
+                                         parallel, tracks, cache, w.forward, w.step_noise)
         run.keep(k, latents, tracks, progress)
     return replace(run.result, cache=cache and cache.report())

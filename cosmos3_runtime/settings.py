@@ -18,8 +18,10 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from . import chunks, keyframes, transfer
+from .causal import CANVASES, TRAINED_HORIZON, Rollout, canvas_for, chunk_ranges, whole_chunks
 from .checkpoint import Variant
 from .chunks import Chunks
+from .conditioning import frame_count, frame_size
 from .errors import InputError
 from .action import FRAMEWORK_FPS, ActionRequest, canvas_size, vision_condition_frames
 from .modelopt_fp8 import StepPolicy, resolve_policy
@@ -66,6 +68,7 @@ class Settings:
     applied: int = 0  # the first `applied` notes say what was applied (INFO), the rest what changed (warnings)
     cache: CacheConfig | None = None  # the step cache (None: off)
     fp8_policy: StepPolicy | None = None  # an official FP8 checkpoint's W8A16 steps (None: W8A8 throughout, or not FP8)
+    rollout: Rollout | None = None  # a causal checkpoint's rollout: its chunks, history and noise
 
     @property
     def latent_frames(self) -> int:
@@ -73,8 +76,11 @@ class Settings:
 
     @property
     def geometry(self) -> RunGeometry:
-        c, t = self.chunks, self.transfer
+        c, t, rollout = self.chunks, self.transfer, self.rollout
         guidance = dict(guided=self.guidance_scale != 1.0, control_guided=t is not None and t.control_guidance != 1.0)
+        if rollout is not None:
+            return RunGeometry(self.height, self.width, rollout.chunk_pixels, self.num_frames, len(rollout.chunks),
+                               history_frames=rollout.history_frames())
         if c is None:
             return RunGeometry(self.height, self.width, self.num_frames, self.num_frames, **guidance)
         controls = 0 if t is None else len(t.hints)
@@ -85,6 +91,8 @@ def resolve(variant: Variant, request: Request) -> Settings:
     applied: list[str] = []  # what was applied for the request (reported, logged at INFO)
     notes: list[str] = []  # what of the request was changed or ignored (reported, logged as warnings)
     r = request  # already checked for everything that does not depend on the variant
+    if variant.causal is not None:
+        return _report(_causal_settings(variant, r, notes), applied)
     if r.control_videos is not None:
         return _report(_transfer_settings(variant, r, notes), applied)
     if r.action is not None:
@@ -240,6 +248,68 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         negative_prompt=r.negative_prompt or "", use_system_prompt=r.use_system_prompt is not False,
         mode="transfer", condition_frames=(), notes=notes, transfer=plan, chunks=plan, cache=_cache(r, True, notes),
         fp8_policy=_fp8_policy(variant, r, notes),
+    )
+
+
+def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:
+    """A causal checkpoint's settings (Sim-Transfer): one control clip, its frames trimmed to whole chunks, a trained
+    480p canvas, the fixed steps at guidance 1; what it cannot take is refused by name."""
+    c = variant.causal
+    if not r.control_videos:
+        raise InputError(f"this is a causal Sim-Transfer checkpoint: it makes a video from a caption and one control "
+                         f"clip ({', '.join(c.hints)}); give control_videos={{hint: clip}} (CLI --control HINT=FILE)")
+    if len(r.control_videos) != 1 or next(iter(r.control_videos)) not in c.hints:
+        raise InputError(f"this causal checkpoint takes one control clip, one of {', '.join(c.hints)}; got "
+                         f"{', '.join(r.control_videos)}")
+    steps = len(c.t_list)
+    for name, value, allowed in (("guidance_scale", r.guidance_scale, 1.0), ("steps", r.steps, steps),
+                                 ("control_guidance", r.control_guidance, 1.0)):
+        if value is not None and value != allowed:
+            raise InputError(f"this causal checkpoint is distilled to {steps} steps at guidance 1: {name} {value:g} "
+                             f"cannot apply; leave it unset (or {allowed:g})")
+    if r.schedule not in ("auto", "distilled"):
+        raise InputError(f"this causal checkpoint samples only with its fixed sigmas, not schedule {r.schedule!r}")
+    if r.chunk_frames is not None or r.chunk_overlap_frames is not None:
+        raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
+                         f"{c.chunk_size} at a time): leave chunk_frames and chunk_overlap_frames unset")
+    if r.negative_prompt:
+        notes.append("causal checkpoint: negative prompt ignored (guidance 1)")
+    (hint, clip), = r.control_videos.items()
+    available = frame_count(clip)
+    requested = available if r.num_frames is None else min(int(r.num_frames), available)
+    if r.num_frames is not None and r.num_frames > available:
+        notes.append(f"causal rollout: num_frames {r.num_frames} capped at the control clip's {available} frames")
+    frames = whole_chunks(round_down_frames(requested), c.chunk_size)
+    if frames < pixel_frames(1 + c.chunk_size):
+        raise InputError(f"a causal rollout makes latent frame 0 and then chunks of {c.chunk_size}: {requested} frames "
+                         f"are not one chunk; give at least {pixel_frames(1 + c.chunk_size)}")
+    if frames != requested:
+        notes.append(f"causal rollout: {requested} frames trimmed to {frames} (whole chunks of {c.chunk_size} latent "
+                     f"frames: 1 + {TEMPORAL_FACTOR * c.chunk_size}k)")
+    height, width = frame_size(clip)
+    if r.width is None and r.height is None:
+        width, height = canvas_for(height, width)
+    else:
+        width, height = _size(variant, r, False, notes)
+        if (width, height) not in CANVASES:
+            notes.append(f"causal Sim-Transfer was trained at 480p canvases ({', '.join(f'{w}x{h}' for w, h in CANVASES)}); "
+                         f"{width}x{height} may look worse")
+    window = c.window_frames if r.causal_window is None else r.causal_window
+    if window is not None and window < c.sink_frames + c.chunk_size + 1:
+        raise InputError(f"causal_window {window} leaves no history beside the {c.sink_frames} sink frames and a chunk "
+                         f"of {c.chunk_size}: give at least {c.sink_frames + c.chunk_size + 1}")
+    latents = latent_frames(frames)
+    if window is None and latents > TRAINED_HORIZON:
+        notes.append(f"causal rollout: {latents} latent frames exceed the trained horizon of {TRAINED_HORIZON} "
+                     f"({pixel_frames(TRAINED_HORIZON)} frames); quality may degrade past it")
+    emphasize = c.emphasize_control if r.emphasize_control is None else bool(r.emphasize_control)
+    rollout = Rollout(c, hint, tuple(chunk_ranges(latents, c.chunk_size)), window, c.sink_frames, r.causal_cache,
+                      r.causal_seeds, emphasize)
+    return Settings(
+        width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=steps,
+        guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",
+        use_system_prompt=r.use_system_prompt is not False, mode="causal transfer", condition_frames=(), notes=notes,
+        rollout=rollout, fp8_policy=_fp8_policy(variant, r, notes),
     )
 
 

@@ -62,6 +62,27 @@ UNIPC_SCHEDULER = {
     "flow_shift": 1.0,
 }
 DISTILLED_SIGMAS = [1.0, 0.9375, 0.8333333333333334, 0.625]
+
+
+
+def sim_transfer_block(chunk_size: int = 4, window_frames: int | None = None, sink_frames: int = 0) -> dict:
+    """A causal Sim-Transfer checkpoint's block in transformer/config.json (schema v1, as SGLang and vLLM-Omni read
+    it): chunkwise (4 latent frames a chunk, every frame kept), or framewise with a window and sinks."""
+    return {
+        "schema_version": 1, "checkpoint_id": "tiny-random", "checkpoint_iteration": 0, "checkpoint_hash": "",
+        "chunk_size": chunk_size, "window_frames": window_frames, "sink_frames": sink_frames,
+        "text_cache_max_len": 4096, "attention_mode": "three_way", "video_temporal_causal": True,
+        "latent_patch_size": 2, "vae_spatial_compression_factor": 16, "temporal_compression_factor": 4,
+        "temporal_modality_margin": 15000, "unified_3d_mrope_reset_spatial_ids": True, "base_fps": 24,
+        "enable_fps_modulation": True,
+        "fixed_step_sampler_config": {"sample_type": "sde", "t_list": DISTILLED_SIGMAS, "num_train_timesteps": 1000},
+        "conditioning": {"mode": "control_video", "hints": ["edge", "blur", "depth", "seg"],
+                         "no_eviction": chunk_size > 1, "share_vision_temporal_positions": True,
+                         "transfer_control_attention_mode": "causal_control_with_rgb_history",
+                         "system_prompt_id": "cosmos3_transfer_v1", "emphasize_control_in_prompt": True},
+    }
+
+
 DISTILLED_SCHEDULER = {
     "_class_name": "FlowMatchEulerDiscreteScheduler",
     "_diffusers_version": "0.42.1",
@@ -292,19 +313,22 @@ def make_tiny_checkpoint(
     legacy_class_name: bool = False,
     overrides: dict | None = None,
     reasoner: bool = True,
+    causal: dict | None = None,
 ) -> Path:
     """Write a random checkpoint in the released diffusers layout and return its folder.
 
     `overrides` replaces transformer config values (for example {"num_key_value_heads": 4}).
     `sound` adds a sound head and a sound tokenizer (decoder-only when `sound_encoder` is False, as early
     releases shipped it). `reasoner` adds the Reasoner's root files and vision encoder (False: a
-    generator-only folder, as diffusers-only exports are).
+    generator-only folder, as diffusers-only exports are). `causal`: a causal checkpoint's block
+    (`sim_transfer_block()`: Cosmos3-Nano-Sim-Transfer's layout, a gated checkpoint with its fixed SDE sampler).
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     vocab_size = 512
     model_index = {
-        "_class_name": "Cosmos3OmniDiffusersPipeline" if legacy_class_name else "Cosmos3OmniPipeline",
+        "_class_name": "Cosmos3NanoSimTransferPipeline" if causal else
+                       "Cosmos3OmniDiffusersPipeline" if legacy_class_name else "Cosmos3OmniPipeline",
         "_diffusers_version": "0.42.1",
         "default_use_system_prompt": True,
         "enable_safety_checker": False,
@@ -318,6 +342,8 @@ def make_tiny_checkpoint(
     }
     (root / "model_index.json").write_text(json.dumps(model_index, indent=2))
     config = {**transformer_config(kind, size, action=action, sound=sound, vocab_size=vocab_size), **(overrides or {})}
+    if causal:
+        config["cosmos3_nano_sim_bimanual"] = causal
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "float32" too (hashable options)
     write_transformer(root / "transformer", config, seed, shards, dtype)
     write_vae(root / "vae", vae_config(seed), seed, dtype)

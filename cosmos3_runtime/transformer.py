@@ -52,6 +52,8 @@ _IGNORED_CONFIG_KEYS = {
     "temporal_compression_factor",
     "rope_scaling",
     "quantization_config",
+    "cosmos3_nano_sim_bimanual",  # a causal checkpoint's rollout (`causal.read_config`)
+    "cosmos_dreams",
 }
 _reported_unknown_keys: set[tuple[str, tuple[str, ...]]] = set()
 EDGE_BACKBONE = "cosmos3_edge_nemotron_dense"
@@ -229,18 +231,29 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D] in q's dtype; `mask` [Nk] bool: the keys to
-    attend to.
+    """Grouped-query attention. q [Nq, A, D], k/v [Nk, K, D] -> [Nq, A*D] in q's dtype; `mask` [Nk] or [Nq, Nk] bool:
+    the keys each query attends to.
 
     Batched 4-D inputs matter: for 3-D ones PyTorch's CPU dispatch falls back to the math kernel,
     which materialises the whole Nq x Nk score matrix (a 30k-token prompt: tens of GB).
     """
     dtype = q.dtype
     q, k, v, grouped = attention_inputs(q, k, v, masked=mask is not None)
-    mask = None if mask is None else mask.view(1, 1, 1, -1)
+    mask = None if mask is None else mask.view(1, 1, -1 if mask.ndim == 2 else 1, mask.shape[-1])
     extra = {"enable_gqa": True} if grouped else {}
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **extra)
     return out[0].transpose(0, 1).flatten(1).to(dtype)
+
+
+def masked_media_attention(visible: torch.Tensor):
+    """A media attention (`Cosmos3Transformer.use_media_attention`) where media row i attends to media row j only where
+    `visible[i, j]` (bool [N, N]), and to every text row (the text keys come first)."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        text = k.shape[0] - q.shape[0]
+        return attention(q, k, v, mask=torch.cat([visible.new_ones(q.shape[0], text), visible], dim=1))
+
+    return attend
 
 
 class MoTAttention(nn.Module):
@@ -655,11 +668,13 @@ class Cosmos3Transformer(nn.Module):
         temb = self.time_embedding(timestep, device)
         offset = text_length + c.unified_3d_mrope_temporal_modality_margin
 
-        def positions_of(grid, fps, temporal_factor, base_temporal_factor=None, start_frame=start_frame):
-            """Positions of one media segment; every segment starts at the same temporal offset."""
+        def positions_of(grid, fps, temporal_factor, base_temporal_factor=None, start_frame=start_frame,
+                         in_video=start_frame > 0):
+            """Positions of one media segment; every segment starts at the same temporal offset. Frames placed after
+            the first (a rollout's, `start_frame`) are video frames however few this forward holds."""
             return media_positions(
                 *grid, offset, fps if c.enable_fps_modulation else None, float(c.base_fps), temporal_factor,
-                base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids, device,
+                base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids, device, in_video,
             )
 
         segments, positions = [], []
@@ -680,7 +695,7 @@ class Cosmos3Transformer(nn.Module):
             segments.append(tokens)
             positions.append(positions_of((tokens.shape[0], 1, 1), fps if track.fps is None else track.fps,
                                           temporal_factor=1, base_temporal_factor=track.base_temporal_factor,
-                                          start_frame=track.start_frame))
+                                          start_frame=track.start_frame, in_video=False))
         cos, sin = self.rope(torch.cat(positions, dim=1), dtype)
         return MediaTokens(torch.cat(segments), cos, sin, n_context, grid, tuple(x.shape[2:]), noisy)
 

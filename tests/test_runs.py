@@ -111,7 +111,7 @@ class Recorder:
     def encode_prompts(self, cond, uncond, s, parallel, progress):
         self.calls.append(("prompts", tuple(cond)))
 
-    def denoise(self, latents, s, guidance, held, generator, callback, parallel, tracks, cache):
+    def denoise(self, latents, s, guidance, held, generator, callback, parallel, tracks, cache, forward, step_noise):
         self.calls.append(("denoise", s.num_frames, len(tracks)))
         if callback is not None:
             callback(1, 1, latents)

@@ -1,0 +1,214 @@
+"""Causal rollouts (Cosmos3-Nano-Sim-Transfer's layout, tiny and random, fp32 on the CPU): the rolling K/V cache
+against the whole-sequence recompute under the block-causal mask, a one-chunk rollout against the bidirectional
+forward, causality, the sampler and seed arithmetic, the commit pass, the prompt, and the refusals."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+import cosmos3_runtime
+from cosmos3_runtime import causal, runs
+from cosmos3_runtime.errors import CheckpointError, InputError
+from cosmos3_runtime.schedulers import distilled_schedule, stepper_for
+from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_transfer_block
+
+TOL = 1e-5
+W, H = 48, 32  # a 3 x 2 latent grid: 2 x 1 patches a frame
+
+
+@pytest.fixture(scope="module")
+def chunkwise(tmp_path_factory):
+    root = make_tiny_checkpoint(tmp_path_factory.mktemp("sim") / "chunkwise", kind="gated", dtype="float32",
+                                distilled=True, causal=sim_transfer_block(), reasoner=False)
+    return cosmos3_runtime.load(root, dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def framewise(tmp_path_factory):
+    root = make_tiny_checkpoint(tmp_path_factory.mktemp("sim") / "framewise", kind="gated", dtype="float32",
+                                distilled=True, causal=sim_transfer_block(1, window_frames=4, sink_frames=1),
+                                reasoner=False)
+    return cosmos3_runtime.load(root, dtype="fp32")
+
+
+def clip(frames: int, seed: int = 0) -> torch.Tensor:
+    return torch.rand(frames, H, W, 3, generator=torch.Generator().manual_seed(seed))
+
+
+def rollout(pipe, frames=17, control=None, **options):
+    control = clip(frames) if control is None else control
+    return pipe.generate("a robot arm stacks cubes", control_videos={"edge": control}, width=W, height=H, seed=3,
+                         **options)
+
+
+def test_the_checkpoint_is_read_as_a_causal_sim_transfer(chunkwise, framewise):
+    c = chunkwise.variant.causal
+    assert (c.chunk_size, c.window_frames, c.sink_frames, c.hints) == (4, None, 0, causal.HINTS)
+    assert chunkwise.variant.is_distilled and chunkwise.variant.distilled_sigmas == c.t_list
+    f = framewise.variant.causal
+    assert (f.chunk_size, f.window_frames, f.sink_frames) == (1, 4, 1)
+
+
+@pytest.mark.parametrize("frames", [49, 65])  # latent frame 0, then 3 and 4 chunks of 4
+def test_the_kv_rollout_equals_the_whole_sequence_recompute(chunkwise, frames):
+    kv = rollout(chunkwise, frames)
+    recomputed = rollout(chunkwise, frames, causal_cache="recompute")
+    assert len(kv.settings.rollout.chunks) == 1 + (frames - 1) // 16 and kv.latents.shape[2] == 1 + (frames - 1) // 4
+    torch.testing.assert_close(kv.latents, recomputed.latents, atol=TOL, rtol=0)
+
+
+def test_the_kv_rollout_with_eviction_equals_the_recompute_over_what_each_frame_kept(framewise):
+    kv = rollout(framewise, 25)  # 7 chunks of one latent frame: eviction from the fourth on
+    plan = kv.settings.rollout
+    assert len(plan.chunks) == 7 and plan.kept(6) == [0, 4, 5] and plan.kept(3) == [0, 1, 2]
+    recomputed = rollout(framewise, 25, causal_cache="recompute")
+    torch.testing.assert_close(kv.latents, recomputed.latents, atol=TOL, rtol=0)
+    whole = rollout(framewise, 25, causal_window=100)  # a window past the clip keeps everything
+    assert not torch.equal(whole.latents, kv.latents)
+    torch.testing.assert_close(whole.latents, rollout(framewise, 25, causal_window=100,
+                                                      causal_cache="recompute").latents, atol=TOL, rtol=0)
+
+
+def test_a_window_past_the_clip_is_bit_identical_to_keeping_everything(chunkwise, framewise):
+    assert torch.equal(rollout(chunkwise, 49, causal_window=100).latents, rollout(chunkwise, 49).latents)
+    kept = rollout(framewise, 25, causal_window=7)  # 7 latent frames: nothing to evict
+    assert torch.equal(kept.latents, rollout(framewise, 25, causal_window=100).latents)
+
+
+@pytest.mark.parametrize("chunk", [2, 3])
+def test_changing_a_chunks_control_leaves_every_frame_before_it_bit_identical(chunkwise, chunk):
+    control = clip(49)
+    first = 1 + 16 * (chunk - 1)  # the chunk's first pixel frame (latent 1 + 4 (chunk - 1))
+    changed = control.clone()
+    changed[first:] = torch.rand(49 - first, H, W, 3, generator=torch.Generator().manual_seed(9))
+    a, b = rollout(chunkwise, 49, control), rollout(chunkwise, 49, changed)
+    latent = 1 + 4 * (chunk - 1)
+    assert torch.equal(a.latents[:, :, :latent], b.latents[:, :, :latent])
+    assert not torch.equal(a.latents[:, :, latent:], b.latents[:, :, latent:])
+    assert torch.equal(a.frames[:first], b.frames[:first])  # the causal decoder: their frames too
+
+
+def test_one_chunk_over_the_whole_clip_is_the_bidirectional_model_sampled_in_the_fixed_steps(chunkwise):
+    """Without a control and with every frame in one chunk, a rollout is four plain forwards of the whole clip."""
+    plan = chunkwise.plan("a robot arm", control_videos={"edge": clip(17)}, width=W, height=H, seed=3)
+    s = replace(plan.settings, num_frames=9, rollout=replace(plan.settings.rollout, hint=None, chunks=((0, 3),)))
+    run = runs.Rollout(chunkwise.parts, s, plan.request, plan.cond_ids, None)
+    got = runs.execute(run, chunkwise.parts, 3, None, None, None, None).latents
+
+    seeds = causal.SEEDS["framework"]
+    x = torch.randn(1, 48, 3, 2, 3, generator=torch.Generator().manual_seed(seeds(3, 0, None)))
+    text = chunkwise.denoiser.text_kv(plan.cond_ids)
+    sigmas = list(chunkwise.variant.causal.t_list) + [0.0]
+    for i in range(4):
+        v = chunkwise.transformer(x, torch.tensor(sigmas[i] * 1000), text, None, s.fps).vision
+        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(seeds(3, 0, i)))
+        x = (1 - sigmas[i + 1]) * (x - sigmas[i] * v) + sigmas[i + 1] * noise
+    torch.testing.assert_close(got, x, atol=TOL, rtol=0)
+
+
+def test_the_commit_is_a_clean_forward_not_the_last_steps_keys_and_values(chunkwise, monkeypatch):
+    """Committing a chunk runs its denoised frames again with no time embedding; committing what the last step saw
+    (its noisy input, its timestep) instead breaks the equality with the recompute, which this test shows."""
+    committed = []
+    original = runs.Rollout.commit
+
+    def spy(self, latents, start):
+        committed.append((start, latents.shape[2]))
+        original(self, latents, start)
+
+    monkeypatch.setattr(runs.Rollout, "commit", spy)
+    kv = rollout(chunkwise, 33)
+    # controls [0], [1, 5), [5, 9) each in one forward; RGB frames one by one except the last chunk's
+    assert committed == [(0, 1), (0, 1), (1, 4), (1, 1), (2, 1), (3, 1), (4, 1), (5, 4)]
+
+    def noisy_commit(self, latents, start):  # the K/V a last step's forward leaves: noisy input, time embedding
+        self.cache.start_frame = start
+        noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(0))
+        self.model(0.375 * latents + 0.625 * noise, torch.tensor(625.0), self.parts.denoiser.text_kv(self.cond_ids),
+                   None, self.s.fps, hooks=replace(self.parts.denoiser.hooks, cache=self.cache))
+        self.cache.append(torch.arange(start, start + latents.shape[2]).repeat_interleave(
+            self.cache.written // latents.shape[2]))
+
+    monkeypatch.setattr(runs.Rollout, "commit", noisy_commit)
+    assert (rollout(chunkwise, 33).latents - kv.latents).abs().max() > 100 * TOL
+
+
+def test_the_sampler_and_the_seeds_by_hand():
+    assert causal.seed_framework(5, 9, None) == causal.seed_sglang(5, 9, None) == 14
+    assert causal.seed_framework(5, 9, 2) == 5 + 9 * 1_000_003 + 3 * 9_176
+    assert causal.seed_sglang(5, 9, 2) == 5 + 9 * 1_000_003 + 2 * 9_176
+    assert causal.chunk_ranges(9, 4) == [(0, 1), (1, 5), (5, 9)] and causal.chunk_ranges(4, 1)[-1] == (3, 4)
+    assert causal.whole_chunks(21, 4) == 17 and causal.whole_chunks(33, 4) == 33 and causal.whole_chunks(13, 1) == 13
+    schedule = distilled_schedule(causal.DEFAULT_T_LIST, stochastic=True)
+    assert schedule.timesteps.tolist() == pytest.approx([1000.0, 937.5, 833.3, 625.0])
+    stepper = stepper_for(schedule)
+    x, v = torch.tensor([2.0]), torch.tensor([0.5])
+    noise = torch.randn(1, generator=torch.Generator().manual_seed(1))
+    got = stepper.step(v, x, torch.Generator().manual_seed(1))
+    assert got.item() == pytest.approx((1 - 0.9375) * (2.0 - 1.0 * 0.5) + 0.9375 * noise.item(), abs=1e-6)
+    for _ in range(2):
+        stepper.step(v, x, torch.Generator())
+    assert stepper.step(v, x, torch.Generator()).item() == pytest.approx(2.0 - 0.625 * 0.5)  # the last: x0, no noise
+
+
+def test_the_prompt_gets_the_control_duration_and_resolution_sentences(chunkwise):
+    text = causal.prompt_text("A robot arm stacks cubes.", "edge", True, 121, 30.0, 480, 832)
+    assert text == ("A robot arm stacks cubes. Follow the edge control video precisely: shape, contour, silhouette, "
+                    "position, and motion of every visible structure must align with the edge signal at every frame. "
+                    "The video is 4.0 seconds long and is of 30 FPS. This video is of 480x832 resolution.")
+    assert causal.prompt_text("a cat", "edge", False, 17, 24.0, 480, 832) == \
+        "a cat. The video is 0.7 seconds long and is of 24 FPS. This video is of 480x832 resolution."
+    plan = chunkwise.plan("a cat", control_videos={"edge": clip(17)}, width=W, height=H)
+    rendered = chunkwise.planner.tokenizer.render(causal.prompt_text("a cat", "edge", True, 17, 30.0, H, W),
+                                                  cosmos3_runtime.transfer.SYSTEM_PROMPT)
+    assert chunkwise.planner.tokenizer.encode(causal.prompt_text("a cat", "edge", True, 17, 30.0, H, W),
+                                              cosmos3_runtime.transfer.SYSTEM_PROMPT) == plan.cond_ids
+    assert "control signals" in rendered
+
+
+def test_defaults_a_trained_canvas_and_whole_chunks():
+    variant_plan = causal.canvas_for(1080, 1920), causal.canvas_for(1000, 1000), causal.canvas_for(1920, 1080)
+    assert variant_plan == ((832, 480), (640, 640), (480, 832))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(guidance_scale=3.0), "guidance_scale 3 cannot apply"),
+    (dict(steps=8), "steps 8 cannot apply"),
+    (dict(schedule="unipc"), "fixed sigmas"),
+    (dict(chunk_frames=9), "chunks are its own"),
+    (dict(control_videos={"edge": clip(17), "depth": clip(17)}), "one control clip"),
+    (dict(control_videos={"wsm": clip(17)}), "one control clip, one of edge, blur, depth, seg"),
+    (dict(control_videos=None), "give control_videos"),
+    (dict(control_videos={"edge": clip(13)}), "are not one chunk"),
+    (dict(causal_window=3), "causal_window 3 leaves no history"),
+])
+def test_what_a_causal_checkpoint_cannot_take_is_refused_before_any_step(chunkwise, options, message):
+    options = {"control_videos": {"edge": clip(17)}, **options}
+    with pytest.raises(InputError, match=message):
+        chunkwise.plan("a cat", width=W, height=H, **options)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c, i: c.update(cosmos3_nano_sim_auto={}), "Sim-Auto .* is not supported yet"),
+    (lambda c, i: c.update(backbone_type="cosmos3_multiview"), "Sim-Auto"),
+    (lambda c, i: c["cosmos3_nano_sim_bimanual"]["conditioning"].update(mode="action"), "Sim-Bimanual"),
+    (lambda c, i: c["cosmos3_nano_sim_bimanual"]["fixed_step_sampler_config"].update(sample_type="ode"), "only 'sde'"),
+])
+def test_checkpoints_the_pack_cannot_roll_out_are_refused_by_name(tmp_path, edit, message):
+    root = make_tiny_checkpoint(tmp_path / "c", kind="gated", distilled=True, causal=sim_transfer_block(),
+                                reasoner=False)
+    path = root / "transformer" / "config.json"
+    config, index = json.loads(path.read_text()), json.loads((root / "model_index.json").read_text())
+    edit(config, index)
+    path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        cosmos3_runtime.pipeline.planner(root)
+
+
+def test_the_plan_counts_the_history_it_keeps(chunkwise, framewise):
+    big = chunkwise.plan("a cat", control_videos={"edge": clip(49)}, width=W, height=H)
+    assert big.settings.rollout.history_frames() == 2 * 13 and big.estimate.parts["media K/V cache"] > 0
+    small = framewise.plan("a cat", control_videos={"edge": clip(25)}, width=W, height=H)
+    assert small.settings.rollout.history_frames() == 2 * 4  # the window: sink, two recent frames and the chunk

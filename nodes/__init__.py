@@ -14,7 +14,7 @@ from .reasoning import Cosmos3Reason, Cosmos3ReasonSampling, Cosmos3UpsampleProm
 from .sampling import (Cosmos3ImageToVideo, Cosmos3Keyframes, Cosmos3LatentToVideo, Cosmos3Sampler, Cosmos3Scheduler,
                        Cosmos3TextEncode, Cosmos3VideoToVideo)
 from .transfer import (Cosmos3BlurControl, Cosmos3DepthControl, Cosmos3EdgeControl, Cosmos3SegmentationControl,
-                       Cosmos3TransferSampler, Cosmos3WorldScenarioMapControl)
+                       Cosmos3SimTransferSampler, Cosmos3TransferSampler, Cosmos3WorldScenarioMapControl)
 from .vae import Cosmos3SoundDecode, Cosmos3VAEDecode, Cosmos3VAEEncode
 
 services.files.register_model_folder()
@@ -56,6 +56,7 @@ NODES = (
     (Cosmos3SegmentationControl, "Cosmos3 Segmentation Control"),
     (Cosmos3WorldScenarioMapControl, "Cosmos3 World Scenario Map Control"),
     (Cosmos3TransferSampler, "Cosmos3 Transfer Sampler"),
+    (Cosmos3SimTransferSampler, "Cosmos3 Sim-Transfer Sampler"),
     (Cosmos3Reason, "Cosmos3 Reason"),
     (Cosmos3ReasonSampling, "Cosmos3 Reason Sampling"),
     (Cosmos3UpsamplePrompt, "Cosmos3 Upsample Prompt"),

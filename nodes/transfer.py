@@ -16,7 +16,7 @@ from ..cosmos3_runtime import InputError, Request
 from ..cosmos3_runtime.controls import BLUR_PRESETS, DEFAULT_PRESET, EDGE_PRESETS, derive as derive_control, opencv
 from ..cosmos3_runtime.errors import reworded
 from ..cosmos3_runtime.media import save_video
-from ..cosmos3_runtime.request import help_of
+from ..cosmos3_runtime.request import CAUSAL_CACHES, help_of
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
 from .sampling import auto_help, seed_widget, size_widgets, speed_widgets, words_of
@@ -166,6 +166,68 @@ class Cosmos3TransferSampler:
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
                   f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",
                   *([result.cache] if result.cache else []), *(reworded(note, TRANSFER_WORDS) for note in s.notes)]
+        return {"ui": {"text": report}, "result": (result.frames, float(s.fps))}
+
+
+# Sim-Transfer sampler widget -> Request field; 0 means automatic (None) for these.
+SIM_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps", "window": "causal_window"}
+SIM_WORDS = words_of(SIM_FIELDS, control_videos="controls", causal_cache="history")
+TRI_STATE = {"auto": None, "on": True, "off": False}
+
+
+class Cosmos3SimTransferSampler:
+    DESCRIPTION = ("Sim-Transfer (Cosmos3-Nano-Sim-Transfer, a causal checkpoint): a 480p clip that follows one control "
+                   "clip (edge, blur, depth or segmentation) and the prompt, rolled out chunk by chunk in 4 steps "
+                   "each, every chunk attending to what came before it (no re-encoding between chunks).")
+    CATEGORY = "cosmos3/transfer"
+    RETURN_TYPES = ("IMAGE", "FLOAT")
+    RETURN_NAMES = ("images", "fps")
+    OUTPUT_TOOLTIPS = ("the clip", "its frame rate: connect it to Create Video")
+    FUNCTION = "sample"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": ("COSMOS3_MODEL",),
+                "text": ("COSMOS3_TEXT", {"tooltip": "the caption; the control, duration and resolution sentences are "
+                         "added as the checkpoint was trained (its templates do not apply)"}),
+                "controls": (CONTROLS, {"tooltip": "one control from a Cosmos3 control node (edge, blur, depth or "
+                             "segmentation)"}),
+                **size_widgets(),
+                "frames": ("INT", {"default": 0, "min": 0, "max": 100000, "tooltip": "frames to make, at most the "
+                           "control's, trimmed to whole chunks; 0 = all of them"}),
+                "fps": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 240.0, "step": 0.5,
+                        "tooltip": "the clip's frame rate, which the model reads (connect the source's); 0 = 30"}),
+                "seed": seed_widget(),
+            },
+            "optional": {
+                "history": (list(CAUSAL_CACHES), {"default": "kv", "tooltip": help_of("causal_cache")}),
+                "window": ("INT", {"default": 0, "min": 0, "max": 100000, "tooltip": auto_help("causal_window")}),
+                "emphasize_control": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("emphasize_control")}),
+            },
+            "hidden": {"node_id": "UNIQUE_ID"},
+        }
+
+    def sample(self, model, text, controls, width, height, frames, fps, seed, history="kv", window=0,
+               emphasize_control="auto", node_id=None):
+        widgets = dict(width=width, height=height, frames=frames, fps=fps, window=window)
+        options = {field: widgets[name] or None for name, field in SIM_FIELDS.items()}
+        progress = services.progress.RunProgress(node_id)
+        with services.words.widget_words(SIM_WORDS):
+            request = Request.build(**options, control_videos=controls, seed=seed, causal_cache=history,
+                                    emphasize_control=TRI_STATE[emphasize_control],
+                                    use_system_prompt=text.get("use_system_prompt"),
+                                    negative_prompt=text.get("negative_prompt") or None)
+            plan = model.plan(text["prompt"], request)
+            with model.use(memory_required=model.memory_needed(plan)) as pipe:
+                result = pipe.generate(plan, callback=progress.step, progress=progress.stage,
+                                       interrupt=services.progress.check_interrupt)
+        s = result.settings
+        report = [f"Sim-Transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, "
+                  f"{len(s.rollout.chunks)} chunks of {s.steps} steps, {s.rollout.hint} control, "
+                  f"{'K/V history' if s.rollout.mode == 'kv' else 'recomputed history'}",
+                  *(reworded(note, SIM_WORDS) for note in s.notes)]
         return {"ui": {"text": report}, "result": (result.frames, float(s.fps))}
 
 

@@ -45,7 +45,7 @@ CONTROL_NODES = ("Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthContro
 MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
                "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames", *CONTROL_NODES)
 SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise",
-                "Cosmos3Scheduler", "Cosmos3TransferSampler", "Cosmos3Reason")
+                "Cosmos3Scheduler", "Cosmos3TransferSampler", "Cosmos3SimTransferSampler", "Cosmos3Reason")
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
                 "Cosmos3ActionPlot", "VAEDecode", "PreviewAny")
 NODE_WIDTH, GAP, MARGIN, GROUP_TITLE = 340, 40, 40, 46
@@ -54,7 +54,8 @@ MEDIA_NODES_ON_TOP = 4  # more input-media nodes than this: the prompt moves to 
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
 REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
-REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler", "Cosmos3Reason",
+REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler",
+             "Cosmos3SimTransferSampler", "Cosmos3Reason",
              "Cosmos3UpsamplePrompt", *CONTROL_NODES)
 GROUP_COLORS = {"Model": "#3f789e", "Input media": "#8A8", "Prompt": "#b58b2a", "Sample": "#a1309b", "Output": "#444"}
 CHECKPOINT_REPOS = "https://huggingface.co/nvidia/"  # where the released checkpoints are published

@@ -33,6 +33,7 @@ import torch
 from PIL import Image
 
 from conftest import ROOT
+from cosmos3_runtime.tiny import sim_transfer_block
 from comfy_harness import CORE_NODES
 from test_workflows import API, CORE, UI, small, with_defaults
 
@@ -46,6 +47,7 @@ CHECKPOINTS = {  # model folder names the shipped workflows use
     "Cosmos3-Super-Text2Image-4Step": dict(kind="gated", distilled=True),
     "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
     "nvidia/Cosmos3-Edge-Policy-DROID": dict(kind="edge", action=True),
+    "Cosmos3-Nano-Sim-Transfer": dict(kind="gated", distilled=True, causal=sim_transfer_block()),
     # big enough that /free is measurable: 185M parameters, 740 MB in fp32 (what a CPU server loads)
     "Cosmos3-Edge-Large": dict(kind="edge", size="small", overrides={
         "hidden_size": 1024, "num_hidden_layers": 8, "intermediate_size": 4096, "num_attention_heads": 8,
@@ -204,7 +206,8 @@ def test_every_api_workflow_runs_in_the_server(server, path):
         assert any(output.get("images") for output in history["outputs"].values()), history["outputs"]
         return
     reports = [text for output in history["outputs"].values() for text in output.get("text", [])]
-    modes = ("t2i", "t2v", "i2v", "v2v", "keyframes", "policy", "forward_dynamics", "inverse_dynamics", "transfer")
+    modes = ("t2i", "t2v", "i2v", "v2v", "keyframes", "policy", "forward_dynamics", "inverse_dynamics", "transfer",
+             "Sim-Transfer")
     assert any(line.startswith(modes) for line in reports) or path.stem.endswith("_reason_image"), reports
     for node_id, node in prompt.items():
         if node["class_type"] == "Cosmos3Reason":  # the answer in the node, and in the text preview after it

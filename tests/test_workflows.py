@@ -35,7 +35,8 @@ from conftest import ROOT
 API = sorted((ROOT / "workflows" / "api").glob("*.json"))
 ACTION = [p for p in API if "_droid_" in p.name]  # action workflows (Edge-Policy-DROID)
 CORE = [p for p in API if p.stem.endswith(("_core", "_easycache"))]  # ComfyUI samples them (test_comfyui_server.py)
-TRANSFER = [p for p in API if "_transfer_" in p.name]  # Cosmos3 Transfer Sampler: frames out, no LATENT
+TRANSFER = [p for p in API if "_transfer_" in p.name and "_sim_" not in p.name]  # Cosmos3 Transfer Sampler: frames out
+SIM_TRANSFER = [p for p in API if "_sim_transfer_" in p.name]  # Cosmos3 Sim-Transfer Sampler: a causal rollout
 REASON = [p for p in API if "_reason_" in p.name]  # the Reasoner alone: text out
 UI = sorted((ROOT / "workflows").glob("*.json"))
 
@@ -91,6 +92,8 @@ def small(prompt: dict) -> dict:
             node["inputs"]["steps"] = 3
         if node["class_type"] == "Cosmos3TransferSampler":  # 13 frames in two chunks
             node["inputs"].update(width=64, height=48, chunk_frames=9)
+        if node["class_type"] == "Cosmos3SimTransferSampler":  # latent frame 0, then chunks of 4
+            node["inputs"].update(width=64, height=48)
         if node["class_type"] in ("Cosmos3Reason", "Cosmos3UpsamplePrompt"):
             node["inputs"]["max_new_tokens"] = 8
         if node["class_type"] == "Cosmos3UpsamplePrompt":
@@ -98,7 +101,8 @@ def small(prompt: dict) -> dict:
     return prompt
 
 
-@pytest.mark.parametrize("path", [p for p in API if p not in ACTION + CORE + TRANSFER + REASON], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in API if p not in ACTION + CORE + TRANSFER + SIM_TRANSFER + REASON],
+                         ids=lambda p: p.stem)
 def test_api_workflow_runs_and_saves_frames(registry, path):
     prompt = small(load_json(path))
     results = execute(prompt, registry)
@@ -145,6 +149,19 @@ def test_transfer_workflow_runs_and_saves_a_clip_as_long_as_the_controls(registr
     assert "2 chunks of 9 frames" in report and "resized to 64x48" in report
     hints = {node["class_type"] for node in prompt.values() if node["class_type"].endswith("Control")}
     assert ("depth" in report) == ("Cosmos3DepthControl" in hints) and "(edge" in report
+
+
+@pytest.mark.parametrize("path", SIM_TRANSFER, ids=lambda p: p.stem)
+def test_sim_transfer_workflow_rolls_out_whole_chunks_of_the_control(registry, path):
+    LoadVideo.clips = {name: Video(torch.rand(21, 48, 80, 3, generator=torch.Generator().manual_seed(0)), 16.0)
+                       for name in LoadVideo.clips}
+    prompt = small(load_json(path))
+    results = execute(prompt, registry)
+    ((_, video),) = SaveVideo.saved
+    assert video.images.shape == (17, 48, 64, 3) and video.fps == 16.0  # 21 frames trimmed to whole chunks
+    (sampler,) = [n for n, node in prompt.items() if node["class_type"] == "Cosmos3SimTransferSampler"]
+    report = "\n".join(results[sampler][1]["text"])
+    assert "2 chunks of 4 steps, edge control, K/V history" in report and "trimmed to 17" in report
 
 
 @pytest.mark.parametrize("path", ACTION, ids=lambda p: p.stem)
@@ -305,6 +322,8 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3WorldScenarioMapControl": [],
         "Cosmos3TransferSampler": ["width", "height", "frames", "fps", "guidance", "control_guidance", "chunk_frames",
                                    "chunk_overlap_frames", "seed", "control_guidance_interval", "cache", "compile"],
+        "Cosmos3SimTransferSampler": ["width", "height", "frames", "fps", "seed", "history", "window",
+                                      "emphasize_control"],
         "Cosmos3APIChat": ["key", "choice"],
         "Cosmos3Reason": ["question", "system_prompt", "max_new_tokens", "thinking", "seed", "video_fps", "sample_fps"],
         "Cosmos3ReasonSampling": ["temperature", "top_p", "top_k", "presence_penalty"],

@@ -108,8 +108,9 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
                                                          media_tokens * attention_bytes + joined_kv),
         "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
     }
-    if history:  # held throughout, every layer's keys and values
-        parts["media K/V cache"] = config.num_hidden_layers * history * 2 * K * D * b
+    kept = {"media K/V cache": config.num_hidden_layers * history * 2 * K * D * b} if history else {}
+    if not g.history_on_host:  # held throughout, every layer's keys and values
+        parts.update(kept)
     if w8a8:  # an MLP down projection's input quantized to fp8 through two float32 copies (4.2-4.5 bytes per N x I
         # measured on the virtual device); one fused kernel on a GPU with fp8 matmuls and Triton leaves its fp8 copy
         fused = device is not None and facts(device).fp8_tensorwise and facts(device).triton
@@ -128,8 +129,8 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
         working = DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b
         out = 3 * g.window_frames * g.height * g.width  # the output as it grows, then as float32 frames in 0..1
         parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
-    return Estimate(parts, output(config, g, frames_out, latents_out=not controls,
-                                  on_cpu=device is None or device.type == "cpu"))
+    host = output(config, g, frames_out, latents_out=not controls, on_cpu=device is None or device.type == "cpu")
+    return Estimate(parts, {**host, **(kept if g.history_on_host else {})})
 
 
 def output(config, g: RunGeometry, frames_out: bool, latents_out: bool, on_cpu: bool) -> dict[str, int]:
@@ -179,14 +180,19 @@ GENERATION_ADVICE = ("lower the size or the frame count, decode tiled (vae_tile)
                      "(check_memory=False skips this check)")
 
 
+def fits(needed: Estimate, device: torch.device) -> bool:
+    """Whether the whole estimate fits what `device` has free (its output too, on the CPU's one memory)."""
+    available = available_bytes(device)
+    return available is None or needed.total + (needed.host_total if device.type == "cpu" else 0) <= available
+
+
 def check(needed: Estimate, device: torch.device, advice: str = GENERATION_ADVICE, output_only: bool = False) -> None:
     """Refuse a request whose estimate exceeds what `device` has free, or whose output exceeds the host's free memory,
     naming the figures and what to lower. `output_only`: the output's part alone on a GPU (before a host such as
     ComfyUI has made room there: the whole check comes then); on the CPU, one memory, everything together."""
     on_cpu = device.type == "cpu"
-    available = available_bytes(device)
-    if (on_cpu or not output_only) and available is not None and \
-            needed.total + (needed.host_total if on_cpu else 0) > available:
+    if (on_cpu or not output_only) and not fits(needed, device):
+        available = available_bytes(device)
         raise InputError(f"this request needs at least {needed.describe(host=on_cpu)} on {device}, which has "
                          f"{gib(available)} free; {advice}")
     if on_cpu:

@@ -159,8 +159,33 @@ class Planner:
     def check(self, plan: "Plan", output_only: bool = False) -> None:
         """The memory check (unless the request turns it off): what `generate` refuses up front; `output_only`: the
         host memory its output takes alone, where a GPU's room is made later (`budget.check`)."""
-        if plan.request.check_memory:
+        if not plan.request.check_memory:
+            return
+        try:
             budget.check(plan.estimate, self.device, output_only=output_only)
+        except InputError as exc:
+            offer = self.history_that_fits(plan) if plan.settings.rollout is not None else None
+            if offer is None:
+                raise
+            raise InputError(f"{exc}; or {offer}") from None
+
+    def history_that_fits(self, plan: "Plan") -> str | None:
+        """What a causal rollout that does not fit can change to fit: its K/V history in CPU memory (on a GPU), or
+        the largest history window (latent frames) that fits; None when neither does."""
+        s, rollout = plan.settings, plan.settings.rollout
+        c = rollout.config
+
+        def fits(**changes) -> bool:
+            changed = replace(s, rollout=replace(rollout, **changes))
+            return budget.fits(self.memory_estimate(changed, plan.request, len(plan.cond_ids), len(plan.uncond_ids)),
+                               self.device)
+
+        if self.device.type != "cpu" and rollout.history == "device" and fits(history="cpu"):
+            return "keep the K/V history in CPU memory: causal_history 'cpu' fits (the same result, more transfer)"
+        for window in range((rollout.window_frames or rollout.latent_frames) - 1, c.sink_frames + c.chunk_size, -1):
+            if fits(window_frames=window):
+                return f"keep less history: causal_window {window} fits"
+        return None
 
     def token_ids(self, texts: tuple[str, str], system: str | None, max_length=None,
                   max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS):

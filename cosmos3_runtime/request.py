@@ -25,6 +25,7 @@ OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
 CAUSAL_CACHES = ("kv", "recompute")
 CAUSAL_SEEDS = ("framework", "sglang")
+CAUSAL_HISTORY = ("device", "cpu")
 LONGEST_WINDOW = 201  # frames generated in one window by default; longer videos run in chunks (NVIDIA lists <= 200 at 720p)
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
 MAX_SIZE = 8192  # pixels per side: far above anything Cosmos3 was trained on, below int32 index trouble
@@ -162,6 +163,9 @@ class Request:
     causal_window: int | None = option(None, "causal checkpoints: latent frames of history a chunk attends to, its "
                                        "sinks and itself included; fewer bound the K/V memory (auto: the "
                                        "checkpoint's; all history where it never evicts)", type=int)
+    causal_history: str = option("device", "causal checkpoints: where the K/V history lives: device, or cpu (CPU "
+                                 "memory, each layer's brought to the device as it runs: far less GPU memory, more "
+                                 "transfer; the same result)", choices=list(CAUSAL_HISTORY))
     causal_seeds: str = option("framework", "causal checkpoints: the per-step noise seeds, NVIDIA's framework's "
                                "(seed + chunk start x 1000003 + (step + 1) x 9176) or sglang's (step x 9176)",
                                choices=list(CAUSAL_SEEDS))
@@ -200,7 +204,8 @@ class Request:
         set_(self, "condition_frame_indexes", parse_frame_indexes(self.condition_frame_indexes))
         set_(self, "vae_tile", parse_tile(self.vae_tile))
         for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS),
-                              ("cache", CACHES), ("causal_cache", CAUSAL_CACHES), ("causal_seeds", CAUSAL_SEEDS)):
+                              ("cache", CACHES), ("causal_cache", CAUSAL_CACHES), ("causal_seeds", CAUSAL_SEEDS),
+                              ("causal_history", CAUSAL_HISTORY)):
             if getattr(self, name) not in choices:
                 raise InputError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):

@@ -240,7 +240,9 @@ class Rollout(Run):
         self.cache = None
         if self.plan.mode == "kv":
             tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
-            self.cache = MediaKV(self.model.config, self.plan.history_frames() * tokens, self.model.dtype, parts.device)
+            home = torch.device("cpu") if self.plan.history == "cpu" else parts.device
+            self.cache = MediaKV(self.model.config, self.plan.history_frames() * tokens, self.model.dtype, home,
+                                 pinned=home.type == "cpu" and parts.device.type == "cuda")
         self.seed, self.seeds = int(r.seed), causal.SEEDS[self.plan.seeds]
         self.frames: torch.Tensor | None = None
 

@@ -80,7 +80,7 @@ class Settings:
         guidance = dict(guided=self.guidance_scale != 1.0, control_guided=t is not None and t.control_guidance != 1.0)
         if rollout is not None:
             return RunGeometry(self.height, self.width, rollout.chunk_pixels, self.num_frames, len(rollout.chunks),
-                               history_frames=rollout.history_frames())
+                               history_frames=rollout.history_frames(), history_on_host=rollout.history == "cpu")
         if c is None:
             return RunGeometry(self.height, self.width, self.num_frames, self.num_frames, **guidance)
         controls = 0 if t is None else len(t.hints)
@@ -304,7 +304,7 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
                      f"({pixel_frames(TRAINED_HORIZON)} frames); quality may degrade past it")
     emphasize = c.emphasize_control if r.emphasize_control is None else bool(r.emphasize_control)
     rollout = Rollout(c, hint, tuple(chunk_ranges(latents, c.chunk_size)), window, c.sink_frames, r.causal_cache,
-                      r.causal_seeds, emphasize)
+                      r.causal_seeds, r.causal_history, emphasize)
     return Settings(
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=steps,
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",

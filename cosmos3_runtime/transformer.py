@@ -456,11 +456,12 @@ class LayerKV:
     held: int
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this forward's k, v [n, K, D] after the held rows -> the held and the written rows (views)."""
+        """Write this forward's k, v [n, K, D] after the held rows -> the held and the written rows, where k is (views
+        where the cache lives there; a cache kept in CPU memory brings this layer's rows to the device now)."""
         end = self.held + k.shape[0]
         self.keys[self.held : end] = k
         self.values[self.held : end] = v
-        return self.keys[:end], self.values[:end]
+        return self.keys[:end].to(k.device, non_blocking=True), self.values[:end].to(v.device, non_blocking=True)
 
 
 class MediaKV:
@@ -471,13 +472,15 @@ class MediaKV:
     [text ; held ; its own tokens] without a mask, and writes its own keys and values right after the held rows;
     `append` keeps them. Keys are stored with their rotary positions applied, so every row keeps the absolute
     position it was written at, and since no mask orders the keys, `evict` fills the rows it frees with the latest
-    rows instead of shifting the history. Not under sequence parallelism.
+    rows instead of shifting the history. Not under sequence parallelism. Kept on the CPU (`device` "cpu" beside a
+    GPU's forwards: pinned memory), each layer's rows come to the forward's device as the layer runs.
     """
 
-    def __init__(self, config: TransformerConfig, rows: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: TransformerConfig, rows: int, dtype: torch.dtype, device: torch.device,
+                 pinned: bool = False):
         shape = (config.num_hidden_layers, rows, config.num_key_value_heads, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pinned)
+        self.values = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pinned)
         self.frames = torch.zeros(0, dtype=torch.long)  # the latent frame of each held row, on the host
         self.start_frame = 0  # the absolute latent frame the next forward's video starts at
         self.written = 0  # rows the last forward wrote after the held ones

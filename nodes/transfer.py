@@ -16,7 +16,7 @@ from ..cosmos3_runtime import InputError, Request
 from ..cosmos3_runtime.controls import BLUR_PRESETS, DEFAULT_PRESET, EDGE_PRESETS, derive as derive_control, opencv
 from ..cosmos3_runtime.errors import reworded
 from ..cosmos3_runtime.media import save_video
-from ..cosmos3_runtime.request import CAUSAL_CACHES, help_of
+from ..cosmos3_runtime.request import CAUSAL_CACHES, CAUSAL_HISTORY, help_of
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
 from .sampling import auto_help, seed_widget, size_widgets, speed_widgets, words_of
@@ -171,7 +171,7 @@ class Cosmos3TransferSampler:
 
 # Sim-Transfer sampler widget -> Request field; 0 means automatic (None) for these.
 SIM_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps", "window": "causal_window"}
-SIM_WORDS = words_of(SIM_FIELDS, control_videos="controls", causal_cache="history")
+SIM_WORDS = words_of(SIM_FIELDS, control_videos="controls", causal_cache="history", causal_history="history_memory")
 TRI_STATE = {"auto": None, "on": True, "off": False}
 
 
@@ -205,17 +205,19 @@ class Cosmos3SimTransferSampler:
                 "history": (list(CAUSAL_CACHES), {"default": "kv", "tooltip": help_of("causal_cache")}),
                 "window": ("INT", {"default": 0, "min": 0, "max": 100000, "tooltip": auto_help("causal_window")}),
                 "emphasize_control": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("emphasize_control")}),
+                "history_memory": (list(CAUSAL_HISTORY), {"default": "device", "tooltip": help_of("causal_history")}),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
 
     def sample(self, model, text, controls, width, height, frames, fps, seed, history="kv", window=0,
-               emphasize_control="auto", node_id=None):
+               emphasize_control="auto", history_memory="device", node_id=None):
         widgets = dict(width=width, height=height, frames=frames, fps=fps, window=window)
         options = {field: widgets[name] or None for name, field in SIM_FIELDS.items()}
         progress = services.progress.RunProgress(node_id)
         with services.words.widget_words(SIM_WORDS):
             request = Request.build(**options, control_videos=controls, seed=seed, causal_cache=history,
+                                    causal_history=history_memory,
                                     emphasize_control=TRI_STATE[emphasize_control],
                                     use_system_prompt=text.get("use_system_prompt"),
                                     negative_prompt=text.get("negative_prompt") or None)

@@ -212,3 +212,33 @@ def test_the_plan_counts_the_history_it_keeps(chunkwise, framewise):
     assert big.settings.rollout.history_frames() == 2 * 13 and big.estimate.parts["media K/V cache"] > 0
     small = framewise.plan("a cat", control_videos={"edge": clip(25)}, width=W, height=H)
     assert small.settings.rollout.history_frames() == 2 * 4  # the window: sink, two recent frames and the chunk
+
+
+def test_a_rollout_that_does_not_fit_is_refused_naming_a_window_that_does(chunkwise, monkeypatch):
+    from cosmos3_runtime import budget
+
+    plan = chunkwise.plan("a cat", control_videos={"edge": clip(65)}, width=W, height=H)
+    at = {w: chunkwise.plan("a cat", control_videos={"edge": clip(65)}, width=W, height=H, causal_window=w).estimate
+          for w in (9, 10)}
+    room = (at[9].total + at[9].host_total + at[10].total + at[10].host_total) // 2  # a window of 9 fits, 10 not
+    monkeypatch.setattr(budget, "available_bytes", lambda device: room)
+    with pytest.raises(InputError, match="causal_window 9 fits"):
+        chunkwise.planner.check(plan)
+    chunkwise.planner.check(chunkwise.plan("a cat", control_videos={"edge": clip(65)}, width=W, height=H,
+                                           causal_window=9))
+
+
+def test_a_window_on_a_chunkwise_checkpoint_evicts_as_the_recompute_masks(chunkwise):
+    kv = rollout(chunkwise, 65, causal_window=9)  # chunks of 4: each keeps 5 latent frames of history
+    assert kv.settings.rollout.kept(13) == [8, 9, 10, 11, 12] and kv.settings.rollout.kept(9) == [4, 5, 6, 7, 8]
+    torch.testing.assert_close(kv.latents, rollout(chunkwise, 65, causal_window=9, causal_cache="recompute").latents,
+                               atol=TOL, rtol=0)
+
+
+def test_a_history_kept_in_cpu_memory_gives_the_same_clip_and_leaves_the_device(chunkwise):
+    """On the CPU both live in one memory; the plan moves the K/V to the host's part and the rollout is bit-identical
+    (on a GPU each layer's rows come to the device as the layer runs, the GPU check's business)."""
+    device, cpu = rollout(chunkwise, 33), rollout(chunkwise, 33, causal_history="cpu")
+    assert torch.equal(device.latents, cpu.latents)
+    plan = chunkwise.plan("a cat", control_videos={"edge": clip(33)}, width=W, height=H, causal_history="cpu")
+    assert "media K/V cache" in plan.estimate.host and "media K/V cache" not in plan.estimate.parts

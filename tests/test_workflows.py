@@ -323,7 +323,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3TransferSampler": ["width", "height", "frames", "fps", "guidance", "control_guidance", "chunk_frames",
                                    "chunk_overlap_frames", "seed", "control_guidance_interval", "cache", "compile"],
         "Cosmos3SimTransferSampler": ["width", "height", "frames", "fps", "seed", "history", "window",
-                                      "emphasize_control"],
+                                      "emphasize_control", "history_memory"],
         "Cosmos3APIChat": ["key", "choice"],
         "Cosmos3Reason": ["question", "system_prompt", "max_new_tokens", "thinking", "seed", "video_fps", "sample_fps"],
         "Cosmos3ReasonSampling": ["temperature", "top_p", "top_k", "presence_penalty"],

@@ -58,7 +58,7 @@ from virtual_device import place_like_a_host  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
 from cosmos3_runtime.quantize import Fp8Linear, scaled_fp8_available  # noqa: E402
-from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint  # noqa: E402
+from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint, sim_transfer_block  # noqa: E402
 from cosmos3_runtime.transformer import TrackTokens, TransformerConfig, attention  # noqa: E402
 from cosmos3_runtime.vae import WanVAE  # noqa: E402
 
@@ -68,7 +68,7 @@ REQUEST = dict(width=128, height=96, num_frames=9, steps=4, seed=3, output="late
 # Bounds: 2.5 times what `--device cpu` measured for the same comparison (bf16 on the CPU against fp32; the README
 # lists those figures), rounded up: a GPU's bf16 kernels round differently, not 2.5 times worse.
 BOUNDS = {"bf16": 0.075, "fp8": 0.22, "fp8_scaled": 0.41, "q8_0": 0.11, "q4_0": 0.5, "transfer": 0.009,
-          "reasoner": 0.03}
+          "reasoner": 0.03, "causal": 0.005, "causal_recompute": 0.025}
 
 
 class Skip(Exception):
@@ -262,6 +262,24 @@ def check_transfer(c: Check) -> None:
     error = (gpu - cpu).abs().mean().item()
     c.row("transfer, two controls over two chunks", error < BOUNDS["transfer"],
           f"mean abs difference of the frames {error:.4f}")
+
+
+def check_causal(c: Check) -> None:
+    """A causal Sim-Transfer rollout on the device: bf16 against fp32 on the CPU, the K/V rollout against the
+    recompute, and the history in pinned CPU memory (each layer's rows brought to the device) against on the device."""
+    root = c.folder / "sim-transfer"
+    if not root.exists():
+        make_tiny_checkpoint(root, kind="gated", size="small", distilled=True, causal=sim_transfer_block())
+    options = dict(width=128, height=96, seed=3, control_videos={"edge": torch.rand(33, 96, 128, 3)})
+    cpu = cosmos3_runtime.load(root, device="cpu", dtype="fp32").generate("a cat", **options).frames
+    pipe = cosmos3_runtime.load(root, device=c.device, dtype="bf16")
+    kv = pipe.generate("a cat", **options)
+    error = (kv.frames - cpu).abs().mean().item()
+    recomputed = relative(pipe.generate("a cat", causal_cache="recompute", **options).latents, kv.latents)
+    host = torch.equal(pipe.generate("a cat", causal_history="cpu", **options).latents, kv.latents)
+    c.row("causal rollout, 3 chunks", error < BOUNDS["causal"] and recomputed < BOUNDS["causal_recompute"] and host,
+          f"mean abs difference of the frames {error:.4f}; K/V vs recompute {recomputed:.4f} relative; history in CPU "
+          f"memory bit-identical={host}")
 
 
 def check_reasoner(c: Check) -> None:
@@ -792,6 +810,7 @@ def check_speed_table(c: Check) -> None:
 CHECKS = [  # the most valuable first: the deadline skips what is left
     ("bf16", check_bf16), ("low VRAM", check_low_vram), ("fp8", check_fp8), ("fp8_scaled", check_fp8_scaled),
     ("GGUF", check_gguf), ("host placement", check_host_placement), ("transfer", check_transfer),
+    ("causal", check_causal),
     ("Reasoner", check_reasoner),
     ("device record", check_device_record), ("attention kernels", check_attention_kernels),
     ("compiled block", check_compiled_block), ("first load", check_first_load), ("SDPA kernels", check_sdpa_backends),

@@ -108,8 +108,9 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
                                                          media_tokens * attention_bytes + joined_kv),
         "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
     }
-    kept = {"media K/V cache": config.num_hidden_layers * history * 2 * K * D * b} if history else {}
-    if not g.history_on_host:  # held throughout, every layer's keys and values
+    per_value = 1 + 4 / D if g.history_memory == "fp8" else b  # fp8 bytes and a float32 scale per token and head
+    kept = {"media K/V cache": int(config.num_hidden_layers * history * 2 * K * D * per_value)} if history else {}
+    if g.history_memory != "cpu":  # held throughout, every layer's keys and values
         parts.update(kept)
     if w8a8:  # an MLP down projection's input quantized to fp8 through two float32 copies (4.2-4.5 bytes per N x I
         # measured on the virtual device); one fused kernel on a GPU with fp8 matmuls and Triton leaves its fp8 copy
@@ -130,7 +131,7 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
         out = 3 * g.window_frames * g.height * g.width  # the output as it grows, then as float32 frames in 0..1
         parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
     host = output(config, g, frames_out, latents_out=not controls, on_cpu=device is None or device.type == "cpu")
-    return Estimate(parts, {**host, **(kept if g.history_on_host else {})})
+    return Estimate(parts, {**host, **(kept if g.history_memory == "cpu" else {})})
 
 
 def output(config, g: RunGeometry, frames_out: bool, latents_out: bool, on_cpu: bool) -> dict[str, int]:

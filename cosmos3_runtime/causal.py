@@ -149,7 +149,7 @@ class Rollout:
     sink_frames: int
     mode: str = "kv"  # "kv": the rolling K/V cache; "recompute": every forward over the whole clip so far
     seeds: str = "framework"  # the per-step noise seeds (`SEEDS`)
-    history: str = "device"  # where the K/V history lives: "device", or "cpu" (each layer's brought as it runs)
+    history: str = "device"  # how the K/V history is kept: "device", "cpu" (each layer's brought as it runs), "fp8"
     emphasize: bool = False  # the control sentence goes into the prompt
 
     @property

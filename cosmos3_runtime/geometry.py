@@ -58,7 +58,7 @@ class RunGeometry:
     guided: bool = False  # each step also runs the negative prompt (guidance scale not 1)
     control_guided: bool = False  # each step also runs the video without its controls (control guidance not 1)
     history_frames: int = 0  # latent frames of media K/V kept across forwards and attended to (a causal rollout's)
-    history_on_host: bool = False  # that K/V kept in host memory, each layer's brought to the device as it runs
+    history_memory: str = "device"  # how that K/V is kept: on the device, in host memory ("cpu"), or in "fp8"
 
     @property
     def passes(self) -> int:

@@ -182,6 +182,8 @@ class Planner:
 
         if self.device.type != "cpu" and rollout.history == "device" and fits(history="cpu"):
             return "keep the K/V history in CPU memory: causal_history 'cpu' fits (the same result, more transfer)"
+        if rollout.history == "device" and fits(history="fp8"):
+            return "keep the K/V history in fp8: causal_history 'fp8' fits (close to the same result)"
         for window in range((rollout.window_frames or rollout.latent_frames) - 1, c.sink_frames + c.chunk_size, -1):
             if fits(window_frames=window):
                 return f"keep less history: causal_window {window} fits"

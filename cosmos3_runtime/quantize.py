@@ -27,10 +27,9 @@ from torch import nn
 
 from .devices import facts
 from .errors import CheckpointError, InputError
-from .modelopt_fp8 import Quantization, ScaleLayout, quantize_static, runs_w8a8, scale_layout, w8a8_linear
+from .modelopt_fp8 import (FP8, FP8_MAX, Quantization, ScaleLayout, quantize_static, runs_w8a8, scale_layout,
+                           w8a8_linear)
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max  # 448
 # Kept in full precision: the time embedder (fp32 by design), and the action head's per-domain tables, which are
 # used as weight matrices, not looked up.
 KEEP = ("time_embedder", "action_proj_")

@@ -25,7 +25,7 @@ OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
 CAUSAL_CACHES = ("kv", "recompute")
 CAUSAL_SEEDS = ("framework", "sglang")
-CAUSAL_HISTORY = ("device", "cpu")
+CAUSAL_HISTORY = ("device", "cpu", "fp8")
 LONGEST_WINDOW = 201  # frames generated in one window by default; longer videos run in chunks (NVIDIA lists <= 200 at 720p)
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
 MAX_SIZE = 8192  # pixels per side: far above anything Cosmos3 was trained on, below int32 index trouble
@@ -163,9 +163,10 @@ class Request:
     causal_window: int | None = option(None, "causal checkpoints: latent frames of history a chunk attends to, its "
                                        "sinks and itself included; fewer bound the K/V memory (auto: the "
                                        "checkpoint's; all history where it never evicts)", type=int)
-    causal_history: str = option("device", "causal checkpoints: where the K/V history lives: device, or cpu (CPU "
-                                 "memory, each layer's brought to the device as it runs: far less GPU memory, more "
-                                 "transfer; the same result)", choices=list(CAUSAL_HISTORY))
+    causal_history: str = option("device", "causal checkpoints: how the K/V history is kept: device; cpu (CPU memory, "
+                                 "each layer's brought to the device as it runs: far less GPU memory, more transfer, "
+                                 "the same result); or fp8 (on the device in fp8, a scale per token and head: about "
+                                 "half of bf16, close to the same result)", choices=list(CAUSAL_HISTORY))
     causal_seeds: str = option("framework", "causal checkpoints: the per-step noise seeds, NVIDIA's framework's "
                                "(seed + chunk start x 1000003 + (step + 1) x 9176) or sglang's (step x 9176)",
                                choices=list(CAUSAL_SEEDS))

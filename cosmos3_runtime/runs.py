@@ -242,7 +242,8 @@ class Rollout(Run):
             tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
             home = torch.device("cpu") if self.plan.history == "cpu" else parts.device
             self.cache = MediaKV(self.model.config, self.plan.history_frames() * tokens, self.model.dtype, home,
-                                 pinned=home.type == "cpu" and parts.device.type == "cuda")
+                                 pinned=home.type == "cpu" and parts.device.type == "cuda",
+                                 fp8=self.plan.history == "fp8")
         self.seed, self.seeds = int(r.seed), causal.SEEDS[self.plan.seeds]
         self.frames: torch.Tensor | None = None
 

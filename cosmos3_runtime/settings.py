@@ -80,7 +80,7 @@ class Settings:
         guidance = dict(guided=self.guidance_scale != 1.0, control_guided=t is not None and t.control_guidance != 1.0)
         if rollout is not None:
             return RunGeometry(self.height, self.width, rollout.chunk_pixels, self.num_frames, len(rollout.chunks),
-                               history_frames=rollout.history_frames(), history_on_host=rollout.history == "cpu")
+                               history_frames=rollout.history_frames(), history_memory=rollout.history)
         if c is None:
             return RunGeometry(self.height, self.width, self.num_frames, self.num_frames, **guidance)
         controls = 0 if t is None else len(t.hints)

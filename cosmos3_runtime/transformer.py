@@ -35,6 +35,7 @@ from . import cancel
 from .devices import facts
 from .errors import CheckpointError, InputError
 from .geometry import TEMPORAL_FACTOR
+from .modelopt_fp8 import FP8, FP8_MAX
 from .parallel import Group, SequenceShards, check_heads
 from .rope import apply_rope, inverse_frequencies, media_positions, mrope_cos_sin, text_positions
 
@@ -454,14 +455,25 @@ class LayerKV:
     keys: torch.Tensor
     values: torch.Tensor
     held: int
+    scales: torch.Tensor | None = None  # an fp8 cache's: [rows, 2, K, 1] float32, the keys' then the values'
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this forward's k, v [n, K, D] after the held rows -> the held and the written rows, where k is (views
-        where the cache lives there; a cache kept in CPU memory brings this layer's rows to the device now)."""
+        where the cache lives there; a cache kept in CPU memory brings this layer's rows to the device now; an fp8
+        cache's held rows come back dequantized, this forward's as they are)."""
         end = self.held + k.shape[0]
-        self.keys[self.held : end] = k
-        self.values[self.held : end] = v
-        return self.keys[:end].to(k.device, non_blocking=True), self.values[:end].to(v.device, non_blocking=True)
+        if self.scales is None:
+            self.keys[self.held : end] = k
+            self.values[self.held : end] = v
+            return self.keys[:end].to(k.device, non_blocking=True), self.values[:end].to(v.device, non_blocking=True)
+        held = []
+        for i, (store, new) in enumerate(((self.keys, k), (self.values, v))):
+            scale = new.detach().abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+            store[self.held : end] = (new.float() / scale).to(FP8).view(torch.uint8).to(store.device)
+            self.scales[self.held : end, i] = scale.to(self.scales.device)
+            old = store[: self.held].to(new.device).view(FP8).float()
+            held.append(torch.cat([(old * self.scales[: self.held, i].to(new.device)).to(new.dtype), new]))
+        return held[0], held[1]
 
 
 class MediaKV:
@@ -477,10 +489,13 @@ class MediaKV:
     """
 
     def __init__(self, config: TransformerConfig, rows: int, dtype: torch.dtype, device: torch.device,
-                 pinned: bool = False):
-        shape = (config.num_hidden_layers, rows, config.num_key_value_heads, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pinned)
-        self.values = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pinned)
+                 pinned: bool = False, fp8: bool = False):
+        L, K, D = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+        stored = torch.uint8 if fp8 else dtype  # fp8 bytes (torch 2.7's CPU cannot index float8 itself)
+        self.keys = torch.zeros((L, rows, K, D), dtype=stored, device=device, pin_memory=pinned)
+        self.values = torch.zeros((L, rows, K, D), dtype=stored, device=device, pin_memory=pinned)
+        # per row and head: amax / 448 of its keys, of its values
+        self.scales = torch.zeros((L, rows, 2, K, 1), device=device, pin_memory=pinned) if fp8 else None
         self.frames = torch.zeros(0, dtype=torch.long)  # the latent frame of each held row, on the host
         self.start_frame = 0  # the absolute latent frame the next forward's video starts at
         self.written = 0  # rows the last forward wrote after the held ones
@@ -495,7 +510,8 @@ class MediaKV:
             raise InputError(f"the media K/V cache has {self.keys.shape[1]} rows: the {self.held} held and a forward's "
                              f"{tokens} do not fit; evict frames first, or make it larger")
         self.written = tokens
-        return [LayerKV(k, v, self.held) for k, v in zip(self.keys, self.values)]
+        scales = [None] * len(self.keys) if self.scales is None else self.scales
+        return [LayerKV(k, v, self.held, s) for k, v, s in zip(self.keys, self.values, scales)]
 
     def append(self, frames) -> None:
         """Keep what the last forward wrote: `frames` [n] names the latent frame of each of its n tokens, in order."""
@@ -515,6 +531,8 @@ class MediaKV:
         moved = keep[count:].nonzero().flatten() + count
         to, fro = freed.to(self.keys.device), moved.to(self.keys.device)
         self.keys[:, to], self.values[:, to] = self.keys[:, fro], self.values[:, fro]
+        if self.scales is not None:
+            self.scales[:, to] = self.scales[:, fro]
         self.frames[freed] = self.frames[moved]
         self.frames = self.frames[:count]
 

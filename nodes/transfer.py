@@ -97,15 +97,20 @@ TRANSFER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames",
 TRANSFER_WORDS = words_of(TRANSFER_FIELDS, control_videos="controls", vae_tile="tiled decoding")
 
 
-class Cosmos3TransferSampler:
-    DESCRIPTION = ("Transfer: a new clip that follows the controls (edge, blur, depth, segmentation, world-scenario "
-                   "map) frame for frame and the prompt, made in chunks, each starting from the end of the last. "
-                   "Nano and Super; decodes every chunk, so it outputs frames.")
+class ClipSampler:
+    """What the transfer samplers share: they make a clip (frames and its rate) from controls."""
+
     CATEGORY = "cosmos3/transfer"
     RETURN_TYPES = ("IMAGE", "FLOAT")
     RETURN_NAMES = ("images", "fps")
     OUTPUT_TOOLTIPS = ("the clip", "its frame rate: connect it to Create Video")
     FUNCTION = "sample"
+
+
+class Cosmos3TransferSampler(ClipSampler):
+    DESCRIPTION = ("Transfer: a new clip that follows the controls (edge, blur, depth, segmentation, world-scenario "
+                   "map) frame for frame and the prompt, made in chunks, each starting from the end of the last. "
+                   "Nano and Super; decodes every chunk, so it outputs frames.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -175,15 +180,10 @@ SIM_WORDS = words_of(SIM_FIELDS, control_videos="controls", causal_cache="histor
 TRI_STATE = {"auto": None, "on": True, "off": False}
 
 
-class Cosmos3SimTransferSampler:
+class Cosmos3SimTransferSampler(ClipSampler):
     DESCRIPTION = ("Sim-Transfer (Cosmos3-Nano-Sim-Transfer, a causal checkpoint): a 480p clip that follows one control "
                    "clip (edge, blur, depth or segmentation) and the prompt, rolled out chunk by chunk in 4 steps "
                    "each, every chunk attending to what came before it (no re-encoding between chunks).")
-    CATEGORY = "cosmos3/transfer"
-    RETURN_TYPES = ("IMAGE", "FLOAT")
-    RETURN_NAMES = ("images", "fps")
-    OUTPUT_TOOLTIPS = ("the clip", "its frame rate: connect it to Create Video")
-    FUNCTION = "sample"
 
     @classmethod
     def INPUT_TYPES(cls):

@@ -128,7 +128,7 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
         tile_px = tile.size * SPATIAL_FACTOR if tile is not None else None
         th, tw = (min(g.height, tile_px), min(g.width, tile_px)) if tile_px else (g.height, g.width)
         working = DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b
-        out = 3 * g.window_frames * g.height * g.width  # the output as it grows, then as float32 frames in 0..1
+        out = 3 * (g.decoded_frames or g.window_frames) * g.height * g.width  # as it grows, then float32 in 0..1
         parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
     host = output(config, g, frames_out, latents_out=not controls, on_cpu=device is None or device.type == "cpu")
     return Estimate(parts, {**host, **(kept if g.history_memory == "cpu" else {})})
@@ -182,9 +182,18 @@ GENERATION_ADVICE = ("lower the size or the frame count, decode tiled (vae_tile)
 
 
 def fits(needed: Estimate, device: torch.device) -> bool:
-    """Whether the whole estimate fits what `device` has free (its output too, on the CPU's one memory)."""
+    """Whether the estimate fits what `device` has free and its output what the host has (on the CPU, one memory)."""
+    return _fits_device(needed, device) and (device.type == "cpu" or _fits_host(needed))
+
+
+def _fits_device(needed: Estimate, device: torch.device) -> bool:
     available = available_bytes(device)
     return available is None or needed.total + (needed.host_total if device.type == "cpu" else 0) <= available
+
+
+def _fits_host(needed: Estimate) -> bool:
+    host = available_bytes(torch.device("cpu"))
+    return host is None or needed.host_total <= host
 
 
 def check(needed: Estimate, device: torch.device, advice: str = GENERATION_ADVICE, output_only: bool = False) -> None:
@@ -192,7 +201,7 @@ def check(needed: Estimate, device: torch.device, advice: str = GENERATION_ADVIC
     naming the figures and what to lower. `output_only`: the output's part alone on a GPU (before a host such as
     ComfyUI has made room there: the whole check comes then); on the CPU, one memory, everything together."""
     on_cpu = device.type == "cpu"
-    if (on_cpu or not output_only) and not fits(needed, device):
+    if (on_cpu or not output_only) and not _fits_device(needed, device):
         available = available_bytes(device)
         raise InputError(f"this request needs at least {needed.describe(host=on_cpu)} on {device}, which has "
                          f"{gib(available)} free; {advice}")

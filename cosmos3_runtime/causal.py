@@ -131,7 +131,7 @@ def prompt_text(caption: str, hint: str | None, emphasize: bool, frames: int, fp
     text = caption.strip()
     if emphasize and hint is not None:
         text = text.rstrip() + EMPHASIS.format(hint=hint)
-    rate = int(round(fps))
+    rate = max(1, int(round(fps)))
     for sentence in (f"The video is {frames / rate:.1f} seconds long and is of {rate} FPS.",
                      f"This video is of {height}x{width} resolution."):
         text = text.rstrip(".") + ". " + sentence if text else sentence

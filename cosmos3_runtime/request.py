@@ -263,8 +263,8 @@ class Request:
             raise InputError(f"transfer (control_videos) does not combine with {' or '.join(others)}: the controls set "
                              "the whole clip")
         if self.output != "frames":
-            raise InputError("transfer decodes every chunk to start the next one from it, so it returns frames, not "
-                             "latents (output='frames')")
+            raise InputError("a transfer returns frames, not latents (output='frames'): a chunked transfer decodes "
+                             "every chunk to start the next one from it")
         if self.control_guidance is not None and not self.control_guidance >= 0:
             raise InputError(f"control_guidance must be 0 or more (1: no control guidance), got {self.control_guidance}")
 

@@ -32,6 +32,8 @@ from .tracks import TRACKS, Parts
 from .transformer import MediaKV, masked_media_attention
 from .vae import StageCallback, stage
 
+RECOMPUTE_MASK = 2**30  # bool entries of the largest attention mask a recompute builds (1 GiB)
+
 # (step done, total steps, the step's estimate of the clean latents, for previews); raise to cancel
 StepCallback = Callable[[int, int, torch.Tensor], None]
 
@@ -238,13 +240,19 @@ class Rollout(Run):
             clip = preprocess_video(r.control_videos[self.plan.hint], s.height, s.width)[:, :, : s.num_frames]
             self.controls = parts.codec.encode_pixels(clip.to(self.model.dtype))
         self.cache = None
+        self.tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
         if self.plan.mode == "kv":
-            tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
             home = torch.device("cpu") if self.plan.history == "cpu" else parts.device
-            self.cache = MediaKV(self.model.config, self.plan.history_frames() * tokens, self.model.dtype, home,
+            self.cache = MediaKV(self.model.config, self.plan.history_frames() * self.tokens, self.model.dtype, home,
                                  pinned=home.type == "cpu" and parts.device.type == "cuda",
                                  fp8=self.plan.history == "fp8")
         self.seed, self.seeds = int(r.seed), causal.SEEDS[self.plan.seeds]
+        if self.plan.mode == "recompute":
+            rows = (1 + (self.controls is not None)) * self.plan.latent_frames * self.tokens
+            if rows * rows > RECOMPUTE_MASK:
+                raise InputError(f"causal_cache 'recompute' is a reference for short clips: {self.plan.latent_frames} "
+                                 f"latent frames need a {rows}x{rows} attention mask; use causal_cache 'kv' (the same "
+                                 "result) or fewer frames")
         self.frames: torch.Tensor | None = None
 
     def steps(self, callback: StepCallback | None, k: int) -> StepCallback | None:
@@ -288,9 +296,8 @@ class Rollout(Run):
     def recompute_forward(self, start: int, end: int) -> Callable:
         """Every forward over the clip so far (controls as a context item, the committed frames clean before the
         chunk's), under the mask that reproduces what each frame saw in the K/V rollout."""
-        tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(self.s.height, self.s.width))
         visible = causal.visibility(self.plan, end, self.controls is not None).to(self.parts.device)
-        visible = visible.repeat_interleave(tokens, 0).repeat_interleave(tokens, 1)
+        visible = visible.repeat_interleave(self.tokens, 0).repeat_interleave(self.tokens, 1)
 
         def forward(latents, t, text, noisy, fps, tracks, sp=None, context=(), hooks=None):
             whole = torch.cat([self.latents[:, :, :start], latents], dim=2)
@@ -314,6 +321,7 @@ class Rollout(Run):
             for f in range(start, end):
                 self.commit(latents[:, :, f - start : f - start + 1], f)
         if k + 1 == self.count and self.r.output == "frames":
+            self.cache = None  # the history's memory goes back before the whole clip is decoded
             self.frames = self.parts.codec.decode(self.latents, tile=self.r.vae_tile, progress=stage(progress, "decode"))
 
     @property

@@ -80,7 +80,8 @@ class Settings:
         guidance = dict(guided=self.guidance_scale != 1.0, control_guided=t is not None and t.control_guidance != 1.0)
         if rollout is not None:
             return RunGeometry(self.height, self.width, rollout.chunk_pixels, self.num_frames, len(rollout.chunks),
-                               history_frames=rollout.history_frames(), history_memory=rollout.history)
+                               history_frames=rollout.history_frames(), history_memory=rollout.history,
+                               decoded_frames=self.num_frames)
         if c is None:
             return RunGeometry(self.height, self.width, self.num_frames, self.num_frames, **guidance)
         controls = 0 if t is None else len(t.hints)
@@ -269,6 +270,9 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
                              f"cannot apply; leave it unset (or {allowed:g})")
     if r.schedule not in ("auto", "distilled"):
         raise InputError(f"this causal checkpoint samples only with its fixed sigmas, not schedule {r.schedule!r}")
+    if r.compile:
+        raise InputError("compile is not supported for causal rollouts yet (their history changes every chunk); leave "
+                         "it off")
     if r.chunk_frames is not None or r.chunk_overlap_frames is not None:
         raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
                          f"{c.chunk_size} at a time): leave chunk_frames and chunk_overlap_frames unset")

@@ -246,13 +246,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     return out[0].transpose(0, 1).flatten(1).to(dtype)
 
 
+MASKED_ROWS = 4096  # query rows a masked attention call takes: far from the 2**32 scores past which CUDA's
+# memory-efficient kernel is reported to mishandle an explicit mask (pytorch#162588)
+
+
 def masked_media_attention(visible: torch.Tensor):
     """A media attention (`Cosmos3Transformer.use_media_attention`) where media row i attends to media row j only where
-    `visible[i, j]` (bool [N, N]), and to every text row (the text keys come first)."""
+    `visible[i, j]` (bool [N, N]), and to every text row (the text keys come first); in blocks of query rows, its mask
+    with the text's columns made once."""
+    masks = {}
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         text = k.shape[0] - q.shape[0]
-        return attention(q, k, v, mask=torch.cat([visible.new_ones(q.shape[0], text), visible], dim=1))
+        if text not in masks:
+            masks.clear()
+            masks[text] = torch.cat([visible.new_ones(q.shape[0], text), visible], dim=1)
+        mask = masks[text]
+        return torch.cat([attention(q[i : i + MASKED_ROWS], k, v, mask=mask[i : i + MASKED_ROWS])
+                          for i in range(0, q.shape[0], MASKED_ROWS)])
 
     return attend
 
@@ -471,8 +482,8 @@ class LayerKV:
             scale = new.detach().abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
             store[self.held : end] = (new.float() / scale).to(FP8).view(torch.uint8).to(store.device)
             self.scales[self.held : end, i] = scale.to(self.scales.device)
-            old = store[: self.held].to(new.device).view(FP8).float()
-            held.append(torch.cat([(old * self.scales[: self.held, i].to(new.device)).to(new.dtype), new]))
+            old = store[: self.held].to(new.device).view(FP8).to(new.dtype)  # e4m3 values are exact in bf16
+            held.append(torch.cat([old * self.scales[: self.held, i].to(new.device, new.dtype), new]))
         return held[0], held[1]
 
 
@@ -523,6 +534,8 @@ class MediaKV:
     def evict(self, sink: int, window: int) -> None:
         """Keep the rows of the first `sink` frames and of the latest `window` frames. The latest rows kept move into
         the rows freed, so the held rows stay the first ones and each move copies one row per layer."""
+        if self.keys.is_pinned():  # the last forward's copies of these rows to the device may still be reading them
+            torch.cuda.synchronize()
         held = self.frames.unique()  # sorted
         later = held[sink:]
         keep = torch.isin(self.frames, torch.cat([held[:sink], later[max(later.numel() - window, 0) :]]))

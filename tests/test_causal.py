@@ -214,18 +214,25 @@ def test_the_plan_counts_the_history_it_keeps(chunkwise, framewise):
     assert small.settings.rollout.history_frames() == 2 * 4  # the window: sink, two recent frames and the chunk
 
 
-def test_a_rollout_that_does_not_fit_is_refused_naming_a_window_that_does(chunkwise, monkeypatch):
+def test_a_rollout_that_does_not_fit_is_refused_naming_what_does(chunkwise, monkeypatch):
     from cosmos3_runtime import budget
 
-    plan = chunkwise.plan("a cat", control_videos={"edge": clip(65)}, width=W, height=H)
-    at = {w: chunkwise.plan("a cat", control_videos={"edge": clip(65)}, width=W, height=H, causal_window=w).estimate
-          for w in (9, 10)}
-    room = (at[9].total + at[9].host_total + at[10].total + at[10].host_total) // 2  # a window of 9 fits, 10 not
-    monkeypatch.setattr(budget, "available_bytes", lambda device: room)
+    def plan(**options):
+        return chunkwise.plan("a cat", control_videos={"edge": clip(65)}, width=W, height=H, **options)
+
+    def needs(p):
+        return p.estimate.total + p.estimate.host_total  # the CPU's one memory
+
+    full, fp8 = plan(), plan(causal_history="fp8")
+    monkeypatch.setattr(budget, "available_bytes", lambda device: (needs(full) + needs(fp8)) // 2)
+    with pytest.raises(InputError, match="causal_history 'fp8' fits"):  # the same history, in fp8
+        chunkwise.planner.check(full)
+    chunkwise.planner.check(fp8)
+    at = {w: needs(plan(causal_history="fp8", causal_window=w)) for w in (9, 10)}
+    monkeypatch.setattr(budget, "available_bytes", lambda device: (at[9] + at[10]) // 2)  # a window of 9 fits, 10 not
     with pytest.raises(InputError, match="causal_window 9 fits"):
-        chunkwise.planner.check(plan)
-    chunkwise.planner.check(chunkwise.plan("a cat", control_videos={"edge": clip(65)}, width=W, height=H,
-                                           causal_window=9))
+        chunkwise.planner.check(fp8)
+    chunkwise.planner.check(plan(causal_history="fp8", causal_window=9))
 
 
 def test_a_window_on_a_chunkwise_checkpoint_evicts_as_the_recompute_masks(chunkwise):
@@ -258,3 +265,12 @@ def test_an_fp8_history_keeps_each_rows_scale_through_eviction(framewise):
     exact, fp8 = rollout(framewise, 25), rollout(framewise, 25, causal_history="fp8")  # evicts from chunk 4 on
     error = ((fp8.latents - exact.latents).abs().mean() / exact.latents.abs().mean()).item()
     assert 0 < error < 0.002, error  # 0.0007 here; 0.006 when eviction leaves the scales behind
+
+
+def test_a_recompute_too_large_to_mask_and_compile_are_refused_by_name(chunkwise, monkeypatch):
+    monkeypatch.setattr(runs, "RECOMPUTE_MASK", 1000)  # a 33-frame clip's mask here is 36 x 36 (2 tokens a frame)
+    with pytest.raises(InputError, match="'recompute' is a reference for short clips"):
+        rollout(chunkwise, 33, causal_cache="recompute")
+    with pytest.raises(InputError, match="compile is not supported for causal rollouts"):
+        rollout(chunkwise, 17, compile=True)
+    assert "of 1 FPS" in causal.prompt_text("a cat", None, False, 17, 0.5, 480, 832)  # not a division by zero

@@ -259,6 +259,9 @@ class Reasoner:
             raise InputError("no prompt to upsample: pass a non-empty string")
         if image is not None and video is not None:
             raise InputError("upsample with a starting image or a clip to continue, not both")
+        if self.variant.causal is not None:
+            raise InputError("prompt upsampling writes the JSON captions Cosmos3's bidirectional checkpoints read; a "
+                             "causal Sim-Transfer checkpoint reads its caption as given: write it directly")
         if video is not None:
             image = processing.uint8_frames(video, "video")[-1].permute(1, 2, 0)
         s = resolve_settings(self.variant, Request.build(width=width, height=height, num_frames=num_frames, fps=fps))

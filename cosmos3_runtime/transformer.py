@@ -476,7 +476,8 @@ class LayerKV:
         if self.scales is None:
             self.keys[self.held : end] = k
             self.values[self.held : end] = v
-            return self.keys[:end].to(k.device, non_blocking=True), self.values[:end].to(v.device, non_blocking=True)
+            # blocking: a later eviction rewrites these rows in place
+            return self.keys[:end].to(k.device), self.values[:end].to(v.device)
         held = []
         for i, (store, new) in enumerate(((self.keys, k), (self.values, v))):
             scale = new.detach().abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
@@ -534,8 +535,6 @@ class MediaKV:
     def evict(self, sink: int, window: int) -> None:
         """Keep the rows of the first `sink` frames and of the latest `window` frames. The latest rows kept move into
         the rows freed, so the held rows stay the first ones and each move copies one row per layer."""
-        if self.keys.is_pinned():  # the last forward's copies of these rows to the device may still be reading them
-            torch.cuda.synchronize()
         held = self.frames.unique()  # sorted
         later = held[sink:]
         keep = torch.isin(self.frames, torch.cat([held[:sink], later[max(later.numel() - window, 0) :]]))

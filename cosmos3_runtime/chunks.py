@@ -39,12 +39,6 @@ class Chunks:
         """Frames chunk k takes from its predecessor (0 for the first)."""
         return 0 if k == 0 else min(self.overlap, self.chunk)
 
-    def step_callback(self, callback, k: int):
-        """`callback(step, total, denoised)` over the whole run, from chunk k's own steps (None stays None)."""
-        if callback is None:
-            return None
-        return lambda step, total, denoised: callback(k * total + step, self.count * total, denoised)
-
 
 def split(total: int, chunk_frames: int | None, overlap: int | None, default_chunk: int, default_overlap: int,
          notes: list[str], what: str) -> Chunks:

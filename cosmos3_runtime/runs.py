@@ -90,7 +90,7 @@ class Window:
 
 
 class Run:
-    """What every kind of run shares: one window unless it says otherwise, no tracks, the caller's step callback."""
+    """What every kind of run shares: one window unless it says otherwise, no tracks, steps counted over the run."""
 
     count, chunked = 1, False
 
@@ -98,8 +98,10 @@ class Run:
         return []
 
     def steps(self, callback: StepCallback | None, k: int) -> StepCallback | None:
-        """The step callback of window k (its steps counted over the whole run)."""
-        return callback
+        """The step callback of window k: its steps counted over the whole run."""
+        if callback is None or self.count == 1:
+            return callback
+        return lambda step, total, denoised: callback(k * total + step, self.count * total, denoised)
 
 
 class Single(Run):
@@ -136,9 +138,6 @@ class Chunked(Run):
         self.parts, self.s, self.r, self.chunks, self.count, self.chunked = parts, s, r, p, p.count, True
         self.frames = chunks.Stitched(p, s.height, s.width) if frames_out else None
         self.previous: torch.Tensor | None = None  # the decoded frames the next chunk starts from
-
-    def steps(self, callback: StepCallback | None, k: int) -> StepCallback | None:
-        return self.chunks.step_callback(callback, k)
 
     def seeded(self, k: int, s: Settings) -> Held | None:
         """Chunk k's first latent frames held at the previous chunk's last frames, encoded again (None for the
@@ -254,11 +253,6 @@ class Rollout(Run):
                                  f"latent frames need a {rows}x{rows} attention mask; use causal_cache 'kv' (the same "
                                  "result) or fewer frames")
         self.frames: torch.Tensor | None = None
-
-    def steps(self, callback: StepCallback | None, k: int) -> StepCallback | None:
-        if callback is None:
-            return None
-        return lambda step, total, denoised: callback(k * total + step, self.count * total, denoised)
 
     def window(self, k: int) -> Window:
         start, end = self.plan.chunks[k]

@@ -121,6 +121,9 @@ def random_model(config: TransformerConfig, device: str, gguf: str | None = None
                 for child_name, child in list(module.named_children()):
                     if f"{name}.".startswith(BLOCK_LINEARS) and isinstance(child, torch.nn.Linear):
                         setattr(module, child_name, GGUFLinear(child, gguf))
+        for name, p in model.named_parameters():  # bf16 before any memory is taken: no float32 copy to cache
+            if p.is_floating_point() and not name.startswith("time_embedder."):
+                p.data = p.data.to(torch.bfloat16)
     model = model.to_empty(device=device)
     generator = torch.Generator(device).manual_seed(0)
     for p in model.parameters():
@@ -129,8 +132,7 @@ def random_model(config: TransformerConfig, device: str, gguf: str | None = None
             blocks.random_(0, 256, generator=generator)
             blocks[:, :2] = torch.full((len(blocks), 1), GGUF_SCALES[gguf], dtype=torch.float16, device=device).view(torch.uint8)
         else:
-            p.data = p.data.to(torch.bfloat16).normal_(0, 0.02, generator=generator)
-    model.time_embedder.float()
+            p.data.normal_(0, 0.02, generator=generator)
     return model.eval()
 
 
@@ -156,6 +158,7 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
             model.hooks = replace(model.hooks, layer=BlockSwap(model, option["blocks_to_swap"]))
         if device == "cuda":
             torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # what the option's setup left cached is not the run's
             torch.cuda.reset_peak_memory_stats()
         with torch.inference_mode():
             if text_offload is not None:

@@ -30,8 +30,8 @@ and channels-last 3-D (Conv3d weights and the latents) against the default; the 
 compiled (CUDA graphs) and with a GGUF text tower; one Edge forward at 832x480x81 under torch.profiler (the SDPA
 kernel, and the time split into matmuls, attention and the rest); one Edge generate at 832x480x81, 3 steps with CFG,
 timed per stage (text, steps, VAE decode) and extrapolated to 35 steps; the memory block swap reserves (12 Edge
-layers, 10 swapped, against held whole); GGUF dequantization of one Nano layer before and after it ran in slices into
-bf16; official FP8 W8A8 against W8A16 at Edge and Nano widths; the bench_memory table (bf16, fp8, fp8_scaled, GGUF,
+layers, 10 swapped, against held whole); GGUF dequantization of one Nano layer whole and in slices of 2M, 8M and 16M
+values into bf16; official FP8 W8A8 against W8A16 at Edge and Nano widths; the bench_memory table (bf16, fp8, fp8_scaled, GGUF,
 offload_text, blocks_to_swap: seconds per step, peak allocated and reserved memory), and Nano's where the GPU has
 room.
 """
@@ -585,7 +585,7 @@ def check_block_swap_memory(c: Check) -> None:
         model = random_model(config, str(c.device))
         if swap:
             model.hooks = dataclasses.replace(model.hooks, layer=BlockSwap(model, swap))  # to pinned CPU memory
-            torch.cuda.empty_cache()  # their device copies freed, not kept in the allocator's cache
+        torch.cuda.empty_cache()  # freed device copies are not the run's: the allocator gives them back
         layer_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                           if n.startswith("layers.1.") and tower_of(n) == "media tower")
         with torch.inference_mode():
@@ -608,28 +608,29 @@ def check_block_swap_memory(c: Check) -> None:
 
 def check_gguf_dequant(c: Check) -> None:
     """One Nano layer's media linears expanded to bf16 on the device: the whole weight in float32 then cast (the
-    old way) against slices straight into bf16."""
+    old way) against slices of 2M, 8M and 16M values straight into bf16, and the default (`slice_values`)."""
     if importlib.util.find_spec("gguf") is None:
         raise Skip("the gguf package is not installed")
     from gguf_files import random_blocks
 
-    from cosmos3_runtime.gguf_dequant import dequantize
+    from cosmos3_runtime.gguf_dequant import dequantize, slice_values
 
     r = RELEASED["nano"]
     H, I, A, K, D = (r["hidden_size"], r["intermediate_size"], r["num_attention_heads"], r["num_key_value_heads"],
                      r["head_dim"])
     shapes = [(A * D, H), (K * D, H), (K * D, H), (H, A * D), (I, H), (I, H), (H, I)] if c.full else [(256, 512)] * 3
+    ways = {"whole": 1 << 40, "2M": 1 << 21, "8M": 1 << 23, "16M": 1 << 24, "default": slice_values(c.device)}
     figures = []
     for qtype in ("Q8_0", "Q4_K"):
         raws = [torch.from_numpy(random_blocks(qtype, rows, cols)).to(c.device) for rows, cols in shapes]
         times = {}
-        for name, chunk in (("before", 1 << 40), ("after", None)):
+        for name, chunk in ways.items():
             def expand():
                 for raw, shape in zip(raws, shapes):
-                    if chunk:
+                    if name == "whole":
                         dequantize(raw, qtype, shape, chunk_values=chunk).bfloat16()
                     else:
-                        dequantize(raw, qtype, shape, torch.bfloat16)
+                        dequantize(raw, qtype, shape, torch.bfloat16, chunk_values=chunk)
 
             expand()
             c.sync()
@@ -639,10 +640,9 @@ def check_gguf_dequant(c: Check) -> None:
             expand()
             c.sync()
             peak = torch.cuda.max_memory_allocated() / 2**20 if c.device.type == "cuda" else 0
-            times[name] = (time.perf_counter() - start, peak)
-        figures.append(f"{qtype} {times['before'][0] * 1000:.1f} -> {times['after'][0] * 1000:.1f} ms, peak "
-                       f"{times['before'][1]:.0f} -> {times['after'][1]:.0f} MiB")
-    c.row("GGUF dequantization per layer", True, "; ".join(figures))
+            times[name] = f"{name} {(time.perf_counter() - start) * 1000:.1f} ms / {peak:.0f} MiB"
+        figures.append(f"{qtype}: " + ", ".join(times.values()))
+    c.row("GGUF dequantization per layer (time / peak)", True, "; ".join(figures))
 
 
 def w8a8_against_w8a16(c: Check, hidden: int, intermediate: int, tokens: int) -> tuple[float, float]:

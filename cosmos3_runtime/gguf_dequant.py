@@ -6,9 +6,10 @@ weights can stay quantized in memory and be expanded one layer at a time where t
 
 Every type computes in float32 with the same operation order as the `gguf` package's numpy
 reference, so the results are bit-equal to it (tests/test_gguf.py checks each type on random blocks).
-The float32 work runs a slice of blocks at a time (`CHUNK_VALUES`) and each slice is written straight into
-the output in the compute dtype: the float32 temporaries stay a few MiB whatever the layer's size, where
-expanding a whole Nano MLP weight (50M values) at once took about five fp32 copies of it (1 GB).
+The float32 work runs a slice of blocks at a time (`slice_values`) and each slice is written straight into
+the output in the compute dtype: the float32 temporaries stay bounded (8 MiB each on a CPU, 64 MiB on a GPU)
+whatever the layer's size, where expanding a whole Nano MLP weight (50M values) at once took about five fp32
+copies of it (1 GB).
 
 Block layouts (QK_K = 256 values per K-quant super-block; "d" and "dmin" are fp16):
 - Q8_0: d, 32 int8.                      Q4_0: d, 16 bytes of nibbles (value - 8).
@@ -129,11 +130,14 @@ def _k_quant(qtype: str, blocks: torch.Tensor) -> torch.Tensor:
     return (scale * q.float() - low).reshape(n, QK_K)
 
 
-CHUNK_VALUES = 1 << 21  # values expanded in float32 at once (8 MiB each temporary)
+def slice_values(device: torch.device) -> int:
+    """Values expanded in float32 at once on `device`: 2M on a CPU (8 MiB each temporary, cache-sized), 16M on a
+    GPU, where each slice is a dozen kernel launches and smaller slices are launch-bound."""
+    return 1 << 21 if device.type == "cpu" else 1 << 24
 
 
 def dequantize(data: torch.Tensor, qtype: str, shape, dtype: torch.dtype = torch.float32,
-               chunk_values: int = CHUNK_VALUES) -> torch.Tensor:
+               chunk_values: int | None = None) -> torch.Tensor:
     """The tensor of `shape` stored as `qtype` in `data` (uint8 bytes, any shape, on any device), in `dtype`:
     exactly the float32 values rounded once to `dtype`."""
     if qtype not in BLOCKS:
@@ -147,7 +151,7 @@ def dequantize(data: torch.Tensor, qtype: str, shape, dtype: torch.dtype = torch
     blocks = data.reshape(-1, size)
     expand = _k_quant if qtype.endswith("_K") else _legacy
     out = torch.empty(blocks.shape[0], values, dtype=dtype, device=data.device)
-    step = max(1, chunk_values // values)
+    step = max(1, (chunk_values or slice_values(data.device)) // values)
     for start in range(0, blocks.shape[0], step):
         out[start : start + step] = expand(qtype, blocks[start : start + step])
     return out.reshape(shape)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import require
-from cosmos3_runtime.gguf_dequant import dequantize
+from cosmos3_runtime.gguf_dequant import dequantize, slice_values
 from gguf_files import QUANTIZED, random_blocks
 
 gguf = require("gguf")
@@ -30,6 +30,13 @@ def test_expanding_in_slices_into_the_compute_dtype_rounds_once(qtype, dtype):
     whole = dequantize(raw, qtype, (7, 512))
     got = dequantize(raw, qtype, (7, 512), dtype, chunk_values=3 * 256)
     assert got.dtype == dtype and torch.equal(got, whole.to(dtype))
+
+
+def test_a_gpu_expands_in_slices_large_enough_not_to_be_launch_bound():
+    """On an H200, 2M-value slices (sized for a CPU's cache) made a Nano layer's Q4_K expansion 6x slower than the
+    whole weight at once (31.4 against 5.1 ms); 16M-value slices ran in 5.3 ms at half the whole weight's peak."""
+    assert slice_values(torch.device("cpu")) == 1 << 21
+    assert slice_values(torch.device("cuda", 0)) == slice_values(torch.device("xpu")) == 1 << 24
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "F16", "BF16", "F32"])

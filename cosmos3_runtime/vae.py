@@ -498,14 +498,20 @@ class WanVAE(nn.Module):
         decode = one if tile is None else lambda item: self._tiled(item, tile, 1, one, s)
         return torch.cat([decode(item) for item in z.split(1)]).clamp_(-1.0, 1.0)
 
-    def _decode_one(self, z: torch.Tensor, tick) -> torch.Tensor:
+    def _decode_one(self, z: torch.Tensor, tick, stream: Stream | None = None, first: int = 0) -> torch.Tensor:
+        """One clip's raw latents -> pixels, one latent frame at a time through `stream` (a fresh one by default;
+        `first`: how many latent frames it has already decoded)."""
         z = self.post_quant_conv(z)
-        stream = Stream()
+        stream = Stream() if stream is None else stream
         frames = []
         for i in range(z.shape[2]):
-            frames.append(self.decoder(z[:, :, i : i + 1], stream, first_chunk=i == 0))
+            frames.append(self.decoder(z[:, :, i : i + 1], stream, first_chunk=first + i == 0))
             tick()
         return unpatchify(torch.cat(frames, dim=2), self.config.patch_size)
+
+    def decode_stream(self) -> "DecodeStream":
+        """A decode fed a clip's latent frames a few at a time, as they are made."""
+        return DecodeStream(self)
 
     def _tiled(self, x: torch.Tensor, tile: TileSpec, unit: int, run, scale: float) -> torch.Tensor:
         """Run `run` on overlapping spatial tiles of x and blend the results.
@@ -532,3 +538,24 @@ class WanVAE(nn.Module):
                 out[..., oy : oy + th, ox : ox + tw] += piece * w
                 weight[oy : oy + th, ox : ox + tw] += w
         return out / weight
+
+
+class DecodeStream:
+    """One clip decoded in pieces (a causal rollout's chunks as each is made): each call decodes the next latent
+    frames with the temporal state the earlier ones left, so the pieces join into exactly the pixels of one decode of
+    the whole clip (untiled). The state is each causal layer's last two frames: memory stays that of one frame."""
+
+    def __init__(self, vae: WanVAE):
+        self.vae, self.stream, self.decoded = vae, Stream(), 0
+
+    @torch.no_grad()
+    def __call__(self, latents: torch.Tensor, progress: Progress | None = None) -> torch.Tensor:
+        """The clip's next raw latents [1, z, t, h, w] -> their pixels [1, 3, F, H, W] in [-1, 1] (F = 1 + 4(t-1) for
+        the first piece, 4t after)."""
+        vae = self.vae
+        if latents.ndim != 5 or latents.shape[:2] != (1, vae.config.z_dim):
+            raise InputError(f"VAE decode expects latents [1, {vae.config.z_dim}, T, h, w], got {list(latents.shape)}")
+        pixels = vae._decode_one(latents.to(device=vae.device, dtype=vae.dtype), _Ticker(progress, latents.shape[2]),
+                                 self.stream, self.decoded)
+        self.decoded += latents.shape[2]
+        return pixels.clamp_(-1.0, 1.0)

@@ -22,18 +22,22 @@ from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, re
 from .parallel import init_from_env
 from .pipeline import load, open_gguf, planner
 from .request import Request, add_arguments, options_from_args
-from .tiny import KINDS, SIZES, make_tiny_checkpoint, sim_transfer_block
+from .tiny import KINDS, SIZES, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
 from .transfer import HINTS, check_hints, summary as transfer_summary
 from .transformer import Cosmos3Transformer, tower_of
 from .weights import stored_bytes
 
 
 def cmd_make_tiny(args) -> None:
-    causal = sim_transfer_block() if args.sim_transfer else None
+    if args.sim_transfer and args.sim_bimanual:
+        raise InputError("give --sim-transfer or --sim-bimanual, not both")
+    causal = sim_transfer_block() if args.sim_transfer else sim_bimanual_block() if args.sim_bimanual else None
     root = make_tiny_checkpoint(args.folder, kind="gated" if causal else args.kind, size=args.size,
-                                distilled=args.distilled or bool(causal), sound=args.sound, action=args.action,
-                                causal=causal)
-    print(f"wrote a random {args.size} {'Sim-Transfer (causal, gated)' if causal else args.kind} checkpoint to {root}")
+                                distilled=args.distilled or bool(causal), sound=args.sound,
+                                action=args.action or args.sim_bimanual, causal=causal)
+    name = "Sim-Transfer (causal, gated)" if args.sim_transfer else "Sim-Bimanual (causal, gated, actions)" \
+        if args.sim_bimanual else args.kind
+    print(f"wrote a random {args.size} {name} checkpoint to {root}")
 
 
 def cmd_generate(args) -> None:
@@ -385,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distilled", action="store_true")
     p.add_argument("--sim-transfer", action="store_true", help="Cosmos3-Nano-Sim-Transfer's layout: a causal gated "
                    "checkpoint that rolls a video out chunk by chunk from a caption and one control clip")
+    p.add_argument("--sim-bimanual", action="store_true", help="Cosmos3-Nano-Sim-Bimanual's layout: a causal gated "
+                   "checkpoint that rolls a robot video out from a first image and actions (AgiBot 29 values, or a "
+                   "9-value camera pose)")
     p.set_defaults(run=cmd_make_tiny)
 
     for command in sub.choices.values():

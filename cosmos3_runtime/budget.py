@@ -97,7 +97,7 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
     longest_text = max(cond_tokens, uncond_tokens)
     # the media attention's keys and values: grouped, plus a copy expanded to the query heads where SDPA needs it
     kv_heads = K if device is None or facts(device).grouped_kv(dtype, D) else K + A
-    history = g.history_frames * video_tokens // latent_frames  # rows of earlier forwards' media K/V
+    history = g.history_frames * (video_tokens // latent_frames + g.history_extra_rows)  # earlier forwards' K/V rows
     joined_kv = (longest_text + history + media_tokens) * 2 * kv_heads * D * b
     prompts = cond_tokens + (uncond_tokens if g.guided else 0)
     parts = {
@@ -151,7 +151,7 @@ def encoded_frames(s, latent_input: bool) -> int:
     if s.transfer is not None:
         return s.transfer.chunk
     if s.rollout is not None:  # its control clip, encoded whole
-        return s.num_frames if s.rollout.hint is not None else 0
+        return s.num_frames if s.rollout.hint is not None else int(s.rollout.embodiment is not None)
     needed = 0
     if s.condition_frames and not latent_input:
         last = pixel_frames(s.condition_frames[-1] + 1)

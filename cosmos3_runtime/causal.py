@@ -1,6 +1,12 @@
-"""Causal rollouts: NVIDIA's causal Cosmos3 checkpoints (Cosmos3-Nano-Sim-Transfer) make a clip chunk by chunk, each
-chunk denoised in a few fixed steps against the K/V of every frame committed before it, so a clip can run for minutes
-at a constant cost per chunk.
+"""Causal rollouts: NVIDIA's causal Cosmos3 checkpoints (Cosmos3-Nano-Sim-Transfer, Cosmos3-Nano-Sim-Bimanual) make a
+clip chunk by chunk, each chunk denoised in a few fixed steps against the K/V of every frame committed before it, so a
+clip can run for minutes at a constant cost per chunk.
+
+Sim-Bimanual is conditioned on robot actions instead of a control clip: the first image is encoded into latent frame
+0 and committed clean with four null action tokens (their values zeroed in every layer, their keys kept); each later
+latent frame f is denoised and committed beside its four actions, rows [(f-1)*4, f*4) of the table, normalized by the
+checkpoint's contract (`Embodiment`) and zero-padded to the action head's width. Action tokens are clean conditions:
+no time embedding, no output; the last one of a frame sits at the frame's own temporal position.
 
 Per chunk of latent frames ([1, C, C, ...]: latent 0 alone, then C at a time):
 1. its control frames (Sim-Transfer's edge, blur, depth or segmentation clip, VAE-encoded) are committed clean in one
@@ -24,8 +30,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from .errors import CheckpointError
+from .errors import CheckpointError, InputError
 from .geometry import TEMPORAL_FACTOR, latent_frames, pixel_frames
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,60 @@ EMPHASIS = (" Follow the {hint} control video precisely: shape, contour, silhoue
             "visible structure must align with the {hint} signal at every frame.")
 
 
+ACTION_TOKENS = 4  # action rows per latent frame: one per pixel frame it covers
+ACTION_SIGMAS = 2  # Sim-Bimanual's default steps a chunk: t_list[0] and t_list[2] ("step42", NVIDIA's pinned deploy)
+
+
+@dataclass(frozen=True)
+class Embodiment:
+    """One robot (or camera) a Sim-Bimanual checkpoint takes actions for, from its action contract: raw actions
+    [n, width] map to the model's space as (a - offset) / scale (then asinh(.) / asinh(1) for "asinh" transforms)."""
+
+    name: str
+    domain_id: int
+    width: int
+    offset: tuple[float, ...]
+    scale: tuple[float, ...]
+    transform: str = "affine"  # or "asinh"
+
+    def normalize(self, actions: torch.Tensor, model_width: int) -> torch.Tensor:
+        """Raw actions [n, width] -> the model's [n, model_width] float32, zero-padded after normalizing."""
+        a = torch.as_tensor(actions, dtype=torch.float32)
+        if a.ndim != 2 or a.shape[1] != self.width:
+            raise InputError(f"actions for {self.name} must be [n, {self.width}] (one row per frame), got {list(a.shape)}")
+        if not torch.isfinite(a).all():
+            raise InputError(f"actions for {self.name} hold NaN or infinite values (row "
+                             f"{int((~torch.isfinite(a)).any(1).nonzero()[0])}); give finite numbers")
+        n = (a - torch.tensor(self.offset)) / torch.tensor(self.scale)
+        if self.transform == "asinh":
+            n = torch.asinh(n) / torch.asinh(torch.tensor(1.0))
+        return F.pad(n, (0, model_width - self.width))
+
+
+def read_contract(conditioning: dict, source: str) -> tuple[tuple[Embodiment, ...], str, int]:
+    """(embodiments, the default one's name, the model's action width) of a Sim-Bimanual action contract."""
+    tokens = int(conditioning.get("action_tokens_per_frame", ACTION_TOKENS))
+    if tokens != ACTION_TOKENS:
+        raise CheckpointError(f"{source}: action_tokens_per_frame {tokens}; the pack runs {ACTION_TOKENS} (one per "
+                              "pixel frame of a latent frame)")
+    embodiments = []
+    for name, entry in (conditioning.get("embodiments") or {}).items():
+        transform = (entry.get("normalizer") or {}).get("transform") or {}
+        kind = transform.get("type", "affine")
+        width = int(entry["raw_action_dim"])
+        offset, scale = transform.get("offset"), transform.get("scale")
+        if kind not in ("affine", "asinh") or offset is None or scale is None or len(offset) != width or \
+                len(scale) != width or any(float(v) == 0 for v in scale):
+            raise CheckpointError(f"{source}: embodiment {name!r} has no usable normalizer (an affine or asinh "
+                                  f"transform with {width} offsets and non-zero scales)")
+        embodiments.append(Embodiment(name, int(entry["domain_id"]), width, tuple(map(float, offset)),
+                                      tuple(map(float, scale)), kind))
+    if not embodiments:
+        raise CheckpointError(f"{source}: the action contract lists no embodiments")
+    default = conditioning.get("default_embodiment") or embodiments[0].name
+    return tuple(embodiments), default, int(conditioning.get("model_action_dim", 64))
+
+
 @dataclass(frozen=True)
 class CausalConfig:
     """A causal checkpoint's rollout, from its transformer config's causal block."""
@@ -52,12 +113,31 @@ class CausalConfig:
     hints: tuple[str, ...]  # the controls it takes (Sim-Transfer); () for none
     emphasize_control: bool  # the control sentence is added to the prompt by default
     source: str
+    embodiments: tuple[Embodiment, ...] = ()  # Sim-Bimanual's action contract; () for a control-video checkpoint
+    default_embodiment: str | None = None
+    action_width: int = 0  # the action head's input width (actions are zero-padded to it)
+    text_max_tokens: int | None = None  # the text cache's length (Sim-Bimanual: 512)
+
+    @property
+    def takes_actions(self) -> bool:
+        return bool(self.embodiments)
+
+    def embodiment(self, name: str | None) -> Embodiment:
+        """The embodiment `name` (None: the contract's default); others are refused with the list."""
+        name = self.default_embodiment if name is None else name
+        for e in self.embodiments:
+            if e.name == name:
+                return e
+        known = ", ".join(f"{e.name} ({e.width} values)" for e in self.embodiments)
+        raise InputError(f"this Sim-Bimanual checkpoint takes actions for {known}; domain {name!r} is not one of them")
 
     def describe(self) -> str:
         history = "all history" if self.window_frames is None else \
             f"window {self.window_frames}, sink {self.sink_frames}"
+        conditions = (f"actions for {', '.join(e.name for e in self.embodiments)}" if self.takes_actions else
+                      f"controls {', '.join(self.hints)}")
         return (f"causal rollout: chunks of {self.chunk_size} latent frame{'s' * (self.chunk_size > 1)}, {history}, "
-                f"{len(self.t_list)} SDE steps, controls {', '.join(self.hints) or 'none'}")
+                f"{len(self.t_list)} SDE steps, {conditions}")
 
 
 def read_config(transformer_raw: dict, pipeline_class: str, source: str) -> CausalConfig | None:
@@ -71,28 +151,35 @@ def read_config(transformer_raw: dict, pipeline_class: str, source: str) -> Caus
         return None
     block = transformer_raw[key]
     conditioning = block.get("conditioning") or {}
-    mode = conditioning.get("mode", "action" if transformer_raw.get("action_gen") else "control_video")
-    if mode != "control_video":
-        raise CheckpointError(f"{source}: a causal checkpoint conditioned on {mode!r} (Cosmos3-Nano-Sim-Bimanual) is "
-                              "not supported yet; the pack runs Cosmos3-Nano-Sim-Transfer")
+    mode = conditioning.get("mode", "action" if "embodiments" in conditioning or transformer_raw.get("action_gen")
+                            else "control_video")
+    if mode not in ("control_video", "action"):
+        raise CheckpointError(f"{source}: a causal checkpoint conditioned on {mode!r} is not supported; the pack runs "
+                              "Cosmos3-Nano-Sim-Transfer (control_video) and Cosmos3-Nano-Sim-Bimanual (action)")
+    if mode == "action" and key != BLOCKS[0]:
+        raise CheckpointError(f"{source}: legacy Cosmos-Dreams metadata ({key!r}) for an action checkpoint; "
+                              f"re-export it with its {BLOCKS[0]!r} block (Cosmos3-Nano-Sim-Bimanual), as vLLM-Omni asks")
     sampler = block.get("fixed_step_sampler_config") or {}
     if sampler.get("sample_type", "sde") != "sde":
         raise CheckpointError(f"{source}: sampler {sampler.get('sample_type')!r} in {key}; only 'sde' is known")
-    hints = tuple(conditioning.get("hints") or HINTS)
+    actions = read_contract(conditioning, f"{source} [{key}]") if mode == "action" else ((), None, 0)
+    hints = () if mode == "action" else tuple(conditioning.get("hints") or HINTS)
     unknown = [h for h in hints if h not in HINTS]
     if unknown:
         raise CheckpointError(f"{source}: control hints {unknown} in {key}; known: {', '.join(HINTS)}")
     chunk = int(block.get("chunk_size", 4))
     window = block.get("window_frames")
-    if conditioning.get("no_eviction", False) or chunk > 1:  # chunkwise checkpoints keep every frame
-        window = None
+    if conditioning.get("no_eviction", False) or (mode == "control_video" and chunk > 1):  # chunkwise Sim-Transfer
+        window = None  # keeps every frame
     sink = int(block.get("sink_frames", 0) or 0)
     if chunk < 1 or (window is not None and int(window) < sink + chunk + 1):
         raise CheckpointError(f"{source}: chunk_size {chunk}, window_frames {window}, sink_frames {sink} in {key} "
                               "leave no room for history")
     return CausalConfig(chunk, None if window is None else int(window), sink,
                         tuple(float(t) for t in sampler.get("t_list", DEFAULT_T_LIST)), hints,
-                        bool(conditioning.get("emphasize_control_in_prompt", True)), f"{source} [{key}]")
+                        bool(conditioning.get("emphasize_control_in_prompt", mode == "control_video")),
+                        f"{source} [{key}]", *actions,
+                        int(block["text_cache_max_len"]) if mode == "action" and "text_cache_max_len" in block else None)
 
 
 def chunk_ranges(latents: int, chunk: int) -> list[tuple[int, int]]:
@@ -151,6 +238,7 @@ class Rollout:
     seeds: str = "framework"  # the per-step noise seeds (`SEEDS`)
     history: str = "device"  # how the K/V history is kept: "device", "cpu" (each layer's brought as it runs), "fp8"
     emphasize: bool = False  # the control sentence goes into the prompt
+    embodiment: Embodiment | None = None  # Sim-Bimanual: whose actions condition the frames (latent 0: the image)
 
     @property
     def latent_frames(self) -> int:
@@ -176,6 +264,16 @@ class Rollout:
         """The most latent frames of K/V held at once (control and RGB frames counted apart)."""
         pairs = 2 if self.hint is not None else 1
         return pairs * max(len(self.kept(start)) + end - start for start, end in self.chunks)
+
+    @property
+    def action_rows(self) -> int:
+        """Rows of K/V a latent frame holds beside its vision tokens (its action tokens)."""
+        return ACTION_TOKENS if self.embodiment is not None else 0
+
+
+def action_rows(start: int, end: int) -> tuple[int, int]:
+    """The action table's rows [first, last) that condition latent frames [start, end) (start >= 1)."""
+    return (start - 1) * ACTION_TOKENS, (end - 1) * ACTION_TOKENS
 
 
 def visibility(plan: Rollout, end: int, controls: bool) -> torch.Tensor:

@@ -71,7 +71,7 @@ class Denoiser:
     def schedule_for(self, s: Settings) -> Schedule:
         variant = self.checkpoint.variant
         if s.schedule == "distilled":
-            return distilled_schedule(variant.distilled_sigmas, variant.stochastic_distilled)
+            return distilled_schedule(s.sigmas or variant.distilled_sigmas, variant.stochastic_distilled)
         if s.schedule == "checkpoint":
             native = bool(self.checkpoint.model_index.get("use_native_flow_schedule", False))
             return checkpoint_schedule(self.checkpoint.scheduler_config(), s.steps, s.flow_shift, native)

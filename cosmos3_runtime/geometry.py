@@ -59,6 +59,7 @@ class RunGeometry:
     control_guided: bool = False  # each step also runs the video without its controls (control guidance not 1)
     history_frames: int = 0  # latent frames of media K/V kept across forwards and attended to (a causal rollout's)
     history_memory: str = "device"  # how that K/V is kept: on the device, in host memory ("cpu"), or in "fp8"
+    history_extra_rows: int = 0  # rows each of those frames holds beside its video tokens (Sim-Bimanual's actions)
     decoded_frames: int | None = None  # frames one decode makes (None: a window's; a rollout decodes the whole clip)
 
     @property

@@ -26,6 +26,7 @@ from .action import action_prompt
 from .sound import SoundTokenizer, load_sound_tokenizer
 from .runs import Generation, StepCallback
 from .step_cache import StepCache
+from .session import Session
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, DecoderLayer, checkpoint_key_mapper, compiled_media_block,
@@ -221,7 +222,11 @@ class Planner:
                              "long video (set the frame count and chunk_frames for as many chunks)")
         system = prompt_options.system_prompt
         negative = negative_text(s.negative_prompt, prompt_options)
-        if s.rollout is not None:  # with its control, duration and resolution sentences, under the transfer prompt
+        if s.rollout is not None and s.rollout.embodiment is not None:  # verbatim, no system prompt (Sim-Bimanual)
+            texts, system = [(prompts[0], "")], None
+            r = replace(r, max_prompt_tokens=min(r.max_prompt_tokens, s.rollout.config.text_max_tokens or
+                                                 r.max_prompt_tokens))
+        elif s.rollout is not None:  # with its control, duration and resolution sentences, under the transfer prompt
             c = s.rollout
             texts = [(causal.prompt_text(prompts[0], c.hint, c.emphasize, s.num_frames, s.fps, s.height, s.width), "")]
             system = transfer.SYSTEM_PROMPT if s.use_system_prompt else None
@@ -470,6 +475,12 @@ class Cosmos3Pipeline:
         run = runs.for_plan(self.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, parallel)
         cache = None if s.cache is None else StepCache(s.cache)
         return runs.execute(run, self.parts, int(plan.request.seed), callback, parallel, progress, cache)
+
+    def session(self, prompt: str, request: Request | None = None, **options) -> "Session":
+        """A Sim-Bimanual rollout driven one action chunk at a time: `with pipe.session(prompt, action=ActionRequest(
+        mode="forward_dynamics", image=first, domain="agibotworld")) as s: frames = s.tick(actions)` (see `Session`).
+        Refused at open, before anything runs, when a full history window would not fit."""
+        return Session(self, prompt, Request.build(request, **options))
 
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
         return self.codec.decode_sound(sound_latents, seconds)

@@ -29,7 +29,7 @@ from .settings import Settings
 from .sources import held_for
 from .step_cache import StepCache
 from .tracks import TRACKS, Parts
-from .transformer import MediaKV, masked_media_attention
+from .transformer import MediaKV, TrackTokens, masked_media_attention
 from .vae import StageCallback, stage
 
 RECOMPUTE_MASK = 2**30  # bool entries of the largest attention mask a recompute builds (1 GiB)
@@ -221,28 +221,40 @@ class Rollout(Run):
     """A causal rollout (`causal`): chunk by chunk, each denoised in the checkpoint's fixed steps against the K/V of
     the frames committed before it (its control chunk committed first, its RGB frames after it is denoised), with its
     own noise seeds; or, in "recompute" mode, every forward over the whole clip so far under the matching mask. The
-    clip is decoded once, at the end."""
+    clip is decoded once, at the end.
+
+    Conditioned on actions (Sim-Bimanual), latent frame 0 is the first image, committed clean with null actions
+    before the first chunk; each chunk after it is denoised and committed beside its frames' actions. A session
+    (`open`) rolls on tick by tick: `extend` adds the next actions and chunks, and each call of `execute` runs the
+    chunks not run yet, its latents only those of the chunks it ran."""
 
     chunked = True
 
-    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], parallel: Parallel | None):
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], parallel: Parallel | None,
+                 open: bool = False):
         if parallel is not None:
             raise InputError("a causal rollout runs on one process; turn sequence and CFG parallelism off")
-        parts.codec.vae_for("a causal rollout (it encodes the control clip and decodes the clip)")
-        self.parts, self.s, self.r, self.cond_ids = parts, s, r, cond_ids
+        parts.codec.vae_for("a causal rollout (it encodes its first frame or control clip and decodes the clip)")
+        self.parts, self.s, self.r, self.cond_ids, self.open = parts, s, r, cond_ids, open
         self.plan: causal.Rollout = s.rollout
-        self.count = len(self.plan.chunks)
         self.model = parts.denoiser.transformer
-        self.latents = torch.zeros(parts.denoiser.latent_shape(s), device=parts.device)
         self.controls = None  # the whole control clip's latents, encoded once
         if self.plan.hint is not None:
             clip = preprocess_video(r.control_videos[self.plan.hint], s.height, s.width)[:, :, : s.num_frames]
             self.controls = parts.codec.encode_pixels(clip.to(self.model.dtype))
+        self.actions = None  # Sim-Bimanual: the normalized action rows [n, width], the first image's latents
+        if self.plan.embodiment is not None:
+            self.actions = torch.zeros(0, self.model.config.action_dim)
+            first = preprocess_video(r.action.clip(), s.height, s.width)[:, :, :1]
+            self.first_latents = parts.codec.encode_pixels(first.to(self.model.dtype))
+            if not open:
+                self.extend(torch.as_tensor(r.action.actions, dtype=torch.float32)[: s.num_frames - 1])
         self.cache = None
         self.tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
         if self.plan.mode == "kv":
             home = torch.device("cpu") if self.plan.history == "cpu" else parts.device
-            self.cache = MediaKV(self.model.config, self.plan.history_frames() * self.tokens, self.model.dtype, home,
+            rows = self.plan.history_frames() * (self.tokens + self.plan.action_rows)
+            self.cache = MediaKV(self.model.config, rows, self.model.dtype, home,
                                  pinned=home.type == "cpu" and parts.device.type == "cuda",
                                  fp8=self.plan.history == "fp8")
         self.seed, self.seeds = int(r.seed), causal.SEEDS[self.plan.seeds]
@@ -252,18 +264,52 @@ class Rollout(Run):
                 raise InputError(f"causal_cache 'recompute' is a reference for short clips: {self.plan.latent_frames} "
                                  f"latent frames need a {rows}x{rows} attention mask; use causal_cache 'kv' (the same "
                                  "result) or fewer frames")
+        if open:  # the cache is sized for the planned run's history; the session's chunks come with its actions
+            self.plan = replace(self.plan, chunks=self.plan.chunks[:1])
+        self.first = 1 if self.actions is not None else 0  # the first chunk denoised (latent 0 is the image)
+        self.done = self.first  # chunks run so far
+        self.dropped = 0  # action rows a session dropped once their chunks had run
+        self.count = len(self.plan.chunks) - self.done
+        self.latents = self.buffer()
         self.frames: torch.Tensor | None = None
 
+    def buffer(self) -> torch.Tensor:
+        """The latents of the chunks the next `execute` runs (with latent 0 when it starts the clip)."""
+        start = self.plan.chunks[self.done][0] if self.done < len(self.plan.chunks) else self.plan.latent_frames
+        self.origin = 0 if self.done == self.first else start
+        shape = self.parts.denoiser.latent_shape(self.s)
+        return torch.zeros(*shape[:2], self.plan.latent_frames - self.origin, *shape[3:], device=self.parts.device)
+
+    def extend(self, actions) -> None:
+        """Append raw actions [n, width] (n a multiple of 4: one latent frame each 4) and the chunks they make."""
+        rows = self.plan.embodiment.normalize(actions, self.model.config.action_dim)
+        if rows.shape[0] % causal.ACTION_TOKENS:
+            raise InputError(f"actions come {causal.ACTION_TOKENS} rows to a latent frame: {rows.shape[0]} rows are "
+                             f"not a multiple of {causal.ACTION_TOKENS}")
+        if self.open:  # rows of chunks already run go: a session's memory stays flat
+            ran = causal.action_rows(1, self.plan.chunks[self.done - 1][1])[1] if self.done > self.first else 0
+            self.actions, self.dropped = self.actions[ran - self.dropped :], ran
+        self.actions = torch.cat([self.actions, rows])
+        if self.open:  # the session's plan grows by whole chunks
+            latents = 1 + (self.dropped + self.actions.shape[0]) // causal.ACTION_TOKENS
+            chunks = causal.chunk_ranges(latents, self.plan.config.chunk_size)
+            self.plan = replace(self.plan, chunks=tuple(chunks))
+            self.count = len(chunks) - self.done
+            self.latents = self.buffer()
+
     def window(self, k: int) -> Window:
+        k += self.done
         start, end = self.plan.chunks[k]
         frames = pixel_frames(end) if start == 0 else TEMPORAL_FACTOR * (end - start)  # latent frame 0 holds one
         chunk = replace(self.s, num_frames=frames, rollout=None)
         if self.cache is not None:
+            if self.actions is not None and k == self.first and self.done == self.first:
+                self.commit(self.first_latents, 0)  # the first image, with null actions
             if self.plan.window_frames is not None:
                 self.cache.evict(self.plan.sink_frames, self.plan.recent(start))
             if self.controls is not None:  # the control chunk, committed clean in one forward before the RGB frames
                 self.commit(self.controls[:, :, start:end], start)
-            forward = self.cached_forward(start)
+            forward = self.cached_forward(start, end)
         else:
             forward = self.recompute_forward(start, end)
         noise = torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, None))
@@ -271,18 +317,33 @@ class Rollout(Run):
         return Window(chunk, None, guidance, noise, lambda i: torch.Generator("cpu").manual_seed(
             self.seeds(self.seed, start, i)), forward)
 
+    def conditions(self, start: int, end: int) -> list[TrackTokens]:
+        """The action tokens of latent frames [start, end): null ones for frame 0, else their rows of the table."""
+        if self.actions is None:
+            return []
+        e = self.plan.embodiment
+        if start == 0:
+            return [TrackTokens("action", torch.zeros(causal.ACTION_TOKENS, self.actions.shape[1]), [], self.s.fps,
+                                causal.ACTION_TOKENS, 0, e.domain_id, null=True)]
+        first, last = causal.action_rows(start, end)
+        return [TrackTokens("action", self.actions[first - self.dropped : last - self.dropped], [], self.s.fps,
+                            causal.ACTION_TOKENS, first + 1, e.domain_id)]
+
     def commit(self, latents: torch.Tensor, start: int) -> None:
         """Append the K/V of clean frames at latent frame `start` (no time embedding: no frame is noisy)."""
         self.cache.start_frame = start
         self.model(latents, torch.zeros(()), self.parts.denoiser.text_kv(self.cond_ids), [], self.s.fps,
+                   self.conditions(start, start + latents.shape[2]),
                    hooks=replace(self.parts.denoiser.hooks, cache=self.cache))
         self.cache.append(torch.arange(start, start + latents.shape[2]).repeat_interleave(
             self.cache.written // latents.shape[2]))
 
-    def cached_forward(self, start: int) -> Callable:
+    def cached_forward(self, start: int, end: int) -> Callable:
+        conditions = self.conditions(start, end)
+
         def forward(latents, t, text, noisy, fps, tracks, sp=None, context=(), hooks=None):
             self.cache.start_frame = start  # read, never appended: the history stays as committed
-            return self.model(latents, t, text, noisy, fps, tracks, sp=sp, context=context,
+            return self.model(latents, t, text, noisy, fps, [*tracks, *conditions], sp=sp, context=context,
                               hooks=replace(hooks or self.model.hooks, cache=self.cache))
 
         return forward
@@ -309,14 +370,20 @@ class Rollout(Run):
         return forward
 
     def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
-        start, end = self.plan.chunks[k]
-        self.latents[:, :, start:end] = latents
-        if self.cache is not None and k + 1 < self.count:  # committed frame by frame (the last chunk's never are)
+        start, end = self.plan.chunks[k + self.done]
+        self.latents[:, :, start - self.origin : end - self.origin] = latents
+        last = k + 1 == self.count
+        if self.cache is not None and (self.open or not last):  # committed frame by frame (a batch's last never is)
             for f in range(start, end):
                 self.commit(latents[:, :, f - start : f - start + 1], f)
-        if k + 1 == self.count and self.r.output == "frames":
-            self.cache = None  # the history's memory goes back before the whole clip is decoded
-            self.frames = self.parts.codec.decode(self.latents, tile=self.r.vae_tile, progress=stage(progress, "decode"))
+        if last:
+            if self.actions is not None and self.origin == 0:
+                self.latents[:, :, :1] = self.first_latents
+            self.done += self.count
+            if not self.open and self.r.output == "frames":
+                self.cache = None  # the history's memory goes back before the whole clip is decoded
+                self.frames = self.parts.codec.decode(self.latents, tile=self.r.vae_tile,
+                                                      progress=stage(progress, "decode"))
 
     @property
     def result(self) -> Generation:

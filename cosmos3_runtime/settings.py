@@ -17,7 +17,7 @@ Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge
 import logging
 from dataclasses import dataclass, field, replace
 
-from . import chunks, keyframes, transfer
+from . import causal, chunks, keyframes, transfer
 from .causal import CANVASES, TRAINED_HORIZON, Rollout, canvas_for, chunk_ranges, whole_chunks
 from .checkpoint import Variant
 from .chunks import Chunks
@@ -69,6 +69,7 @@ class Settings:
     cache: CacheConfig | None = None  # the step cache (None: off)
     fp8_policy: StepPolicy | None = None  # an official FP8 checkpoint's W8A16 steps (None: W8A8 throughout, or not FP8)
     rollout: Rollout | None = None  # a causal checkpoint's rollout: its chunks, history and noise
+    sigmas: tuple[float, ...] | None = None  # a fixed schedule's sigmas (None: the checkpoint's)
 
     @property
     def latent_frames(self) -> int:
@@ -81,7 +82,7 @@ class Settings:
         if rollout is not None:
             return RunGeometry(self.height, self.width, rollout.chunk_pixels, self.num_frames, len(rollout.chunks),
                                history_frames=rollout.history_frames(), history_memory=rollout.history,
-                               decoded_frames=self.num_frames)
+                               decoded_frames=self.num_frames, history_extra_rows=rollout.action_rows)
         if c is None:
             return RunGeometry(self.height, self.width, self.num_frames, self.num_frames, **guidance)
         controls = 0 if t is None else len(t.hints)
@@ -252,22 +253,14 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
     )
 
 
-def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:
-    """A causal checkpoint's settings (Sim-Transfer): one control clip, its frames trimmed to whole chunks, a trained
-    480p canvas, the fixed steps at guidance 1; what it cannot take is refused by name."""
+def _causal_refusals(variant: Variant, r: Request, steps: tuple[int, ...]) -> None:
+    """What no causal checkpoint takes, refused by name."""
     c = variant.causal
-    if not r.control_videos:
-        raise InputError(f"this is a causal Sim-Transfer checkpoint: it makes a video from a caption and one control "
-                         f"clip ({', '.join(c.hints)}); give control_videos={{hint: clip}} (CLI --control HINT=FILE)")
-    if len(r.control_videos) != 1 or next(iter(r.control_videos)) not in c.hints:
-        raise InputError(f"this causal checkpoint takes one control clip, one of {', '.join(c.hints)}; got "
-                         f"{', '.join(r.control_videos)}")
-    steps = len(c.t_list)
-    for name, value, allowed in (("guidance_scale", r.guidance_scale, 1.0), ("steps", r.steps, steps),
-                                 ("control_guidance", r.control_guidance, 1.0)):
-        if value is not None and value != allowed:
-            raise InputError(f"this causal checkpoint is distilled to {steps} steps at guidance 1: {name} {value:g} "
-                             f"cannot apply; leave it unset (or {allowed:g})")
+    for name, value, allowed in (("guidance_scale", r.guidance_scale, (1.0,)), ("steps", r.steps, steps),
+                                 ("control_guidance", r.control_guidance, (1.0,))):
+        if value is not None and value not in allowed:
+            raise InputError(f"this causal checkpoint is distilled to {' or '.join(map(str, steps))} steps at guidance "
+                             f"1: {name} {value:g} cannot apply; leave it unset (or {allowed[0]:g})")
     if r.schedule not in ("auto", "distilled"):
         raise InputError(f"this causal checkpoint samples only with its fixed sigmas, not schedule {r.schedule!r}")
     if r.compile:
@@ -276,6 +269,83 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
     if r.chunk_frames is not None or r.chunk_overlap_frames is not None:
         raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
                          f"{c.chunk_size} at a time): leave chunk_frames and chunk_overlap_frames unset")
+
+
+def _history_window(c, r: Request) -> int | None:
+    window = c.window_frames if r.causal_window is None else r.causal_window
+    if window is not None and window < c.sink_frames + c.chunk_size + 1:
+        raise InputError(f"causal_window {window} leaves no history beside the {c.sink_frames} sink frames and a chunk "
+                         f"of {c.chunk_size}: give at least {c.sink_frames + c.chunk_size + 1}")
+    return window
+
+
+def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:
+    """A Sim-Bimanual checkpoint's settings: the first image and N actions (N a multiple of 4) make 1 + N frames, at
+    the 480p canvas nearest the image's shape, 30 fps, two fixed steps a chunk ("step42"; steps=4: the whole
+    t_list), guidance 1, no system prompt; what it cannot take is refused by name."""
+    c = variant.causal
+    a = r.action
+    if a is None or r.control_videos:
+        raise InputError("this is a causal Sim-Bimanual checkpoint: it makes a robot video from a first image and "
+                         f"actions ({', '.join(f'{e.name}: [N, {e.width}]' for e in c.embodiments)}); give "
+                         "action=ActionRequest(mode='forward_dynamics', image=..., actions=..., domain=...) (CLI "
+                         "--action-mode forward_dynamics --image FILE --actions FILE --domain NAME)")
+    if a.mode != "forward_dynamics" or a.image is None:
+        raise InputError(f"this Sim-Bimanual checkpoint rolls actions out from a first image: action mode "
+                         f"{a.mode!r}{'' if a.image is not None else ' without an image'} cannot run; give "
+                         "mode='forward_dynamics' and the first frame as the image")
+    embodiment = c.embodiment(a.domain)
+    full = len(c.t_list)
+    _causal_refusals(variant, r, (causal.ACTION_SIGMAS, full))
+    if r.causal_cache != "kv":
+        raise InputError("causal_cache 'recompute' is the Sim-Transfer reference; Sim-Bimanual runs 'kv'")
+    if r.sound:
+        raise InputError("this Sim-Bimanual checkpoint makes no sound; turn sound off")
+    if r.negative_prompt:
+        notes.append("causal checkpoint: negative prompt ignored (guidance 1)")
+    actions = embodiment.normalize(a.actions, embodiment.width)  # checked here, before anything loads
+    rows = actions.shape[0] if r.num_frames is None else int(r.num_frames) - 1
+    if rows > actions.shape[0]:
+        raise InputError(f"num_frames {r.num_frames} needs {rows} actions (one per frame after the first); "
+                         f"{actions.shape[0]} were given")
+    if rows < causal.ACTION_TOKENS or rows % causal.ACTION_TOKENS:
+        raise InputError(f"Sim-Bimanual makes 1 + N frames from N actions, N a multiple of {causal.ACTION_TOKENS} "
+                         f"(one latent frame each): {rows} actions cannot; give {max(causal.ACTION_TOKENS, rows - rows % causal.ACTION_TOKENS)}")
+    if rows < actions.shape[0]:
+        notes.append(f"Sim-Bimanual: the first {rows} of {actions.shape[0]} actions used (num_frames {rows + 1})")
+    frames = rows + 1
+    if r.width is None and r.height is None:
+        h, w = frame_size(a.clip())
+        width, height = canvas_for(h, w)
+    else:
+        width, height = _size(variant, r, False, notes)
+    window = _history_window(c, r)
+    steps = r.steps or causal.ACTION_SIGMAS
+    sigmas = c.t_list if steps == full else (c.t_list[0], c.t_list[2])
+    rollout = Rollout(c, None, tuple(chunk_ranges(latent_frames(frames), c.chunk_size)), window, c.sink_frames,
+                      "kv", r.causal_seeds, r.causal_history, False, embodiment)
+    return Settings(
+        width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=len(sigmas),
+        guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",
+        use_system_prompt=False, mode="causal actions", condition_frames=(), notes=notes, rollout=rollout,
+        fp8_policy=_fp8_policy(variant, r, notes), sigmas=tuple(sigmas),
+    )
+
+
+def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:
+    """A causal checkpoint's settings (Sim-Transfer): one control clip, its frames trimmed to whole chunks, a trained
+    480p canvas, the fixed steps at guidance 1; what it cannot take is refused by name."""
+    c = variant.causal
+    if c.takes_actions:
+        return _bimanual_settings(variant, r, notes)
+    if not r.control_videos:
+        raise InputError(f"this is a causal Sim-Transfer checkpoint: it makes a video from a caption and one control "
+                         f"clip ({', '.join(c.hints)}); give control_videos={{hint: clip}} (CLI --control HINT=FILE)")
+    if len(r.control_videos) != 1 or next(iter(r.control_videos)) not in c.hints:
+        raise InputError(f"this causal checkpoint takes one control clip, one of {', '.join(c.hints)}; got "
+                         f"{', '.join(r.control_videos)}")
+    steps = len(c.t_list)
+    _causal_refusals(variant, r, (steps,))
     if r.negative_prompt:
         notes.append("causal checkpoint: negative prompt ignored (guidance 1)")
     (hint, clip), = r.control_videos.items()
@@ -298,10 +368,7 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
         if (width, height) not in CANVASES:
             notes.append(f"causal Sim-Transfer was trained at 480p canvases ({', '.join(f'{w}x{h}' for w, h in CANVASES)}); "
                          f"{width}x{height} may look worse")
-    window = c.window_frames if r.causal_window is None else r.causal_window
-    if window is not None and window < c.sink_frames + c.chunk_size + 1:
-        raise InputError(f"causal_window {window} leaves no history beside the {c.sink_frames} sink frames and a chunk "
-                         f"of {c.chunk_size}: give at least {c.sink_frames + c.chunk_size + 1}")
+    window = _history_window(c, r)
     latents = latent_frames(frames)
     if window is None and latents > TRAINED_HORIZON:
         notes.append(f"causal rollout: {latents} latent frames exceed the trained horizon of {TRAINED_HORIZON} "

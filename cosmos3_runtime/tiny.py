@@ -83,6 +83,35 @@ def sim_transfer_block(chunk_size: int = 4, window_frames: int | None = None, si
     }
 
 
+def sim_bimanual_block(window_frames: int = 96, offset: float = 0.1, scale: float = 0.5) -> dict:
+    """Cosmos3-Nano-Sim-Bimanual's block in transformer/config.json (schema v1, as vLLM-Omni and SGLang read it):
+    chunks of 4 latent frames, a 96-frame window without sinks, and its action contract: AgiBot's 29 values (domain
+    15) and a 9-value camera pose (domain 2), each with an affine normalizer (every offset `offset`, every scale
+    `scale`, or those given per value as lists)."""
+
+    def embodiment(domain_id: int, width: int, layout: str) -> dict:
+        values = lambda v: [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)] * width  # noqa: E731
+        return {"domain_id": domain_id, "raw_action_dim": width, "layout": layout,
+                "normalizer": {"schema_version": 1, "method": "quantile_rot",
+                               "transform": {"type": "affine", "offset": values(offset)[:width],
+                                             "scale": values(scale)[:width], "forward_clamp": False}}}
+
+    return {
+        "schema_version": 1, "checkpoint_id": "tiny-random", "checkpoint_iteration": 1, "checkpoint_hash": "0" * 63 + "1",
+        "chunk_size": 4, "window_frames": window_frames, "sink_frames": 0, "text_cache_max_len": 512,
+        "attention_mode": "three_way", "video_temporal_causal": True, "latent_patch_size": 2,
+        "vae_spatial_compression_factor": 16, "temporal_compression_factor": 4,
+        "fixed_step_sampler_config": {"sample_type": "sde", "t_list": DISTILLED_SIGMAS, "num_train_timesteps": 1000},
+        "conditioning": {"schema_version": 3, "action_tokens_per_frame": 4, "model_action_dim": 64,
+                         "num_embodiment_domains": 32, "default_embodiment": "agibotworld",
+                         "embodiments": {"agibotworld": embodiment(15, 29, "agibot_bimanual_29"),
+                                         "camera_pose": embodiment(2, 9, "camera_pose_9")},
+                         "padding": {"stage": "after_normalization", "value": 0.0}},
+        "temporal_modality_margin": 15000, "unified_3d_mrope_reset_spatial_ids": True, "base_fps": 24.0,
+        "enable_fps_modulation": True,
+    }
+
+
 DISTILLED_SCHEDULER = {
     "_class_name": "FlowMatchEulerDiscreteScheduler",
     "_diffusers_version": "0.42.1",
@@ -321,13 +350,15 @@ def make_tiny_checkpoint(
     `sound` adds a sound head and a sound tokenizer (decoder-only when `sound_encoder` is False, as early
     releases shipped it). `reasoner` adds the Reasoner's root files and vision encoder (False: a
     generator-only folder, as diffusers-only exports are). `causal`: a causal checkpoint's block
-    (`sim_transfer_block()`: Cosmos3-Nano-Sim-Transfer's layout, a gated checkpoint with its fixed SDE sampler).
+    (`sim_transfer_block()`: Cosmos3-Nano-Sim-Transfer's layout, a gated checkpoint with its fixed SDE sampler;
+    `sim_bimanual_block()`: Cosmos3-Nano-Sim-Bimanual's, which also needs `action=True`).
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     vocab_size = 512
     model_index = {
-        "_class_name": "Cosmos3NanoSimTransferPipeline" if causal else
+        "_class_name": ("Cosmos3NanoSimBimanualPipeline" if "embodiments" in causal["conditioning"] else
+                        "Cosmos3NanoSimTransferPipeline") if causal else
                        "Cosmos3OmniDiffusersPipeline" if legacy_class_name else "Cosmos3OmniPipeline",
         "_diffusers_version": "0.42.1",
         "default_use_system_prompt": True,

@@ -444,6 +444,8 @@ class TrackTokens:
     base_temporal_factor: int | None = None
     start_frame: int = 0
     domain: int | None = None  # the embodiment domain, for a head with one table per domain
+    null: bool = False  # null rows (Sim-Bimanual's frame 0): all at start_frame's time, their values zeroed in
+    # every layer while their keys still take attention (needs a media K/V cache: it zeroes them as they are written)
 
 
 # The heads a checkpoint may carry for tracks: input projection, output projection, modality embedding, by the
@@ -467,11 +469,15 @@ class LayerKV:
     values: torch.Tensor
     held: int
     scales: torch.Tensor | None = None  # an fp8 cache's: [rows, 2, K, 1] float32, the keys' then the values'
+    null: slice | None = None  # this forward's rows whose values are zero (null action tokens)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this forward's k, v [n, K, D] after the held rows -> the held and the written rows, where k is (views
         where the cache lives there; a cache kept in CPU memory brings this layer's rows to the device now; an fp8
         cache's held rows come back dequantized, this forward's as they are)."""
+        if self.null is not None:
+            v = v.clone()
+            v[self.null] = 0
         end = self.held + k.shape[0]
         if self.scales is None:
             self.keys[self.held : end] = k
@@ -516,14 +522,14 @@ class MediaKV:
     def held(self) -> int:
         return self.frames.numel()
 
-    def views(self, tokens: int) -> list[LayerKV]:
-        """Every layer's view for a forward of `tokens` tokens."""
+    def views(self, tokens: int, null: slice | None = None) -> list[LayerKV]:
+        """Every layer's view for a forward of `tokens` tokens (`null`: those of its rows whose values are zero)."""
         if self.held + tokens > self.keys.shape[1]:
             raise InputError(f"the media K/V cache has {self.keys.shape[1]} rows: the {self.held} held and a forward's "
                              f"{tokens} do not fit; evict frames first, or make it larger")
         self.written = tokens
         scales = [None] * len(self.keys) if self.scales is None else self.scales
-        return [LayerKV(k, v, self.held, s) for k, v, s in zip(self.keys, self.values, scales)]
+        return [LayerKV(k, v, self.held, s, null) for k, v, s in zip(self.keys, self.values, scales)]
 
     def append(self, frames) -> None:
         """Keep what the last forward wrote: `frames` [n] names the latent frame of each of its n tokens, in order."""
@@ -574,6 +580,7 @@ class MediaTokens:
     size: tuple[int, int]  # the video's latent height and width
     noisy: slice | list[int]  # the video frames being denoised
     shards: SequenceShards | None = None
+    null: slice | None = None  # rows of null tokens, whose values are zeroed (`TrackTokens.null`)
 
 
 class Cosmos3Transformer(nn.Module):
@@ -721,16 +728,24 @@ class Cosmos3Transformer(nn.Module):
         vision[noisy] += temb
         segments.append(vision.flatten(0, 1))
         positions.append(positions_of(grid, fps, temporal_factor=TEMPORAL_FACTOR))
+        null, row = None, sum(segment.shape[0] for segment in segments)
         for track in tracks:
             proj_in, _, modality = self.track_head(track.head)
             tokens = _project(proj_in, track.latents.to(device, dtype), track.domain) + modality.to(device)
             tokens[_frames(track.noisy_frames, tokens.shape[0])] += temb
             segments.append(tokens)
-            positions.append(positions_of((tokens.shape[0], 1, 1), fps if track.fps is None else track.fps,
-                                          temporal_factor=1, base_temporal_factor=track.base_temporal_factor,
-                                          start_frame=track.start_frame, in_video=False))
+            n = tokens.shape[0]
+            where = positions_of((1 if track.null else n, 1, 1), fps if track.fps is None else track.fps,
+                                 temporal_factor=1, base_temporal_factor=track.base_temporal_factor,
+                                 start_frame=track.start_frame, in_video=False)
+            positions.append(where.expand(-1, n) if track.null else where)
+            if track.null:
+                if null is not None:
+                    raise InputError("one forward takes one track of null tokens")
+                null = slice(row, row + n)
+            row += n
         cos, sin = self.rope(torch.cat(positions, dim=1), dtype)
-        return MediaTokens(torch.cat(segments), cos, sin, n_context, grid, tuple(x.shape[2:]), noisy)
+        return MediaTokens(torch.cat(segments), cos, sin, n_context, grid, tuple(x.shape[2:]), noisy, null=null)
 
     def shard(self, seq: MediaTokens, sp: Group, tracks, hooks: Hooks) -> None:
         """Keep this rank's rows of the sequence (`SequenceShards`)."""
@@ -745,8 +760,13 @@ class Cosmos3Transformer(nn.Module):
     def blocks(self, seq: MediaTokens, text: TextKV, hooks: Hooks) -> torch.Tensor:
         """The media layer stack over the sequence, through `hooks` -> the last layer's hidden states."""
 
+        if seq.null is not None and hooks.cache is None:
+            raise InputError("null tokens (zeroed values) run with a media K/V cache, which zeroes them as it writes "
+                             "them: a causal rollout's forwards")
+
         def run(hidden: torch.Tensor) -> torch.Tensor:
-            history = [None] * len(self.layers) if hooks.cache is None else hooks.cache.views(hidden.shape[0])
+            history = [None] * len(self.layers) if hooks.cache is None else \
+                hooks.cache.views(hidden.shape[0], seq.null)
             for i, (layer, k, v, held) in enumerate(zip(self.layers, text.keys, text.values, history)):
                 cancel.check()
                 if hooks.layer is not None:

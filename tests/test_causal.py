@@ -193,7 +193,8 @@ def test_what_a_causal_checkpoint_cannot_take_is_refused_before_any_step(chunkwi
 @pytest.mark.parametrize("edit, message", [
     (lambda c, i: c.update(cosmos3_nano_sim_auto={}), "Sim-Auto .* is not supported yet"),
     (lambda c, i: c.update(backbone_type="cosmos3_multiview"), "Sim-Auto"),
-    (lambda c, i: c["cosmos3_nano_sim_bimanual"]["conditioning"].update(mode="action"), "Sim-Bimanual"),
+    (lambda c, i: c["cosmos3_nano_sim_bimanual"]["conditioning"].update(mode="action"), "lists no embodiments"),
+    (lambda c, i: c["cosmos3_nano_sim_bimanual"]["conditioning"].update(mode="lidar"), "conditioned on 'lidar' is not"),
     (lambda c, i: c["cosmos3_nano_sim_bimanual"]["fixed_step_sampler_config"].update(sample_type="ode"), "only 'sde'"),
 ])
 def test_checkpoints_the_pack_cannot_roll_out_are_refused_by_name(tmp_path, edit, message):

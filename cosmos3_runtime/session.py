@@ -1,0 +1,95 @@
+"""Sim-Bimanual sessions: a causal action rollout driven one chunk of actions at a time, as NVIDIA's framework's
+`open_bimanual_session` and vLLM-Omni's typed ticks drive it.
+
+    with pipe.session("The robot folds the towel.", action=ActionRequest(mode="forward_dynamics", image=first,
+                                                                          domain="agibotworld")) as s:
+        frames = s.tick(actions)  # [16, 29] -> the 17 frames of tick 0 (the first image's and 16 more), then 16 a tick
+
+A session is bound to its prompt, first image, size, fps, embodiment and checkpoint: a change is a new session (or,
+over HTTP, a reset). Each tick extends the rollout by one chunk (4 latent frames, 16 actions), commits its frames to
+the K/V history (sliding past the checkpoint's window, so memory stays that of one window) and decodes them through
+the VAE's causal state, so the frames of every tick join into exactly those of one batch run of the same actions.
+The session is planned at open as a batch run whose history fills the window: refused then, not mid-run.
+"""
+
+from dataclasses import replace
+
+import torch
+
+from . import cancel, causal, modelopt_fp8, runs
+from .errors import InputError
+from .transformer import DecoderLayer
+from .vae import image_frames
+
+
+class Session:
+    """One rollout, tick by tick (`Cosmos3Pipeline.session`)."""
+
+    def __init__(self, pipe, prompt: str, request):
+        c = pipe.variant.causal
+        if c is None or not c.takes_actions:
+            raise InputError("sessions drive a causal action checkpoint (Cosmos3-Nano-Sim-Bimanual); this checkpoint "
+                             "is not one: use generate")
+        a = request.action
+        if a is None or a.image is None:
+            raise InputError("a session starts from a first image: give action=ActionRequest(mode='forward_dynamics', "
+                             "image=..., domain=...)")
+        window = c.window_frames if request.causal_window is None else request.causal_window
+        if window is None:
+            raise InputError("this checkpoint keeps its whole history, which grows every tick; give causal_window (latent "
+                             "frames of history) to run it as a session")
+        embodiment = c.embodiment(a.domain)
+        self.rows = c.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
+        # planned as a batch run long enough that its history fills the window
+        planned = self.rows * (window // c.chunk_size + 2)
+        self.plan = pipe.plan(prompt, replace(request, num_frames=None, action=replace(
+            a, mode="forward_dynamics", actions=torch.zeros(planned, embodiment.width))))
+        pipe.planner.check(self.plan)
+        self.pipe, self.width, self.run = pipe, embodiment.width, None
+        self.reset()
+
+    @property
+    def settings(self):
+        return self.plan.settings
+
+    def reset(self) -> None:
+        """Back to chunk 0: the history, the decoder's state and the actions are dropped; the first image stays."""
+        self.run = self.decoder = None  # the old history's memory goes first
+        self.run = runs.Rollout(self.pipe.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None,
+                                open=True)
+        self.decoder = self.pipe.vae.decode_stream()
+        self.chunk_index = 0
+
+    def tick(self, actions, callback=None, progress=None, interrupt=None) -> torch.Tensor:
+        """The next chunk's actions [16, width] (raw, the embodiment's units) -> its frames [F, H, W, 3] float32 in
+        0..1 on the CPU: 17 for tick 0 (the first image's frame and 16), 16 after. A tick that fails or is cancelled
+        resets the session (its history would be half-committed) before it raises."""
+        if self.run is None:
+            raise InputError("this session is closed; open a new one")
+        table = torch.as_tensor(actions, dtype=torch.float32)
+        if table.shape != (self.rows, self.width):
+            raise InputError(f"a tick takes {self.rows} actions of {self.width} values (one per frame), got "
+                             f"{list(table.shape)}")
+        pipe, s = self.pipe, self.plan.settings
+        try:
+            with torch.inference_mode(), modelopt_fp8.for_text(s.fp8_policy), cancel.checking(interrupt):
+                self.run.extend(table)
+                pipe.denoiser.hooks = replace(pipe.transformer.hooks, block=DecoderLayer.media)
+                latents = runs.execute(self.run, pipe.parts, int(self.plan.request.seed), callback, None, progress,
+                                       None).latents
+                pixels = self.decoder(pipe.vae.denormalize(latents.to(pipe.device)))
+        except BaseException:
+            self.reset()
+            raise
+        self.chunk_index += 1
+        return image_frames(pixels.float())
+
+    def close(self) -> None:
+        """Free the history and the decoder's state; a closed session refuses ticks."""
+        self.run = self.decoder = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

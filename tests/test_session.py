@@ -1,0 +1,213 @@
+"""Cosmos3-Nano-Sim-Bimanual (its layout, tiny and random, fp32 on the CPU): the action contract and its normalizer,
+a batch rollout from a first image and actions, sessions tick by tick against the batch, causality over ticks, the
+null actions of frame 0, the action tokens' positions, eviction at the window with memory flat, and the refusals."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import cosmos3_runtime
+from cosmos3_runtime import budget, causal
+from cosmos3_runtime.action import ActionRequest
+from cosmos3_runtime.errors import CheckpointError, InputError
+from cosmos3_runtime.pipeline import planner
+from cosmos3_runtime.session import Session
+from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block
+
+W, H = 64, 32  # a 4 x 2 latent grid: 2 x 1 patches a frame
+WINDOW = 6  # latent frames of history: the third tick evicts
+OFFSETS = [0.01 * i for i in range(29)]
+SCALES = [0.5 + 0.05 * i for i in range(29)]
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory):
+    root = make_tiny_checkpoint(tmp_path_factory.mktemp("bimanual") / "ckpt", kind="gated", dtype="float32",
+                                distilled=True, action=True, reasoner=False,
+                                causal=sim_bimanual_block(WINDOW, OFFSETS, SCALES))
+    return cosmos3_runtime.load(root, dtype="fp32")
+
+
+def first_image(seed: int = 0) -> torch.Tensor:
+    return torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(seed))
+
+
+def actions(rows: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(rows, 29, generator=torch.Generator().manual_seed(seed))
+
+
+def request(table=None, domain="agibotworld", **options):
+    return dict(action=ActionRequest(mode="forward_dynamics", image=first_image(), actions=table, domain=domain),
+                width=W, height=H, seed=7, **options)
+
+
+def batch(pipe, table, **options):
+    return pipe.generate("the robot folds a towel", **request(table, **options))
+
+
+def session(pipe, **options):
+    return pipe.session("the robot folds a towel", **request(**options))
+
+
+def test_the_checkpoint_is_read_as_sim_bimanual_with_its_contract(pipe):
+    c = pipe.variant.causal
+    assert c.takes_actions and (c.chunk_size, c.window_frames, c.sink_frames) == (4, WINDOW, 0)
+    assert [(e.name, e.domain_id, e.width) for e in c.embodiments] == [("agibotworld", 15, 29), ("camera_pose", 2, 9)]
+    assert c.default_embodiment == "agibotworld" and c.action_width == 64 and c.text_max_tokens == 512
+
+
+def test_the_normalizer_against_hand_values():
+    e = causal.Embodiment("agibotworld", 15, 3, (1.0, -2.0, 0.5), (2.0, 0.5, 4.0))
+    got = e.normalize(torch.tensor([[3.0, -1.0, 0.5], [1.0, -2.0, 4.5]]), 6)
+    assert torch.equal(got, torch.tensor([[1.0, 2.0, 0.0, 0, 0, 0], [0.0, 0.0, 1.0, 0, 0, 0]]))
+    asinh = causal.Embodiment("camera_pose", 2, 1, (0.0,), (1.0,), "asinh")
+    assert asinh.normalize(torch.tensor([[1.0]]), 1).item() == pytest.approx(1.0)
+    with pytest.raises(InputError, match="NaN or infinite values \\(row 1\\)"):
+        e.normalize(torch.tensor([[0.0, 0, 0], [0, float("nan"), 0]]), 6)
+    with pytest.raises(InputError, match="must be \\[n, 3\\]"):
+        e.normalize(torch.zeros(4, 29), 6)
+
+
+def test_legacy_cosmos_dreams_metadata_for_actions_is_refused_by_name():
+    raw = {"cosmos_dreams": sim_bimanual_block(), "action_gen": True}
+    with pytest.raises(CheckpointError, match="legacy Cosmos-Dreams metadata .*re-export"):
+        causal.read_config(raw, "Cosmos3NanoSimBimanualPipeline", "config.json")
+
+
+def test_a_batch_run_makes_one_frame_and_one_per_action(pipe):
+    out = batch(pipe, actions(32))
+    assert out.frames.shape == (33, H, W, 3) and out.latents.shape[2] == 9
+    assert out.settings.steps == 2 and out.settings.sigmas == (1.0, 0.8333333333333334)  # "step42"
+    full = batch(pipe, actions(32), steps=4)
+    assert full.settings.sigmas == tuple(pipe.variant.causal.t_list) and not torch.equal(full.frames, out.frames)
+
+
+def test_ticks_give_exactly_the_frames_of_one_batch_run_with_eviction(pipe):
+    table = actions(48)  # 13 latent frames: past the 6-frame window from the second tick
+    whole = batch(pipe, table).frames
+    with session(pipe) as s:
+        ticks = [s.tick(table[16 * k : 16 * (k + 1)]) for k in range(3)]
+    assert [t.shape[0] for t in ticks] == [17, 16, 16]
+    assert torch.equal(torch.cat(ticks), whole)
+
+
+def test_later_actions_never_change_earlier_frames(pipe):
+    table = actions(48)
+    changed = table.clone()
+    changed[32:] = actions(16, seed=9)
+    a, b = batch(pipe, table).frames, batch(pipe, changed).frames
+    assert torch.equal(a[:33], b[:33]) and not torch.equal(a[33:], b[33:])
+
+
+def test_frame_zero_null_actions_have_zero_values_and_real_keys(pipe):
+    with session(pipe) as s:
+        s.tick(actions(16))
+        cache, tokens = s.run.cache, s.run.tokens
+        # the first rows held are frame 0's: its video tokens, then its four null action tokens
+        null = slice(tokens, tokens + causal.ACTION_TOKENS)
+        assert cache.frames[: tokens + 4].eq(0).all()
+        assert cache.values[:, null].eq(0).all() and cache.keys[:, null].abs().amin() > 0
+        later = slice(cache.frames.tolist().index(1) + tokens, cache.frames.tolist().index(1) + tokens + 4)
+        assert cache.values[:, later].abs().amax() > 0  # frame 1's real actions keep their values
+
+
+def test_each_frames_last_action_token_sits_at_the_frames_own_time(pipe, monkeypatch):
+    """Action token j of latent frame f at offset + ((f-1)*4 + 1 + j) * base_fps / (4 fps), frame 0's null tokens at
+    frame 0's time, vision tokens at offset + f * base_fps / fps (vLLM-Omni's interleaved positions)."""
+    seen = []
+    model = pipe.transformer
+    rope = model.rope
+    monkeypatch.setattr(model, "rope", lambda positions, dtype: (seen.append(positions[0].clone()), rope(positions, dtype))[1])
+    with session(pipe, fps=15.0) as s:
+        s.tick(actions(16))
+        tokens = s.run.tokens
+    ids = pipe.planner.prepare("the robot folds a towel", cosmos3_runtime.Request.build(**request(actions(16))))[1]
+    offset, stride = len(ids) + 15000, 24.0 / 15.0
+    seen = [p for p in seen if p.min() >= 15000]  # the media forwards' (the text tower's start at 0)
+    commit0 = seen[0]  # frame 0: its video tokens, then four null action tokens
+    assert torch.allclose(commit0, torch.full_like(commit0, offset))
+    chunk = seen[1]  # the first denoising forward: frames 1..4, then actions rows 0..15
+    video, acts = chunk[: 4 * tokens].view(4, tokens)[:, 0], chunk[4 * tokens :]
+    assert torch.allclose(video, offset + torch.arange(1, 5) * stride)
+    assert torch.allclose(acts, offset + torch.arange(1, 17) * stride / 4)
+    assert torch.allclose(acts[3::4], video)
+
+
+def test_memory_stays_flat_over_three_windows_of_ticks(pipe):
+    with session(pipe) as s:
+        rows, kept = s.run.cache.keys.shape, []
+        for k in range(1 + 3 * math.ceil(WINDOW / 4)):
+            s.tick(actions(16, seed=k))
+            kept.append((s.run.cache.held, s.run.actions.shape[0], s.run.latents.shape[2]))
+        assert s.run.cache.keys.shape == rows  # allocated once, at open
+        per_frame = s.run.tokens + causal.ACTION_TOKENS
+    held = [h for h, _, _ in kept]
+    assert max(held) <= WINDOW * per_frame and held[-1] == held[-2]
+    assert {a for _, a, _ in kept[1:]} == {16} and {t for _, _, t in kept[1:]} == {4}
+
+
+def test_a_reset_starts_again_from_the_first_image(pipe):
+    with session(pipe) as s:
+        first = s.tick(actions(16))
+        s.tick(actions(16, seed=2))
+        s.reset()
+        assert s.chunk_index == 0 and torch.equal(s.tick(actions(16)), first)
+
+
+def test_ticks_are_refused_by_name(pipe):
+    with session(pipe) as s:
+        with pytest.raises(InputError, match="a tick takes 16 actions of 29 values"):
+            s.tick(torch.zeros(16, 9))
+        bad = actions(16)
+        bad[3, 4] = float("nan")
+        with pytest.raises(InputError, match="NaN"):
+            s.tick(bad)
+        assert s.chunk_index == 0
+    with pytest.raises(InputError, match="this session is closed"):
+        s.tick(actions(16))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(domain="droid_lerobot"), "takes actions for agibotworld \\(29 values\\), camera_pose \\(9 values\\); domain 'droid_lerobot'"),
+    (dict(table=torch.zeros(18, 29)), "N a multiple of 4"),
+    (dict(steps=3), "distilled to 2 or 4 steps"),
+    (dict(guidance_scale=3.0), "guidance_scale 3 cannot apply"),
+    (dict(causal_cache="recompute"), "Sim-Bimanual runs 'kv'"),
+    (dict(num_frames=49), "num_frames 49 needs 48 actions"),
+])
+def test_batch_requests_are_refused_by_name(pipe, options, message):
+    table = options.pop("table", actions(16))
+    with pytest.raises(InputError, match=message):
+        pipe.plan("a robot", **request(table, **options))
+
+
+def test_other_inputs_are_refused_by_name(pipe):
+    with pytest.raises(InputError, match="first image and actions"):
+        pipe.plan("a robot", width=W, height=H)
+    with pytest.raises(InputError, match="rolls actions out from a first image: action mode 'policy'"):
+        pipe.plan("a robot", action=ActionRequest(mode="policy", image=first_image(), domain="agibotworld"))
+
+
+def test_a_session_that_would_not_fit_is_refused_at_open(pipe, monkeypatch):
+    def refuse(estimate, device, output_only=False):
+        raise InputError(f"needs {estimate.total / 2**20:.0f} MiB")
+
+    monkeypatch.setattr(budget, "check", refuse)
+    with pytest.raises(InputError, match="needs"):
+        session(pipe)
+
+
+def test_sessions_need_a_sim_bimanual_checkpoint(tiny_factory):
+    pipe = cosmos3_runtime.load(tiny_factory(kind="gated"), dtype="fp32")
+    with pytest.raises(InputError, match="sessions drive a causal action checkpoint"):
+        Session(pipe, "a robot", cosmos3_runtime.Request.build(**request()))
+
+
+def test_the_block_round_trips_through_the_checkpoint_files(tmp_path):
+    root = make_tiny_checkpoint(tmp_path / "c", kind="gated", distilled=True, action=True, reasoner=False,
+                                causal=sim_bimanual_block())
+    assert json.loads((root / "model_index.json").read_text())["_class_name"] == "Cosmos3NanoSimBimanualPipeline"
+    c = planner(root).variant.causal
+    assert c.window_frames == 96 and c.embodiment("camera_pose").domain_id == 2

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import causal, chunks, transfer
-from .conditioning import Held, preprocess_video
+from .conditioning import Held, preprocess_image, preprocess_video
 from .errors import InputError
 from .geometry import TEMPORAL_FACTOR, latent_frames, latent_size, pixel_frames
 from .parallel import Parallel
@@ -245,7 +245,7 @@ class Rollout(Run):
         self.actions = None  # Sim-Bimanual: the normalized action rows [n, width], the first image's latents
         if self.plan.embodiment is not None:
             self.actions = torch.zeros(0, self.model.config.action_dim)
-            first = preprocess_video(r.action.clip(), s.height, s.width)[:, :, :1]
+            first = preprocess_image(r.action.image, s.height, s.width).unsqueeze(2)  # cover-resized, centre-cropped
             self.first_latents = parts.codec.encode_pixels(first.to(self.model.dtype))
             if not open:
                 self.extend(torch.as_tensor(r.action.actions, dtype=torch.float32)[: s.num_frames - 1])

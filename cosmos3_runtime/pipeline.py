@@ -26,7 +26,7 @@ from .action import action_prompt
 from .sound import SoundTokenizer, load_sound_tokenizer
 from .runs import Generation, StepCallback
 from .step_cache import StepCache
-from .session import Session
+from .session import Session, check_checkpoint as check_session_checkpoint
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, DecoderLayer, checkpoint_key_mapper, compiled_media_block,
@@ -479,8 +479,11 @@ class Cosmos3Pipeline:
     def session(self, prompt: str, request: Request | None = None, **options) -> "Session":
         """A Sim-Bimanual rollout driven one action chunk at a time: `with pipe.session(prompt, action=ActionRequest(
         mode="forward_dynamics", image=first, domain="agibotworld")) as s: frames = s.tick(actions)` (see `Session`).
-        Refused at open, before anything runs, when a full history window would not fit."""
-        return Session(self, prompt, Request.build(request, **options))
+        Refused at open, before anything runs, when a full history window would not fit (the plan's run fills it)."""
+        check_session_checkpoint(self.variant)
+        plan = self.plan(prompt, request, **options)
+        self.planner.check(plan)
+        return Session(self, plan)
 
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
         return self.codec.decode_sound(sound_latents, seconds)

@@ -22,30 +22,27 @@ from .transformer import DecoderLayer
 from .vae import image_frames
 
 
+def check_checkpoint(variant) -> None:
+    """Refuse a checkpoint that has no sessions, by name."""
+    if variant.causal is None or not variant.causal.takes_actions:
+        raise InputError("sessions drive a causal action checkpoint (Cosmos3-Nano-Sim-Bimanual); this checkpoint "
+                         "is not one: use generate")
+
+
 class Session:
     """One rollout, tick by tick (`Cosmos3Pipeline.session`)."""
 
-    def __init__(self, pipe, prompt: str, request):
+    def __init__(self, pipe, plan):
+        """`plan`: `pipe.plan(prompt, request)` of a request whose action (mode forward_dynamics, the first image, the
+        embodiment) carries no actions: the settings plan it as a run long enough that its history fills the window.
+        `Cosmos3Pipeline.session` makes one and checks it first."""
+        check_checkpoint(pipe.variant)
         c = pipe.variant.causal
-        if c is None or not c.takes_actions:
-            raise InputError("sessions drive a causal action checkpoint (Cosmos3-Nano-Sim-Bimanual); this checkpoint "
-                             "is not one: use generate")
-        a = request.action
-        if a is None or a.image is None:
-            raise InputError("a session starts from a first image: give action=ActionRequest(mode='forward_dynamics', "
-                             "image=..., domain=...)")
-        window = c.window_frames if request.causal_window is None else request.causal_window
-        if window is None:
-            raise InputError("this checkpoint keeps its whole history, which grows every tick; give causal_window (latent "
-                             "frames of history) to run it as a session")
-        embodiment = c.embodiment(a.domain)
+        if plan.request.action.actions is not None:
+            raise InputError("a session takes its actions a tick at a time: leave the action request's actions unset")
+        self.plan, self.pipe, self.run = plan, pipe, None
         self.rows = c.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
-        # planned as a batch run long enough that its history fills the window
-        planned = self.rows * (window // c.chunk_size + 2)
-        self.plan = pipe.plan(prompt, replace(request, num_frames=None, action=replace(
-            a, mode="forward_dynamics", actions=torch.zeros(planned, embodiment.width))))
-        pipe.planner.check(self.plan)
-        self.pipe, self.width, self.run = pipe, embodiment.width, None
+        self.width = plan.settings.rollout.embodiment.width
         self.reset()
 
     @property

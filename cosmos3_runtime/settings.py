@@ -17,6 +17,8 @@ Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge
 import logging
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from . import causal, chunks, keyframes, transfer
 from .causal import CANVASES, TRAINED_HORIZON, Rollout, canvas_for, chunk_ranges, whole_chunks
 from .checkpoint import Variant
@@ -303,7 +305,15 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         raise InputError("this Sim-Bimanual checkpoint makes no sound; turn sound off")
     if r.negative_prompt:
         notes.append("causal checkpoint: negative prompt ignored (guidance 1)")
-    actions = embodiment.normalize(a.actions, embodiment.width)  # checked here, before anything loads
+    window = _history_window(c, r)
+    if a.actions is None:  # a session (`Session`): planned as a run long enough that its history fills the window
+        if window is None:
+            raise InputError("this checkpoint keeps its whole history, which grows every tick; give causal_window "
+                             "(latent frames of history) to run it as a session")
+        given = c.chunk_size * causal.ACTION_TOKENS * (window // c.chunk_size + 2)
+        actions = torch.zeros(given if r.num_frames is None else max(given, int(r.num_frames) - 1), embodiment.width)
+    else:
+        actions = embodiment.normalize(a.actions, embodiment.width)  # checked here, before anything loads
     rows = actions.shape[0] if r.num_frames is None else int(r.num_frames) - 1
     if rows > actions.shape[0]:
         raise InputError(f"num_frames {r.num_frames} needs {rows} actions (one per frame after the first); "
@@ -319,7 +329,6 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         width, height = canvas_for(h, w)
     else:
         width, height = _size(variant, r, False, notes)
-    window = _history_window(c, r)
     steps = r.steps or causal.ACTION_SIGMAS
     sigmas = c.t_list if steps == full else (c.t_list[0], c.t_list[2])
     rollout = Rollout(c, None, tuple(chunk_ranges(latent_frames(frames), c.chunk_size)), window, c.sink_frames,

@@ -202,7 +202,14 @@ def test_a_session_that_would_not_fit_is_refused_at_open(pipe, monkeypatch):
 def test_sessions_need_a_sim_bimanual_checkpoint(tiny_factory):
     pipe = cosmos3_runtime.load(tiny_factory(kind="gated"), dtype="fp32")
     with pytest.raises(InputError, match="sessions drive a causal action checkpoint"):
-        Session(pipe, "a robot", cosmos3_runtime.Request.build(**request()))
+        pipe.session("a robot", **request())
+
+
+def test_a_session_takes_its_actions_a_tick_at_a_time(pipe):
+    with pytest.raises(InputError, match="leave the action request's actions unset"):
+        Session(pipe, pipe.plan("a robot", **request(actions(16))))
+    with pytest.raises(InputError, match="to give them a chunk at a time, open a session"):
+        pipe.generate("a robot", **request())
 
 
 def test_the_block_round_trips_through_the_checkpoint_files(tmp_path):

@@ -46,6 +46,7 @@ NODES = (
     (serving.Cosmos3APIObservation, "Cosmos3 API Observation"),
     (serving.Cosmos3APIResult, "Cosmos3 API Result"),
     (serving.Cosmos3APIChat, "Cosmos3 API Chat"),
+    (serving.Cosmos3APISessionTick, "Cosmos3 API Session Tick"),
     (Cosmos3CoreModel, "Cosmos3 Core Model"),
     (Cosmos3CoreTextEncode, "Cosmos3 Text Encode (core)"),
     (Cosmos3ConditionFrames, "Cosmos3 Condition Frames (core)"),

@@ -325,6 +325,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3SimTransferSampler": ["width", "height", "frames", "fps", "seed", "history", "window",
                                       "emphasize_control", "history_memory"],
         "Cosmos3APIChat": ["key", "choice"],
+        "Cosmos3APISessionTick": ["key"],
         "Cosmos3Reason": ["question", "system_prompt", "max_new_tokens", "thinking", "seed", "video_fps", "sample_fps"],
         "Cosmos3ReasonSampling": ["temperature", "top_p", "top_k", "presence_penalty"],
         "Cosmos3UpsamplePrompt": ["prompt", "width", "height", "frames", "fps", "max_new_tokens", "seed"],

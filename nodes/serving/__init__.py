@@ -7,17 +7,20 @@
 - `sessions`: the websocket session both websockets run; `graph`: the queued graph every request becomes.
 - `msgpack_numpy`: msgpack with numpy arrays.
 - `chat`: `POST /cosmos3/v1/chat/completions` and `GET /cosmos3/v1/models`, the Reasoner for OpenAI-style clients.
+- `ticks`: `POST /cosmos3/v1/sessions/ticks` and `DELETE /cosmos3/v1/sessions/{id}`, Sim-Bimanual sessions driven
+  one action chunk at a time with vLLM-Omni's typed tick.
 Every route is also served under /api, as ComfyUI mirrors its routes.
 """
 
 from .. import services
 from .chat import Cosmos3APIChat
 from .graph import Cosmos3APIObservation, Cosmos3APIResult
+from .ticks import Cosmos3APISessionTick
 
 
 def register_routes() -> bool:
     """Add the routes to ComfyUI's server (False outside it)."""
-    from . import chat, http, openpi, realtime
+    from . import chat, http, openpi, realtime, ticks
 
     server = services.prompt_server()
     if server is None:
@@ -28,7 +31,9 @@ def register_routes() -> bool:
     server.routes.get(openpi.ROUTE)(openpi.policy)
     server.routes.post(chat.ROUTE)(chat.completions)
     server.routes.get(chat.MODELS_ROUTE)(chat.models_route)
+    server.routes.post(ticks.ROUTE)(ticks.ticks)
+    server.routes.delete(ticks.CLOSE_ROUTE)(ticks.close)
     return True
 
 
-__all__ = ["Cosmos3APIChat", "Cosmos3APIObservation", "Cosmos3APIResult", "register_routes"]
+__all__ = ["Cosmos3APIChat", "Cosmos3APIObservation", "Cosmos3APIResult", "Cosmos3APISessionTick", "register_routes"]

@@ -1,0 +1,354 @@
+"""Sim-Bimanual sessions over HTTP: `POST /cosmos3/v1/sessions/ticks` and `DELETE /cosmos3/v1/sessions/{session_id}`.
+
+A tick follows vLLM-Omni's typed tick (`ar_diffusion_tick`, at the body's top level or in `extra_args` as vLLM-Omni's
+clients send it): {session_id, request_id, chunk_index, applied_event_ids, prompt, controls: [{track: "robot_action",
+schema: "robot_action.v1", data: {values: [16 x width]}}], reset, close_session}. Tick 0 (and a reset) opens the
+session: it also carries the prompt and the first image (`image`: base64, a data: URL, pixels, a multipart upload),
+and may set width, height, fps, seed, domain and causal_window; later ticks must keep them (a change needs a reset).
+The answer: {"ar_diffusion": {session_id, request_id, chunk_index, applied_event_ids}, "frame_index" (vLLM-Omni's:
+the tick's first latent frame, 0 or 1 + 4 k), "first_frame", "num_frames", "fps", "frames"} with the frames as
+base64 PNGs in JSON, or one uint8 array [F, H, W, 3] in msgpack.
+
+Each tick is one queued prompt of the pack's loader and `Cosmos3APISessionTick`, so it takes its turn on the GPU
+with every other workflow. One session per checkpoint at a time: a tick for another session is refused (409) until
+the open one is closed (DELETE, `close_session`) or idle for COSMOS3_SESSION_IDLE_S seconds (300), which closes it
+and frees its cache. Ticks out of order, for a closed session or while one runs are refused by field, before
+anything is queued; a tick that fails closes its session.
+"""
+
+import asyncio
+import base64
+import io
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ...cosmos3_runtime import InputError, Request
+from ...cosmos3_runtime.action import ActionRequest
+from ...cosmos3_runtime.checkpoint import detect_variant
+from ...cosmos3_runtime.errors import Cosmos3Error
+from ...cosmos3_runtime.session import Session
+from .. import services
+from .checkpoints import Checkpoints, named_in_url
+from .fields import FieldError, decode_image
+from .http import answer, read_request, wants_msgpack
+from .jobs import Job, Refused, RunError
+
+ROUTE = "/cosmos3/v1/sessions/ticks"
+CLOSE_ROUTE = "/cosmos3/v1/sessions/{session_id}"
+SESSION_MODEL_ENV = "COSMOS3_SESSION_MODEL"
+IDLE_ENV = "COSMOS3_SESSION_IDLE_S"
+IDLE_S = 300.0
+TRACK, SCHEMA = "robot_action", "robot_action.v1"
+TICK = "ar_diffusion_tick"
+OPENING = {"width": int, "height": int, "fps": float, "seed": int, "domain": str, "causal_window": int}
+
+
+@dataclass
+class Open:
+    """The open session of one checkpoint: what it is bound to, the next chunk it takes, the runtime's session."""
+
+    session_id: str
+    binding: dict  # prompt, image digest and the opening options
+    request: dict  # the runtime request's fields (the first image among them)
+    prompt: str
+    next_chunk: int = 0
+    session: Session | None = None  # made by the first tick's node
+    busy: bool = False
+    used: float = field(default_factory=time.monotonic)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+        self.session = None
+
+
+SESSIONS: dict[str, Open] = {}  # checkpoint name -> its open session
+REAPER: list = []  # the task closing idle sessions, started by the first tick
+
+
+def idle_seconds() -> float:
+    try:
+        return float(os.environ.get(IDLE_ENV, IDLE_S))
+    except ValueError:
+        return IDLE_S
+
+
+def reap(now: float | None = None) -> list[str]:
+    """Close the sessions idle past the timeout (their caches freed); the checkpoints they held."""
+    now = time.monotonic() if now is None else now
+    gone = [name for name, s in SESSIONS.items() if not s.busy and now - s.used > idle_seconds()]
+    for name in gone:
+        SESSIONS.pop(name).close()
+    if gone:
+        services.memory.empty_cache()
+    return gone
+
+
+def session_checkpoints(url_choice: str | None = None) -> Checkpoints:
+    """The installed checkpoints, with those that run sessions (causal, conditioned on actions)."""
+    from ..loader import checkpoint_names, checkpoint_path
+
+    names, capable = checkpoint_names(), []
+    for name in names:
+        try:
+            causal = detect_variant(checkpoint_path(name)).causal
+        except (Cosmos3Error, OSError):
+            continue
+        if causal is not None and causal.takes_actions:
+            capable.append(name)
+    return Checkpoints(tuple(names), tuple(capable), url_choice or None, SESSION_MODEL_ENV,
+                       "a causal action rollout (Cosmos3-Nano-Sim-Bimanual)")
+
+
+@dataclass
+class TickCall:
+    """A checked tick: the checkpoint, its open session, the tick's fields and actions."""
+
+    model: str
+    open: Open
+    tick: dict
+    values: torch.Tensor
+    opens: bool  # this tick (chunk 0) starts the session
+
+
+def _tick(body: dict) -> dict:
+    tick = body.get(TICK, (body.get("extra_args") or {}).get(TICK) if isinstance(body.get("extra_args"), dict) else None)
+    if not isinstance(tick, dict):
+        raise FieldError(TICK, "is missing: send the typed tick {session_id, request_id, chunk_index, controls, ...} "
+                               "at the body's top level or in extra_args")
+    session_id, request_id, chunk = tick.get("session_id"), tick.get("request_id", ""), tick.get("chunk_index")
+    if not isinstance(session_id, str) or not session_id:
+        raise FieldError(f"{TICK}.session_id", "must be a non-empty string")
+    if not isinstance(request_id, str):
+        raise FieldError(f"{TICK}.request_id", "must be a string")
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+        raise FieldError(f"{TICK}.chunk_index", "must be an integer >= 0")
+    events = tick.get("applied_event_ids") or []
+    if not isinstance(events, list) or not all(isinstance(e, int) and e >= 0 for e in events) or \
+            any(b <= a for a, b in zip(events, events[1:])):
+        raise FieldError(f"{TICK}.applied_event_ids", "must be strictly increasing integers >= 0")
+    for flag in ("reset", "close_session"):
+        if not isinstance(tick.get(flag, False), bool):
+            raise FieldError(f"{TICK}.{flag}", "must be true or false")
+    return {**tick, "request_id": request_id, "applied_event_ids": events}
+
+
+def _values(tick: dict, rows: int, width: int) -> torch.Tensor:
+    where = f"{TICK}.controls"
+    controls = tick.get("controls")
+    if not isinstance(controls, list) or len(controls) != 1 or not isinstance(controls[0], dict):
+        raise FieldError(where, f'must hold one control {{"track": "{TRACK}", "schema": "{SCHEMA}", "data": '
+                                '{"values": [...]}}')
+    control = controls[0]
+    if control.get("track") != TRACK or control.get("schema") != SCHEMA:
+        raise FieldError(f"{where}[0]", f"track {control.get('track')!r} / schema {control.get('schema')!r}: this "
+                                        f"model takes track {TRACK!r}, schema {SCHEMA!r}")
+    data = control.get("data")
+    if not isinstance(data, dict) or set(data) - {"values", "measure_tick_latency"}:
+        raise FieldError(f"{where}[0].data", 'must be {"values": [...]} (and optionally "measure_tick_latency")')
+    try:
+        values = torch.as_tensor(np.asarray(data.get("values"), dtype=np.float32))
+    except (TypeError, ValueError):
+        values = None
+    if values is None or values.shape != (rows, width):
+        raise FieldError(f"{where}[0].data.values", f"must be {rows} rows of {width} numbers (one action per frame)")
+    if not torch.isfinite(values).all():
+        raise FieldError(f"{where}[0].data.values", "holds NaN or infinite values")
+    return values
+
+
+def parse_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> TickCall:
+    """A tick checked against its checkpoint's open session, before anything is queued; 4xx by field otherwise."""
+    reap()
+    if not isinstance(body, dict):
+        raise FieldError("body", "must be a JSON object")
+    tick = _tick(body)
+    model = checkpoints.choose(body.get("model"))
+    if model not in checkpoints.capable:
+        raise FieldError("model", f"{model!r} does not run sessions: it needs {checkpoints.capability}")
+    causal = detect_variant(_path(model)).causal
+    options = {}
+    for name, kind in OPENING.items():
+        if body.get(name) is not None:
+            try:
+                options[name] = kind(body[name])
+            except (TypeError, ValueError):
+                raise FieldError(name, f"must be {kind.__name__}") from None
+    domain = options.get("domain", causal.default_embodiment)
+    try:
+        width = causal.embodiment(domain).width
+    except InputError as exc:
+        raise FieldError("domain", str(exc)) from None
+    values = _values(tick, causal.chunk_size * 4, width)
+    prompt = tick.get("prompt") if tick.get("prompt") is not None else body.get("prompt")
+    current = SESSIONS.get(model)
+    opens = tick["chunk_index"] == 0 or tick.get("reset", False)
+    if current is not None and current.session_id != tick["session_id"]:
+        raise FieldError(f"{TICK}.session_id", f"{model!r} has session {current.session_id!r} open (one session per "
+                                              f"model): close it (DELETE {CLOSE_ROUTE}) or let it idle out "
+                                              f"({idle_seconds():.0f} s)", 409)
+    if current is not None and current.busy:
+        raise FieldError(f"{TICK}.session_id", f"session {current.session_id!r} is running a tick; send the next "
+                                              "when it has answered", 409)
+    if opens:
+        if tick["chunk_index"] != 0:
+            raise FieldError(f"{TICK}.chunk_index", "a reset starts the session again at chunk_index 0")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise FieldError("prompt", "tick 0 opens the session: give its prompt")
+        image = uploads.get("image", body.get("image"))
+        if image is None:
+            raise FieldError("image", "tick 0 opens the session: give the first image (base64, a data: URL, pixels "
+                                      "or a multipart upload)")
+        frame = decode_image(image, "image")
+        binding = {"prompt": prompt, **options, "image": hash(frame.numpy().tobytes())}
+        request = dict(action=ActionRequest(mode="forward_dynamics", image=frame, domain=domain),
+                       **{k: v for k, v in options.items() if k != "domain"})
+        if current is not None:
+            SESSIONS.pop(model).close()
+        current = Open(tick["session_id"], binding, request, prompt)
+    else:
+        if current is None:
+            raise FieldError(f"{TICK}.session_id", f"no open session {tick['session_id']!r} on {model!r} (closed, "
+                                                  "failed or idled out): start it again at chunk_index 0", 404)
+        if tick["chunk_index"] != current.next_chunk:
+            raise FieldError(f"{TICK}.chunk_index", f"out of order: session {current.session_id!r} takes chunk "
+                                                   f"{current.next_chunk} next; send reset to start again", 409)
+        changed = [k for k, v in {"prompt": prompt, **options}.items() if v is not None and current.binding.get(
+            k, causal.default_embodiment if k == "domain" else None) != v]
+        if changed:
+            raise FieldError(changed[0], f"session {current.session_id!r} is bound to its {', '.join(changed)}: a "
+                                         "change needs reset (chunk_index 0 with the first image)", 409)
+    return TickCall(model, current, tick, values, opens)
+
+
+def _path(model: str) -> str:
+    from ..loader import checkpoint_path
+
+    return checkpoint_path(model)
+
+
+def tick_graph(call: TickCall, key: str) -> dict:
+    from ..loader import Cosmos3ModelLoader
+    from .graph import _widget_defaults
+
+    return {"model": {"class_type": "Cosmos3ModelLoader", "inputs": {**_widget_defaults(Cosmos3ModelLoader),
+                                                                      "model_name": call.model},
+                      "_meta": {"title": "session tick: model"}},
+            "tick": {"class_type": "Cosmos3APISessionTick", "inputs": {"model": ["model", 0], "key": key},
+                     "_meta": {"title": f"session tick: {call.open.session_id} chunk {call.tick['chunk_index']}"}}}
+
+
+def png_b64(frame: torch.Tensor) -> dict:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(frame.numpy()).save(buffer, format="PNG")
+    return {"b64_json": base64.b64encode(buffer.getvalue()).decode("ascii")}
+
+
+def reply(call: TickCall, frames: torch.Tensor, fps: float, numpy: bool) -> dict:
+    k = call.tick["chunk_index"]
+    pixels = (frames * 255).round().clamp(0, 255).to(torch.uint8)
+    return {
+        "ar_diffusion": {name: call.tick[name] for name in ("session_id", "request_id", "chunk_index",
+                                                            "applied_event_ids")},
+        "frame_index": 0 if k == 0 else 1 + 4 * k, "first_frame": 0 if k == 0 else 1 + 16 * k,
+        "num_frames": frames.shape[0], "fps": fps,
+        "frames": pixels.numpy() if numpy else [png_b64(f) for f in pixels],
+    }
+
+
+async def ticks(request):
+    try:
+        body, uploads, _ = await read_request(request)
+        loop = asyncio.get_running_loop()
+        checkpoints = await loop.run_in_executor(None, session_checkpoints, named_in_url(request))
+        call = await loop.run_in_executor(None, parse_tick, body, uploads, checkpoints)
+    except FieldError as exc:
+        return answer(request, exc.body(), exc.status)
+    if not REAPER:
+        REAPER.append(asyncio.ensure_future(reaper()))
+    SESSIONS[call.model], call.open.busy = call.open, True
+    try:
+        with Job({"tick": call}, 1) as job:
+            try:
+                await job.start(tick_graph(call, job.key))
+            except Refused as exc:
+                raise FieldError("model" if "model" in exc.refusal.get("node_errors", {}) else "body", str(exc)) from None
+            frames, fps = (await job.wait())[0]
+    except (FieldError, RunError, ConnectionResetError, asyncio.CancelledError) as exc:
+        if SESSIONS.get(call.model) is call.open:  # a failed tick closes its session
+            SESSIONS.pop(call.model).close()
+        if isinstance(exc, FieldError):
+            return answer(request, exc.body(), exc.status)
+        if isinstance(exc, RunError):
+            return answer(request, exc.body, exc.status)
+        raise
+    finally:
+        call.open.busy, call.open.used = False, time.monotonic()
+    call.open.next_chunk = call.tick["chunk_index"] + 1
+    if call.tick.get("close_session"):
+        SESSIONS.pop(call.model, None)
+        call.open.close()
+    return answer(request, reply(call, frames, fps, wants_msgpack(request)))
+
+
+async def close(request):
+    session_id = request.match_info["session_id"]
+    for model, s in list(SESSIONS.items()):
+        if s.session_id == session_id:
+            if s.busy:
+                return answer(request, FieldError("session_id", "is running a tick; close it when it answers",
+                                                  409).body(), 409)
+            SESSIONS.pop(model).close()
+            services.memory.empty_cache()
+            return answer(request, {"closed": session_id, "model": model})
+    return answer(request, FieldError("session_id", f"no open session {session_id!r}", 404).body(), 404)
+
+
+async def reaper() -> None:
+    """Close idle sessions every few seconds while the server runs (a request also reaps before it is read)."""
+    while True:
+        await asyncio.sleep(max(1.0, min(30.0, idle_seconds() / 4)))
+        reap()
+
+
+class Cosmos3APISessionTick:
+    DESCRIPTION = "Used by the session route: runs one tick of an open Sim-Bimanual session (held in memory)."
+    CATEGORY = "cosmos3/api"
+    DEV_ONLY = True
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "tick"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("COSMOS3_MODEL",), "key": ("STRING", {"default": ""})},
+                "hidden": {"node_id": "UNIQUE_ID"}}
+
+    def tick(self, model, key, node_id=None):
+        job = Job.of(key, "session tick")
+        call: TickCall = job.payload["tick"]
+        s = call.open
+        progress = services.progress.RunProgress(node_id)
+        if call.opens or s.session is None:
+            plan = model.plan(s.prompt, Request.build(**s.request))
+        else:
+            plan = s.session.plan
+        with model.use(memory_required=model.memory_needed(plan)) as pipe:
+            if not pipe.local:
+                raise InputError("sessions run on one process: load the model with gpus 1")
+            if call.opens or s.session is None:
+                s.close()
+                pipe.planner.check(plan)
+                s.session = Session(pipe, plan)
+            frames = s.session.tick(call.values, callback=progress.step, progress=progress.stage,
+                                    interrupt=services.progress.check_interrupt)
+        job.results[0] = (frames, plan.settings.fps)
+        return {"ui": {"text": [f"session {s.session_id}: chunk {call.tick['chunk_index']}, {frames.shape[0]} frames"]}}
+
+

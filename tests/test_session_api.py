@@ -1,0 +1,150 @@
+"""The session route without a server: vLLM-Omni's typed ticks checked against the open session (refused by field and
+status before anything is queued), and the tick graph run like a workflow, equal to the runtime's session. Over real
+HTTP inside ComfyUI it is tested in test_comfyui_server.py, with the client docs/http-api.md shows."""
+
+import importlib
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import cosmos3_runtime
+from comfy_harness import CORE_NODES, execute
+from cosmos3_runtime.action import ActionRequest
+from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block
+
+MODEL = "Cosmos3-Nano-Sim-Bimanual"
+W, H = 64, 32
+
+
+@pytest.fixture(scope="module")
+def ticks(pack):
+    return importlib.import_module(f"{pack.serving.__name__}.ticks")
+
+
+@pytest.fixture
+def bimanual(tmp_path, monkeypatch, ticks):
+    root = tmp_path / "models"
+    make_tiny_checkpoint(root / MODEL, kind="gated", distilled=True, action=True, reasoner=False, dtype="float32",
+                         causal=sim_bimanual_block(6))
+    monkeypatch.setenv("COSMOS3_MODEL_DIRS", str(root))
+    ticks.SESSIONS.clear()
+    yield root / MODEL
+    ticks.SESSIONS.clear()
+
+
+def image() -> np.ndarray:
+    return (np.random.default_rng(0).random((H, W, 3)) * 255).astype(np.uint8)
+
+
+def values(seed: int = 0) -> list:
+    return np.random.default_rng(seed).normal(size=(16, 29)).tolist()
+
+
+def body(chunk=0, session="s1", seed=0, **extra) -> dict:
+    tick = {"session_id": session, "request_id": f"r{chunk}", "chunk_index": chunk, "applied_event_ids": [chunk],
+            "controls": [{"track": "robot_action", "schema": "robot_action.v1", "data": {"values": values(seed)}}]}
+    tick.update(extra.pop("tick", {}))
+    opening = {"prompt": "the robot folds a towel", "image": image().tolist(), "width": W, "height": H,
+               "seed": 3} if chunk == 0 else {}
+    return {"extra_args": {"ar_diffusion_tick": tick}, **opening, **extra}
+
+
+def parse(ticks, payload):
+    return ticks.parse_tick(payload, {}, ticks.session_checkpoints())
+
+
+def run(ticks, pack, payload) -> torch.Tensor:
+    """What the route does around ComfyUI's queue: check, run the tick graph (by the harness), move the session on."""
+    call = parse(ticks, payload)
+    ticks.SESSIONS[call.model] = call.open
+    with pack.serving.jobs.Job({"tick": call}, 1) as job:
+        execute(ticks.tick_graph(call, job.key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
+        frames, _ = job.results[0]
+    call.open.next_chunk = call.tick["chunk_index"] + 1
+    return frames
+
+
+def test_ticks_through_the_graph_give_the_runtime_sessions_frames(ticks, pack, bimanual):
+    got = [run(ticks, pack, body(k, seed=k)) for k in range(3)]
+    pipe = cosmos3_runtime.load(bimanual, dtype="fp32")
+    frame = torch.from_numpy(image()).float().div(255)[None]
+    with pipe.session("the robot folds a towel", action=ActionRequest(mode="forward_dynamics", image=frame,
+                                                                      domain="agibotworld"),
+                      width=W, height=H, seed=3) as s:
+        want = [s.tick(torch.tensor(values(k), dtype=torch.float32)) for k in range(3)]
+    assert [g.shape[0] for g in got] == [17, 16, 16]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
+
+
+def test_the_answer_follows_the_typed_tick(ticks, pack, bimanual):
+    call = parse(ticks, body(0))
+    frames = torch.rand(17, H, W, 3)
+    answer = ticks.reply(call, frames, 30.0, numpy=True)
+    assert answer["ar_diffusion"] == {"session_id": "s1", "request_id": "r0", "chunk_index": 0,
+                                      "applied_event_ids": [0]}
+    assert (answer["frame_index"], answer["first_frame"], answer["num_frames"]) == (0, 0, 17)
+    assert answer["frames"].dtype == np.uint8 and answer["frames"].shape == (17, H, W, 3)
+    call.tick["chunk_index"] = 2
+    later = ticks.reply(call, frames[:16], 30.0, numpy=False)
+    assert (later["frame_index"], later["first_frame"]) == (9, 33) and "b64_json" in later["frames"][0]
+
+
+@pytest.mark.parametrize("payload, field, status", [
+    ({"prompt": "x"}, "ar_diffusion_tick", 400),
+    (body(0, tick={"session_id": ""}), "ar_diffusion_tick.session_id", 400),
+    (body(0, tick={"chunk_index": -1}), "ar_diffusion_tick.chunk_index", 400),
+    (body(0, tick={"applied_event_ids": [3, 2]}), "ar_diffusion_tick.applied_event_ids", 400),
+    (body(0, tick={"controls": []}), "ar_diffusion_tick.controls", 400),
+    (body(0, tick={"controls": [{"track": "camera", "schema": "robot_action.v1", "data": {"values": values()}}]}),
+     "ar_diffusion_tick.controls[0]", 400),
+    (body(0, tick={"controls": [{"track": "robot_action", "schema": "robot_action.v1",
+                                 "data": {"values": np.zeros((16, 9)).tolist()}}]}),
+     "ar_diffusion_tick.controls[0].data.values", 400),
+    (body(0, tick={"controls": [{"track": "robot_action", "schema": "robot_action.v1",
+                                 "data": {"values": [[float("nan")] * 29] * 16}}]}),
+     "ar_diffusion_tick.controls[0].data.values", 400),
+    ({**body(0), "image": None}, "image", 400),
+    ({**body(0), "prompt": ""}, "prompt", 400),
+    (body(0, domain="droid_lerobot"), "domain", 400),
+    (body(1), "ar_diffusion_tick.session_id", 404),
+])
+def test_bad_ticks_are_refused_by_field(ticks, bimanual, payload, field, status):
+    with pytest.raises(ticks.FieldError) as refused:
+        parse(ticks, payload)
+    assert (refused.value.field, refused.value.status) == (field, status)
+
+
+def test_ticks_against_the_open_session_are_refused_by_field(ticks, pack, bimanual):
+    run(ticks, pack, body(0))
+    for payload, field, status, text in [
+        (body(0, session="s2"), "ar_diffusion_tick.session_id", 409, "has session 's1' open"),
+        (body(2), "ar_diffusion_tick.chunk_index", 409, "takes chunk 1 next"),
+        (body(1, prompt="another prompt"), "prompt", 409, "needs reset"),
+        (body(1, fps=15), "fps", 409, "needs reset"),
+    ]:
+        with pytest.raises(ticks.FieldError, match=text) as refused:
+            parse(ticks, payload)
+        assert (refused.value.field, refused.value.status) == (field, status)
+    assert run(ticks, pack, body(1)).shape[0] == 16  # the session is still there, at chunk 1
+
+
+def test_idle_sessions_are_closed_and_their_cache_freed(ticks, pack, bimanual, monkeypatch):
+    run(ticks, pack, body(0))
+    opened = ticks.SESSIONS[MODEL]
+    assert opened.session.run is not None
+    monkeypatch.setenv(ticks.IDLE_ENV, "10")
+    assert ticks.reap(opened.used + 5) == [] and ticks.reap(opened.used + 11) == [MODEL]
+    assert MODEL not in ticks.SESSIONS and opened.session is None
+    with pytest.raises(ticks.FieldError) as refused:
+        parse(ticks, body(1))
+    assert refused.value.status == 404
+
+
+def test_other_checkpoints_do_not_run_sessions(ticks, bimanual, tiny_factory):
+    shutil.copytree(tiny_factory(kind="edge"), bimanual.parent / "Cosmos3-Edge")
+    with pytest.raises(ticks.FieldError, match="does not run sessions") as refused:
+        parse(ticks, {**body(0), "model": "Cosmos3-Edge"})
+    assert refused.value.field == "model"

@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from conftest import ROOT
-from cosmos3_runtime.tiny import sim_transfer_block
+from cosmos3_runtime.tiny import sim_bimanual_block, sim_transfer_block
 from comfy_harness import CORE_NODES
 from test_workflows import API, CORE, UI, small, with_defaults
 
@@ -48,6 +48,8 @@ CHECKPOINTS = {  # model folder names the shipped workflows use
     "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
     "nvidia/Cosmos3-Edge-Policy-DROID": dict(kind="edge", action=True),
     "Cosmos3-Nano-Sim-Transfer": dict(kind="gated", distilled=True, causal=sim_transfer_block()),
+    # a window of 8 latent frames: a session slides its history from its third tick
+    "Cosmos3-Nano-Sim-Bimanual": dict(kind="gated", distilled=True, action=True, causal=sim_bimanual_block(8)),
     # big enough that /free is measurable: 185M parameters, 740 MB in fp32 (what a CPU server loads)
     "Cosmos3-Edge-Large": dict(kind="edge", size="small", overrides={
         "hidden_size": 1024, "num_hidden_layers": 8, "intermediate_size": 4096, "num_attention_heads": 8,
@@ -668,4 +670,68 @@ def test_an_abandoned_stream_takes_its_prompt_off_the_queue(server):
     assert not chat_prompts(queue["queue_pending"]) and queue["queue_running"], queue  # gone while the run still runs
     while _call(f"{url}/queue")[1]["queue_running"]:
         time.sleep(0.5)
+    _alive(url)
+
+
+TICKS = "/cosmos3/v1/sessions/ticks"
+SOAK_TICKS = int(os.environ.get("COSMOS3_SOAK_TICKS", "24"))  # ticks over three sessions (the docs' soak: 200)
+
+
+def _tick(url: str, session: str, k: int, values=None, **extra) -> tuple[int, dict]:
+    values = np.random.default_rng(k).normal(size=(16, 29)).tolist() if values is None else values
+    body = {"extra_args": {"ar_diffusion_tick": {
+        "session_id": session, "request_id": f"{session}-{k}", "chunk_index": k, "applied_event_ids": [k],
+        "controls": [{"track": "robot_action", "schema": "robot_action.v1", "data": {"values": values}}],
+        **extra.pop("tick", {})}}, **extra}
+    if k == 0:
+        body.update(prompt="The robot folds the towel.", width=64, height=32,
+                    image=np.random.default_rng(0).integers(0, 256, (32, 64, 3)).tolist())
+    return _call(f"{url}{TICKS}", body, timeout=300)
+
+
+def test_a_session_ticks_over_http_and_refuses_what_it_cannot_take(server):
+    url, _ = server
+    status, first = _tick(url, "s1", 0)
+    assert status == 200, first
+    assert first["ar_diffusion"] == {"session_id": "s1", "request_id": "s1-0", "chunk_index": 0,
+                                     "applied_event_ids": [0]}
+    assert (first["num_frames"], first["frame_index"], len(first["frames"])) == (17, 0, 17)
+    assert Image.open(io.BytesIO(base64.b64decode(first["frames"][0]["b64_json"]))).size == (64, 32)
+    for k, session, extra, status_wanted, field in [
+        (2, "s1", {}, 409, "ar_diffusion_tick.chunk_index"),  # out of order
+        (0, "s2", {}, 409, "ar_diffusion_tick.session_id"),  # one session per model
+        (1, "s1", {"values": [[0.0] * 9] * 16}, 400, "ar_diffusion_tick.controls[0].data.values"),
+        (1, "s1", {"fps": 15}, 409, "fps"),  # bound at open
+    ]:
+        status, refused = _tick(url, session, k, **extra)
+        assert (status, refused["error"]["param"]) == (status_wanted, field), refused
+    status, second = _tick(url, "s1", 1, tick={"close_session": True})
+    assert status == 200 and (second["num_frames"], second["frame_index"], second["first_frame"]) == (16, 5, 17)
+    status, gone = _tick(url, "s1", 2)
+    assert status == 404 and "start it again at chunk_index 0" in gone["error"]["message"], gone
+    request = urllib.request.Request(f"{url}/cosmos3/v1/sessions/s1", method="DELETE")
+    with pytest.raises(urllib.error.HTTPError) as closed:
+        urllib.request.urlopen(request, timeout=30)
+    assert closed.value.code == 404
+    _alive(url)
+
+
+def test_a_soak_of_ticks_over_three_sessions_keeps_memory_flat(server):
+    url, base = server
+    rss, seconds = [], []
+    per_session = max(3, SOAK_TICKS // 3)
+    for n in range(3):
+        session = f"soak-{n}"
+        for k in range(per_session):
+            start = time.perf_counter()
+            status, answer = _tick(url, session, k)
+            assert status == 200, answer
+            seconds.append(time.perf_counter() - start)
+            rss.append(_rss(base) / 2**20)
+        request = urllib.request.Request(f"{url}/cosmos3/v1/sessions/{session}", method="DELETE")
+        assert urllib.request.urlopen(request, timeout=30).status == 200
+    settled = rss[per_session:]  # after the first session (the model loaded, the window filled once)
+    print(f"soak: {len(rss)} ticks over 3 sessions, median {sorted(seconds)[len(seconds) // 2]:.2f} s a tick; "
+          f"server RSS after the first session {min(settled):.0f}-{max(settled):.0f} MiB, at the end {rss[-1]:.0f} MiB")
+    assert max(settled) - settled[0] < 150, rss
     _alive(url)

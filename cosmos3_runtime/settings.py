@@ -268,9 +268,9 @@ def _causal_refusals(variant: Variant, r: Request, steps: tuple[int, ...]) -> No
     if r.compile:
         raise InputError("compile is not supported for causal rollouts yet (their history changes every chunk); leave "
                          "it off")
-    if r.chunk_frames is not None or r.chunk_overlap_frames is not None:
+    if r.chunk_frames is not None:  # (an overlap alone, a sampler's widget, means nothing without them)
         raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
-                         f"{c.chunk_size} at a time): leave chunk_frames and chunk_overlap_frames unset")
+                         f"{c.chunk_size} at a time): leave chunk_frames unset")
 
 
 def _history_window(c, r: Request) -> int | None:

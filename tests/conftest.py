@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_transfer_block  # noqa: E402
+from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")  # a real ComfyUI checkout: the tier-2 tests import it in-process
@@ -119,6 +119,7 @@ def models_dir(tmp_path, monkeypatch, tiny_factory, tiny_gguf):
         "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
         "nvidia/Cosmos3-Edge-Policy-DROID": dict(kind="edge", action=True),
         "Cosmos3-Nano-Sim-Transfer": dict(kind="gated", distilled=True, causal=sim_transfer_block()),
+        "Cosmos3-Nano-Sim-Bimanual": dict(kind="gated", distilled=True, action=True, causal=sim_bimanual_block()),
     }
     for name, options in layout.items():
         shutil.copytree(tiny_factory(**options), root / name)

@@ -90,6 +90,7 @@ def comfyui_server(base: Path, checkpoints: dict, tiny_factory, env: dict | None
     (base / "input").mkdir()
     pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(base / "input" / "example.png")
+    shutil.copy(ROOT / "workflows" / "agibot_actions.csv", base / "input")  # the Sim-Bimanual workflow's
     port = _port()
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     log = open(base / "server.log", "w")

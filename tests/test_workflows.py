@@ -8,6 +8,7 @@ ComfyUI, so adding one rewrites no file here (test_a_workflow_saved_before_the_s
 import copy
 import inspect
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -33,20 +34,24 @@ from comfy_harness import (
 from conftest import ROOT
 
 API = sorted((ROOT / "workflows" / "api").glob("*.json"))
+EXAMPLE_ACTIONS = "agibot_actions.csv"  # the Sim-Bimanual workflow's actions, copied into ComfyUI's input folder
 ACTION = [p for p in API if "_droid_" in p.name]  # action workflows (Edge-Policy-DROID)
 CORE = [p for p in API if p.stem.endswith(("_core", "_easycache"))]  # ComfyUI samples them (test_comfyui_server.py)
 TRANSFER = [p for p in API if "_transfer_" in p.name and "_sim_" not in p.name]  # Cosmos3 Transfer Sampler: frames out
 SIM_TRANSFER = [p for p in API if "_sim_transfer_" in p.name]  # Cosmos3 Sim-Transfer Sampler: a causal rollout
+SIM_BIMANUAL = [p for p in API if "_sim_bimanual" in p.name]  # a causal rollout of actions from a file
 REASON = [p for p in API if "_reason_" in p.name]  # the Reasoner alone: text out
 UI = sorted((ROOT / "workflows").glob("*.json"))
 
 
 @pytest.fixture
-def registry(pack, models_dir, tmp_path):
+def registry(pack, models_dir, tmp_path, monkeypatch):
     inputs = tmp_path / "input"
     inputs.mkdir()
     pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(inputs / "example.png")
+    shutil.copy(ROOT / "workflows" / EXAMPLE_ACTIONS, inputs)
+    monkeypatch.setenv("COSMOS3_INPUT_DIR", str(inputs))
     LoadImage.input_dir = inputs
     LoadVideo.clips = {"example.mp4": Video(torch.rand(11, 120, 160, 3), 24.0),
                        **{name: Video(clip[:13], 16.0) for name, clip in zip(pack.transfer.EXAMPLE_CLIPS,
@@ -101,7 +106,8 @@ def small(prompt: dict) -> dict:
     return prompt
 
 
-@pytest.mark.parametrize("path", [p for p in API if p not in ACTION + CORE + TRANSFER + SIM_TRANSFER + REASON],
+@pytest.mark.parametrize("path", [p for p in API if p not in ACTION + CORE + TRANSFER + SIM_TRANSFER + SIM_BIMANUAL
+                                  + REASON],
                          ids=lambda p: p.stem)
 def test_api_workflow_runs_and_saves_frames(registry, path):
     prompt = small(load_json(path))
@@ -162,6 +168,17 @@ def test_sim_transfer_workflow_rolls_out_whole_chunks_of_the_control(registry, p
     (sampler,) = [n for n, node in prompt.items() if node["class_type"] == "Cosmos3SimTransferSampler"]
     report = "\n".join(results[sampler][1]["text"])
     assert "2 chunks of 4 steps, edge control, K/V history" in report and "trimmed to 17" in report
+
+
+@pytest.mark.parametrize("path", SIM_BIMANUAL, ids=lambda p: p.stem)
+def test_sim_bimanual_workflow_rolls_out_the_actions_file(registry, path):
+    prompt = small(load_json(path))
+    results = execute(prompt, registry)
+    ((_, video),) = SaveVideo.saved
+    assert video.images.shape == (13, 48, 64, 3) and video.fps == 30.0  # the first 12 actions: 1 + 12 frames
+    (sampler,) = [n for n, node in prompt.items() if node["class_type"] == "Cosmos3Sampler"]
+    report = "\n".join(results[sampler][1]["text"])
+    assert "causal actions: 64x48, 13 frames" in report and "the first 12 of 32 actions used" in report
 
 
 @pytest.mark.parametrize("path", ACTION, ids=lambda p: p.stem)

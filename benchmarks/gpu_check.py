@@ -16,7 +16,8 @@ error):
 generation; offload_text and blocks_to_swap bit-identical; fp8 weight-only and fp8_scaled; GGUF Q8_0 and Q4_0 (also
 with block swap, and with layers left in CPU memory); a model whose small modules stay in CPU memory while its
 linears are on the device (as ComfyUI's low-VRAM loading leaves it) equal to one held wholly on the device; a
-two-control transfer over two chunks; the Reasoner of both families.
+two-control transfer over two chunks; a causal Sim-Transfer rollout; a Sim-Bimanual session (three ticks against the
+batch run and fp32 on the CPU, history in CPU memory); the Reasoner of both families.
 Device and code paths: the device record (`cosmos3_runtime.devices.facts`) printed, its grouped-K/V answer for bf16
 and fp32 against torch's own SDPA kernel choice; one generate with the media block compiled (inductor; the eager
 backend on the CPU), no graph breaks and equal to the uncompiled run; a first load through the nodes' memory path
@@ -58,7 +59,8 @@ from virtual_device import place_like_a_host  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
 from cosmos3_runtime.quantize import Fp8Linear, scaled_fp8_available  # noqa: E402
-from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint, sim_transfer_block  # noqa: E402
+from cosmos3_runtime.action import ActionRequest  # noqa: E402
+from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block  # noqa: E402
 from cosmos3_runtime.transformer import TrackTokens, TransformerConfig, attention  # noqa: E402
 from cosmos3_runtime.vae import WanVAE  # noqa: E402
 
@@ -280,6 +282,36 @@ def check_causal(c: Check) -> None:
     c.row("causal rollout, 3 chunks", error < BOUNDS["causal"] and recomputed < BOUNDS["causal_recompute"] and host,
           f"mean abs difference of the frames {error:.4f}; K/V vs recompute {recomputed:.4f} relative; history in CPU "
           f"memory bit-identical={host}")
+
+
+def check_session(c: Check) -> None:
+    """A Sim-Bimanual session on the device, three ticks: bf16 against a batch run of the same actions on the device
+    (the same kernels: equal) and against fp32 on the CPU; the history in pinned CPU memory against on the device."""
+    root = c.folder / "sim-bimanual"
+    if not root.exists():
+        make_tiny_checkpoint(root, kind="gated", size="small", distilled=True, action=True,
+                             causal=sim_bimanual_block(window_frames=8))
+    table = torch.randn(48, 29, generator=torch.Generator().manual_seed(0))
+    first = torch.rand(1, 96, 128, 3, generator=torch.Generator().manual_seed(1))
+
+    def options(actions=None, **extra):
+        return dict(action=ActionRequest(mode="forward_dynamics", image=first, actions=actions, domain="agibotworld"),
+                    width=128, height=96, seed=3, **extra)
+
+    cpu = cosmos3_runtime.load(root, device="cpu", dtype="fp32").generate("a robot", **options(table)).frames
+    pipe = cosmos3_runtime.load(root, device=c.device, dtype="bf16")
+    batch = pipe.generate("a robot", **options(table)).frames
+    start = time.perf_counter()
+    with pipe.session("a robot", **options()) as s:
+        ticks = torch.cat([s.tick(table[16 * k : 16 * (k + 1)]) for k in range(3)])
+    seconds = (time.perf_counter() - start) / 3
+    with pipe.session("a robot", **options(causal_history="cpu")) as s:
+        host = torch.cat([s.tick(table[16 * k : 16 * (k + 1)]) for k in range(3)])
+    same = (ticks - batch).abs().max().item()
+    error = (ticks - cpu).abs().mean().item()
+    c.row("Sim-Bimanual session, 3 ticks", same <= 1 / 255 and error < BOUNDS["causal"] and torch.equal(host, ticks),
+          f"ticks vs batch max abs {same:.5f}; vs fp32 on the CPU mean abs {error:.4f}; history in CPU memory "
+          f"bit-identical={torch.equal(host, ticks)}; {seconds:.2f} s a tick (tiny model, 128x96)")
 
 
 def check_reasoner(c: Check) -> None:
@@ -810,7 +842,7 @@ def check_speed_table(c: Check) -> None:
 CHECKS = [  # the most valuable first: the deadline skips what is left
     ("bf16", check_bf16), ("low VRAM", check_low_vram), ("fp8", check_fp8), ("fp8_scaled", check_fp8_scaled),
     ("GGUF", check_gguf), ("host placement", check_host_placement), ("transfer", check_transfer),
-    ("causal", check_causal),
+    ("causal", check_causal), ("session", check_session),
     ("Reasoner", check_reasoner),
     ("device record", check_device_record), ("attention kernels", check_attention_kernels),
     ("compiled block", check_compiled_block), ("first load", check_first_load), ("SDPA kernels", check_sdpa_backends),

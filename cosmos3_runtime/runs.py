@@ -244,7 +244,7 @@ class Rollout(Run):
             self.controls = parts.codec.encode_pixels(clip.to(self.model.dtype))
         self.actions = None  # Sim-Bimanual: the normalized action rows [n, width], the first image's latents
         if self.plan.embodiment is not None:
-            self.actions = torch.zeros(0, self.model.config.action_dim)
+            self.actions = torch.zeros(0, self.model.config.action_dim, device=parts.device)  # read every forward
             first = preprocess_image(r.action.image, s.height, s.width).unsqueeze(2)  # cover-resized, centre-cropped
             self.first_latents = parts.codec.encode_pixels(first.to(self.model.dtype))
             if not open:
@@ -285,7 +285,7 @@ class Rollout(Run):
 
     def extend(self, actions) -> None:
         """Append raw actions [n, width] (n a multiple of 4: one latent frame each 4) and the chunks they make."""
-        rows = self.plan.embodiment.normalize(actions, self.model.config.action_dim)
+        rows = self.plan.embodiment.normalize(actions, self.model.config.action_dim).to(self.parts.device)
         if rows.shape[0] % causal.ACTION_TOKENS:
             raise InputError(f"actions come {causal.ACTION_TOKENS} rows to a latent frame: {rows.shape[0]} rows are "
                              f"not a multiple of {causal.ACTION_TOKENS}")
@@ -326,8 +326,8 @@ class Rollout(Run):
             return []
         e = self.plan.embodiment
         if start == 0:
-            return [TrackTokens("action", torch.zeros(causal.ACTION_TOKENS, self.actions.shape[1]), [], self.s.fps,
-                                causal.ACTION_TOKENS, 0, e.domain_id, null=True)]
+            null = self.actions.new_zeros(causal.ACTION_TOKENS, self.actions.shape[1])
+            return [TrackTokens("action", null, [], self.s.fps, causal.ACTION_TOKENS, 0, e.domain_id, null=True)]
         first, last = causal.action_rows(start, end)
         return [TrackTokens("action", self.actions[first - self.dropped : last - self.dropped], [], self.s.fps,
                             causal.ACTION_TOKENS, first + 1, e.domain_id)]

@@ -124,6 +124,7 @@ def test_ticks_against_the_open_session_are_refused_by_field(ticks, pack, bimanu
         (body(2), "ar_diffusion_tick.chunk_index", 409, "takes chunk 1 next"),
         (body(1, prompt="another prompt"), "prompt", 409, "needs reset"),
         (body(1, fps=15), "fps", 409, "needs reset"),
+        ({**body(1), "image": image().tolist()}, "image", 409, "send reset with it"),
     ]:
         with pytest.raises(ticks.FieldError, match=text) as refused:
             parse(ticks, payload)

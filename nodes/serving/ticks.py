@@ -52,7 +52,7 @@ class Open:
     """The open session of one checkpoint: what it is bound to, the next chunk it takes, the runtime's session."""
 
     session_id: str
-    binding: dict  # prompt, image digest and the opening options
+    binding: dict  # the prompt and the opening options
     request: dict  # the runtime request's fields (the first image among them)
     prompt: str
     next_chunk: int = 0
@@ -204,7 +204,7 @@ def parse_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> TickCall:
             raise FieldError("image", "tick 0 opens the session: give the first image (base64, a data: URL, pixels "
                                       "or a multipart upload)")
         frame = decode_image(image, "image")
-        binding = {"prompt": prompt, **options, "image": hash(frame.numpy().tobytes())}
+        binding = {"prompt": prompt, **options}
         request = dict(action=ActionRequest(mode="forward_dynamics", image=frame, domain=domain),
                        **{k: v for k, v in options.items() if k != "domain"})
         if current is not None:
@@ -214,6 +214,9 @@ def parse_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> TickCall:
         if current is None:
             raise FieldError(f"{TICK}.session_id", f"no open session {tick['session_id']!r} on {model!r} (closed, "
                                                   "failed or idled out): start it again at chunk_index 0", 404)
+        if uploads.get("image", body.get("image")) is not None:
+            raise FieldError("image", "the first image opens the session (tick 0): send reset with it to start again "
+                                      "from another image", 409)
         if tick["chunk_index"] != current.next_chunk:
             raise FieldError(f"{TICK}.chunk_index", f"out of order: session {current.session_id!r} takes chunk "
                                                    f"{current.next_chunk} next; send reset to start again", 409)

@@ -363,7 +363,7 @@ def test_cancel_stops_a_run_within_seconds(server):
         return prompt
 
     assert _run(url, one_step(64, 48, 1, seed=1))["status"]["status_str"] == "success"  # loads the checkpoint
-    status, reply = _call(f"{url}/prompt", {"prompt": one_step(1024, 1024, 1, seed=2)})
+    status, reply = _call(f"{url}/prompt", {"prompt": one_step(1408, 1408, 1, seed=2)})
     assert status == 200, reply
     time.sleep(2)  # inside its step
     pressed = time.monotonic()
@@ -375,7 +375,7 @@ def test_cancel_stops_a_run_within_seconds(server):
     events = [event for event, _ in history[reply["prompt_id"]]["status"]["messages"]]
     assert "execution_interrupted" in events, events
     started = time.monotonic()
-    assert _run(url, one_step(1024, 1024, 1, seed=3))["status"]["status_str"] == "success"
+    assert _run(url, one_step(1408, 1408, 1, seed=3))["status"]["status_str"] == "success"
     step = time.monotonic() - started
     print(f"\ncancel delay {delay:.2f} s; the step it cut takes {step:.1f} s")
     assert delay < 2.0 < step - 2  # checked between steps only, the prompt would have run to the step's end

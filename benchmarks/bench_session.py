@@ -44,10 +44,11 @@ def nano_rate() -> float:
 
 def flops_per_tick(steps: int, window: int = 96, chunk: int = 4, text_tokens: int = 300) -> float:
     """One tick at Nano's shape, 832x480 (26 x 15 patches and 4 action tokens a latent frame), its history a full
-    window: `steps` denoising forwards of the chunk and the chunk's four one-frame commits."""
+    window (96 latent frames before the chunk): `steps` denoising forwards of the chunk and its four one-frame
+    commits."""
     config = TransformerConfig(**RELEASED["nano"])
     rows = 26 * 15 + 4
-    history = (window - chunk) * rows
+    history = window * rows
     forward = timing.forward_flops(config, (chunk, 30, 52), text_tokens + history, 0, torch.bfloat16)
     commits = sum(timing.forward_flops(config, (1, 30, 52), text_tokens + history + f * rows, 0, torch.bfloat16)
                   for f in range(chunk))

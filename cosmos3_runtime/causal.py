@@ -98,8 +98,13 @@ def read_contract(conditioning: dict, source: str) -> tuple[tuple[Embodiment, ..
                                       tuple(map(float, scale)), kind))
     if not embodiments:
         raise CheckpointError(f"{source}: the action contract lists no embodiments")
+    width, domains = int(conditioning.get("model_action_dim", 64)), int(conditioning.get("num_embodiment_domains", 32))
+    for e in embodiments:
+        if e.width > width or not 0 <= e.domain_id < domains:
+            raise CheckpointError(f"{source}: embodiment {e.name!r} ({e.width} values, domain {e.domain_id}) does not "
+                                  f"fit the action head ({width} values, {domains} domains)")
     default = conditioning.get("default_embodiment") or embodiments[0].name
-    return tuple(embodiments), default, int(conditioning.get("model_action_dim", 64))
+    return tuple(embodiments), default, width
 
 
 @dataclass(frozen=True)
@@ -250,15 +255,16 @@ class Rollout:
         return TEMPORAL_FACTOR * max(end - start for start, end in self.chunks)
 
     def recent(self, start: int) -> int:
-        """How many of the latest frames of history the chunk starting at `start` keeps beside the sinks (its window
-        holds the sinks, those and itself)."""
-        chunk = next(end - s for s, end in self.chunks if s == start)
+        """How many of the latest frames of history the chunk starting at `start` keeps beside the sinks. Sim-Transfer's
+        window holds the sinks, those and the chunk itself; Sim-Bimanual's holds history only (vLLM-Omni's
+        append_dense_kv_history keeps the last window_frames frames, the chunk attends to them and itself)."""
+        chunk = 0 if self.embodiment is not None else next(end - s for s, end in self.chunks if s == start)
         return start if self.window_frames is None else max(self.window_frames - self.sink_frames - chunk, 0)
 
     def kept(self, start: int) -> list[int]:
         """The latent frames of history the chunk starting at `start` attends to."""
         earlier, recent = list(range(start)), self.recent(start)
-        return sorted(set(earlier[: self.sink_frames]) | set(earlier[len(earlier) - recent :] if recent else []))
+        return sorted(set(earlier[: self.sink_frames]) | set(earlier[max(len(earlier) - recent, 0) :] if recent else []))
 
     def history_frames(self) -> int:
         """The most latent frames of K/V held at once (control and RGB frames counted apart)."""

@@ -24,7 +24,7 @@ FP8_POLICIES = ("checkpoint", "on", "off")
 OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
 CAUSAL_CACHES = ("kv", "recompute")
-CAUSAL_SEEDS = ("framework", "sglang")
+CAUSAL_SEEDS = ("auto", "framework", "sglang")
 CAUSAL_HISTORY = ("device", "cpu", "fp8")
 LONGEST_WINDOW = 201  # frames generated in one window by default; longer videos run in chunks (NVIDIA lists <= 200 at 720p)
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
@@ -167,8 +167,10 @@ class Request:
                                  "each layer's brought to the device as it runs: far less GPU memory, more transfer, "
                                  "the same result); or fp8 (on the device in fp8, a scale per token and head: about "
                                  "half of bf16, close to the same result)", choices=list(CAUSAL_HISTORY))
-    causal_seeds: str = option("framework", "causal checkpoints: the per-step noise seeds, NVIDIA's framework's "
-                               "(seed + chunk start x 1000003 + (step + 1) x 9176) or sglang's (step x 9176)",
+    causal_seeds: str = option("auto", "causal checkpoints: the per-step noise seeds, framework (seed + chunk start "
+                               "x 1000003 + (step + 1) x 9176, NVIDIA's framework's newest Sim-Transfer code) or "
+                               "sglang (step x 9176, SGLang's and the framework's Sim-Bimanual code); auto: "
+                               "framework for Sim-Transfer, sglang for Sim-Bimanual",
                                choices=list(CAUSAL_SEEDS))
     emphasize_control: bool | None = option(None, "causal Sim-Transfer: add the sentence telling the model to follow "
                                             "the control clip precisely (auto: the checkpoint's setting)",

@@ -335,9 +335,9 @@ class Rollout(Run):
     def commit(self, latents: torch.Tensor, start: int) -> None:
         """Append the K/V of clean frames at latent frame `start` (no time embedding: no frame is noisy)."""
         self.cache.start_frame = start
-        self.model(latents, torch.zeros(()), self.parts.denoiser.text_kv(self.cond_ids), [], self.s.fps,
-                   self.conditions(start, start + latents.shape[2]),
-                   hooks=replace(self.parts.denoiser.hooks, cache=self.cache))
+        clean = torch.zeros((), device=latents.device)  # (made there: no copy to the device per commit)
+        self.model(latents, clean, self.parts.denoiser.text_kv(self.cond_ids), [], self.s.fps,
+                   self.conditions(start, start + latents.shape[2]), hooks=replace(self.parts.denoiser.hooks, cache=self.cache))
         self.cache.append(torch.arange(start, start + latents.shape[2]).repeat_interleave(
             self.cache.written // latents.shape[2]))
 

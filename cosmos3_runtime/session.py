@@ -55,28 +55,32 @@ class Session:
         self.run = runs.Rollout(self.pipe.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None,
                                 open=True)
         self.decoder = self.pipe.vae.decode_stream()
-        self.chunk_index = 0
+        self.chunk_index, self.lost = 0, False
 
     def tick(self, actions, callback=None, progress=None, interrupt=None) -> torch.Tensor:
         """The next chunk's actions [16, width] (raw, the embodiment's units) -> its frames [F, H, W, 3] float32 in
-        0..1 on the CPU: 17 for tick 0 (the first image's frame and 16), 16 after. A tick that fails or is cancelled
-        resets the session (its history would be half-committed) before it raises."""
-        if self.run is None:
+        0..1 on the CPU: 17 for tick 0 (the first image's frame and 16), 16 after. Bad actions are refused before
+        anything runs, the session unchanged; a tick that fails or is cancelled loses the history (half-committed):
+        the session starts again at chunk 0 with its next tick."""
+        if self.run is None and not self.lost:
             raise InputError("this session is closed; open a new one")
-        table = torch.as_tensor(actions, dtype=torch.float32)
+        table = torch.as_tensor(actions, dtype=torch.float32).cpu()
         if table.shape != (self.rows, self.width):
             raise InputError(f"a tick takes {self.rows} actions of {self.width} values (one per frame), got "
                              f"{list(table.shape)}")
+        self.plan.settings.rollout.embodiment.normalize(table, self.width)  # NaN and infinities refused here
+        if self.lost:
+            self.reset()
         pipe, s = self.pipe, self.plan.settings
         try:
             with torch.inference_mode(), modelopt_fp8.for_text(s.fp8_policy), cancel.checking(interrupt):
                 self.run.extend(table)
                 pipe.denoiser.hooks = replace(pipe.transformer.hooks, block=DecoderLayer.media)
-                latents = runs.execute(self.run, pipe.parts, int(self.plan.request.seed), callback, None, progress,
-                                       None).latents
-                pixels = self.decoder(pipe.vae.denormalize(latents.to(pipe.device)))
+                runs.execute(self.run, pipe.parts, int(self.plan.request.seed), callback, None, progress, None)
+                pixels = self.decoder(pipe.vae.denormalize(self.run.latents))
         except BaseException:
-            self.reset()
+            self.run = self.decoder = None  # freed now, rebuilt by the next tick (not while this error holds them)
+            self.lost = True
             raise
         self.chunk_index += 1
         return image_frames(pixels.float())
@@ -84,6 +88,7 @@ class Session:
     def close(self) -> None:
         """Free the history and the decoder's state; a closed session refuses ticks."""
         self.run = self.decoder = None
+        self.lost = False
 
     def __enter__(self) -> "Session":
         return self

@@ -310,8 +310,9 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         if window is None:
             raise InputError("this checkpoint keeps its whole history, which grows every tick; give causal_window "
                              "(latent frames of history) to run it as a session")
-        given = c.chunk_size * causal.ACTION_TOKENS * (window // c.chunk_size + 2)
-        actions = torch.zeros(given if r.num_frames is None else max(given, int(r.num_frames) - 1), embodiment.width)
+        if r.num_frames is not None:
+            raise InputError("a session has no length (it runs as long as ticks come): leave num_frames unset")
+        actions = torch.zeros(c.chunk_size * causal.ACTION_TOKENS * (window // c.chunk_size + 2), embodiment.width)
     else:
         actions = embodiment.normalize(a.actions, embodiment.width)  # checked here, before anything loads
     rows = actions.shape[0] if r.num_frames is None else int(r.num_frames) - 1
@@ -330,9 +331,12 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
     else:
         width, height = _size(variant, r, False, notes)
     steps = r.steps or causal.ACTION_SIGMAS
+    if steps != full and full < 3:
+        raise InputError(f"this checkpoint's t_list has {full} sigmas: give steps={full}")
     sigmas = c.t_list if steps == full else (c.t_list[0], c.t_list[2])
     rollout = Rollout(c, None, tuple(chunk_ranges(latent_frames(frames), c.chunk_size)), window, c.sink_frames,
-                      "kv", r.causal_seeds, r.causal_history, False, embodiment)
+                      "kv", "sglang" if r.causal_seeds == "auto" else r.causal_seeds, r.causal_history, False,
+                      embodiment)
     return Settings(
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=len(sigmas),
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",
@@ -384,7 +388,7 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
                      f"({pixel_frames(TRAINED_HORIZON)} frames); quality may degrade past it")
     emphasize = c.emphasize_control if r.emphasize_control is None else bool(r.emphasize_control)
     rollout = Rollout(c, hint, tuple(chunk_ranges(latents, c.chunk_size)), window, c.sink_frames, r.causal_cache,
-                      r.causal_seeds, r.causal_history, emphasize)
+                      "framework" if r.causal_seeds == "auto" else r.causal_seeds, r.causal_history, emphasize)
     return Settings(
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=steps,
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",

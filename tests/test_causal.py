@@ -215,6 +215,15 @@ def test_the_plan_counts_the_history_it_keeps(chunkwise, framewise):
     assert small.settings.rollout.history_frames() == 2 * 4  # the window: sink, two recent frames and the chunk
 
 
+def test_the_kept_history_is_every_recent_frame_the_window_allows():
+    """A window of 8 with 1 sink and chunks of 1 keeps 6 recent frames: at frame 4 all four earlier frames (the
+    history was once cut to its last 6 - 4 = 2 by a negative slice; the cache's own eviction kept all four)."""
+    config = causal.CausalConfig(1, 8, 1, causal.DEFAULT_T_LIST, ("edge",), False, "test")
+    plan = causal.Rollout(config, "edge", tuple(causal.chunk_ranges(12, 1)), 8, 1)
+    assert [plan.kept(start) for start in (1, 4, 7, 9)] == [[0], [0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6],
+                                                            [0, 3, 4, 5, 6, 7, 8]]
+
+
 def test_a_rollout_that_does_not_fit_is_refused_naming_what_does(chunkwise, monkeypatch):
     from cosmos3_runtime import budget
 

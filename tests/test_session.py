@@ -144,7 +144,7 @@ def test_memory_stays_flat_over_three_windows_of_ticks(pipe):
         assert s.run.cache.keys.shape == rows  # allocated once, at open
         per_frame = s.run.tokens + causal.ACTION_TOKENS
     held = [h for h, _, _ in kept]
-    assert max(held) <= WINDOW * per_frame and held[-1] == held[-2]
+    assert max(held) <= (WINDOW + 4) * per_frame and held[-1] == held[-2]  # the window, then the tick's 4 frames
     assert {a for _, a, _ in kept[1:]} == {16} and {t for _, _, t in kept[1:]} == {4}
 
 
@@ -154,6 +154,53 @@ def test_a_reset_starts_again_from_the_first_image(pipe):
         s.tick(actions(16, seed=2))
         s.reset()
         assert s.chunk_index == 0 and torch.equal(s.tick(actions(16)), first)
+
+
+def test_the_chunk_boundary_falls_between_action_rows_15_and_16(pipe):
+    """Rows [(f-1)*4, f*4) condition latent frame f: row 15 (frame 4) belongs to the first chunk (frames 1-4), row
+    16 (frame 5) to the second; a mapping shifted by a frame would move one of them across the boundary."""
+    table = actions(32)
+    base = batch(pipe, table).latents
+
+    def changed(row):
+        other = table.clone()
+        other[row] += 1.0
+        return batch(pipe, other).latents
+
+    last, first = changed(15), changed(16)
+    assert not torch.equal(last[:, :, 1:5], base[:, :, 1:5]) and torch.equal(last[:, :, 0], base[:, :, 0])
+    assert torch.equal(first[:, :, :5], base[:, :, :5]) and not torch.equal(first[:, :, 5:], base[:, :, 5:])
+
+
+def test_a_camera_pose_session_takes_nine_values_a_row(pipe):
+    with session(pipe, domain="camera_pose") as s:
+        assert s.tick(torch.zeros(16, 9)).shape[0] == 17 and s.tick(torch.zeros(16, 9)).shape[0] == 16
+
+
+def test_bad_actions_mid_session_leave_it_where_it_was(pipe):
+    table = actions(48)
+    whole = batch(pipe, table).frames
+    with session(pipe) as s:
+        got = [s.tick(table[:16]), s.tick(table[16:32])]
+        bad = table[32:].clone()
+        bad[0, 0] = float("inf")
+        with pytest.raises(InputError, match="NaN or infinite"):
+            s.tick(bad)
+        assert s.chunk_index == 2
+        got.append(s.tick(table[32:]))
+    assert torch.equal(torch.cat(got), whole)
+
+
+def test_a_failed_tick_loses_the_history_and_the_next_starts_again(pipe):
+    def cancel(*_):
+        raise KeyboardInterrupt
+
+    with session(pipe) as s:
+        first = s.tick(actions(16))
+        with pytest.raises(KeyboardInterrupt):
+            s.tick(actions(16, seed=2), callback=cancel)
+        assert s.run is None and s.lost  # freed at once, not rebuilt while the error holds the old history
+        assert torch.equal(s.tick(actions(16)), first) and s.chunk_index == 1
 
 
 def test_ticks_are_refused_by_name(pipe):
@@ -176,9 +223,10 @@ def test_ticks_are_refused_by_name(pipe):
     (dict(guidance_scale=3.0), "guidance_scale 3 cannot apply"),
     (dict(causal_cache="recompute"), "Sim-Bimanual runs 'kv'"),
     (dict(num_frames=49), "num_frames 49 needs 48 actions"),
+    (dict(table=None, num_frames=17), "a session has no length"),
 ])
 def test_batch_requests_are_refused_by_name(pipe, options, message):
-    table = options.pop("table", actions(16))
+    table = options.pop("table") if "table" in options else actions(16)
     with pytest.raises(InputError, match=message):
         pipe.plan("a robot", **request(table, **options))
 

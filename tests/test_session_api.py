@@ -52,17 +52,20 @@ def body(chunk=0, session="s1", seed=0, **extra) -> dict:
 
 
 def parse(ticks, payload):
-    return ticks.parse_tick(payload, {}, ticks.session_checkpoints())
+    """A tick read and claimed (its session marked busy), as the route does before queueing it."""
+    return ticks.claim(ticks.read_tick(payload, {}, ticks.session_checkpoints()))
 
 
 def run(ticks, pack, payload) -> torch.Tensor:
-    """What the route does around ComfyUI's queue: check, run the tick graph (by the harness), move the session on."""
-    call = parse(ticks, payload)
-    ticks.SESSIONS[call.model] = call.open
-    with pack.serving.jobs.Job({"tick": call}, 1) as job:
-        execute(ticks.tick_graph(call, job.key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
-        frames, _ = job.results[0]
-    call.open.next_chunk = call.tick["chunk_index"] + 1
+    """What the route does around ComfyUI's queue: claim, run the tick graph (by the harness), finish."""
+    call, ok = parse(ticks, payload), False
+    try:
+        with pack.serving.jobs.Job({"tick": call}, 1) as job:
+            execute(ticks.tick_graph(call, job.key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
+            frames, _ = job.results[0]
+        ok = True
+    finally:
+        ticks.finish(call, ok)
     return frames
 
 
@@ -124,12 +127,37 @@ def test_ticks_against_the_open_session_are_refused_by_field(ticks, pack, bimanu
         (body(2), "ar_diffusion_tick.chunk_index", 409, "takes chunk 1 next"),
         (body(1, prompt="another prompt"), "prompt", 409, "needs reset"),
         (body(1, fps=15), "fps", 409, "needs reset"),
-        ({**body(1), "image": image().tolist()}, "image", 409, "send reset with it"),
+        ({**body(1), "image": image().tolist()}, "image", 400, "send reset with it"),
     ]:
         with pytest.raises(ticks.FieldError, match=text) as refused:
             parse(ticks, payload)
         assert (refused.value.field, refused.value.status) == (field, status)
     assert run(ticks, pack, body(1)).shape[0] == 16  # the session is still there, at chunk 1
+
+
+def test_a_later_tick_takes_the_width_of_the_sessions_embodiment(ticks, pack, bimanual):
+    camera = {"controls": [{"track": "robot_action", "schema": "robot_action.v1",
+                            "data": {"values": np.zeros((16, 9)).tolist()}}]}
+    assert run(ticks, pack, body(0, domain="camera_pose", tick=camera)).shape[0] == 17
+    assert run(ticks, pack, body(1, tick=camera)).shape[0] == 16  # no domain on the later tick: the session's
+
+
+def test_a_tick_after_the_model_was_loaded_again_closes_the_session(ticks, pack, bimanual):
+    run(ticks, pack, body(0))
+    ticks.SESSIONS[MODEL].session.pipe = object()  # as if another checkpoint's workflow had unloaded it
+    with pytest.raises(Exception, match="loaded again since session 's1' opened"):
+        run(ticks, pack, body(1))
+    assert MODEL not in ticks.SESSIONS
+
+
+def test_a_claimed_session_refuses_a_second_tick_until_it_finishes(ticks, pack, bimanual):
+    run(ticks, pack, body(0))
+    call = parse(ticks, body(1))
+    with pytest.raises(ticks.FieldError, match="is running a tick") as refused:
+        parse(ticks, body(1))
+    assert refused.value.status == 409 and ticks.reap(call.open.used + 10**6) == []  # a busy session is not reaped
+    ticks.finish(call, ok=False)  # a failed tick closes its session
+    assert MODEL not in ticks.SESSIONS
 
 
 def test_idle_sessions_are_closed_and_their_cache_freed(ticks, pack, bimanual, monkeypatch):

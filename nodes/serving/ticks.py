@@ -12,13 +12,15 @@ base64 PNGs in JSON, or one uint8 array [F, H, W, 3] in msgpack.
 Each tick is one queued prompt of the pack's loader and `Cosmos3APISessionTick`, so it takes its turn on the GPU
 with every other workflow. One session per checkpoint at a time: a tick for another session is refused (409) until
 the open one is closed (DELETE, `close_session`) or idle for COSMOS3_SESSION_IDLE_S seconds (300), which closes it
-and frees its cache. Ticks out of order, for a closed session or while one runs are refused by field, before
-anything is queued; a tick that fails closes its session.
+and frees its cache. A tick is read off the event loop (`read_tick`), then checked against the open session and
+claimed in one step on it (`claim`): ticks out of order, for a closed session or while one runs are refused by
+field before anything is queued. A tick that fails closes its session (`finish`).
 """
 
 import asyncio
 import base64
 import io
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ IDLE_ENV = "COSMOS3_SESSION_IDLE_S"
 IDLE_S = 300.0
 TRACK, SCHEMA = "robot_action", "robot_action.v1"
 TICK = "ar_diffusion_tick"
+HISTORY = "media K/V cache"  # the estimate's part a session holds between ticks (`budget`)
 OPENING = {"width": int, "height": int, "fps": float, "seed": int, "domain": str, "causal_window": int}
 
 
@@ -66,6 +69,7 @@ class Open:
         self.session = None
 
 
+log = logging.getLogger(__name__)
 SESSIONS: dict[str, Open] = {}  # checkpoint name -> its open session
 REAPER: list = []  # the task closing idle sessions, started by the first tick
 
@@ -105,8 +109,21 @@ def session_checkpoints(url_choice: str | None = None) -> Checkpoints:
 
 
 @dataclass
+class Parsed:
+    """A tick's fields, read off the event loop: its checkpoint, the typed tick, the opening fields, the values."""
+
+    model: str
+    causal: object  # the checkpoint's CausalConfig
+    tick: dict
+    options: dict
+    prompt: str | None
+    frame: torch.Tensor | None  # the first image, decoded (an opening tick's)
+    late_image: bool  # a later tick carried an image
+
+
+@dataclass
 class TickCall:
-    """A checked tick: the checkpoint, its open session, the tick's fields and actions."""
+    """A tick claimed against its checkpoint's open session: the session, the tick's fields and actions."""
 
     model: str
     open: Open
@@ -161,16 +178,17 @@ def _values(tick: dict, rows: int, width: int) -> torch.Tensor:
     return values
 
 
-def parse_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> TickCall:
-    """A tick checked against its checkpoint's open session, before anything is queued; 4xx by field otherwise."""
-    reap()
+def read_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> Parsed:
+    """A tick's fields checked and its image decoded (off the event loop); 4xx by field otherwise. The checkpoint is
+    the one the body or URL names, else the one whose open session this is, else the one installed that can."""
     if not isinstance(body, dict):
         raise FieldError("body", "must be a JSON object")
     tick = _tick(body)
-    model = checkpoints.choose(body.get("model"))
+    named = body.get("model") or checkpoints.url_choice or os.environ.get(checkpoints.env)
+    holding = next((name for name, s in list(SESSIONS.items()) if s.session_id == tick["session_id"]), None)
+    model = checkpoints.choose(body.get("model") if named or holding is None else holding)
     if model not in checkpoints.capable:
         raise FieldError("model", f"{model!r} does not run sessions: it needs {checkpoints.capability}")
-    causal = detect_variant(_path(model)).causal
     options = {}
     for name, kind in OPENING.items():
         if body.get(name) is not None:
@@ -178,18 +196,24 @@ def parse_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> TickCall:
                 options[name] = kind(body[name])
             except (TypeError, ValueError):
                 raise FieldError(name, f"must be {kind.__name__}") from None
-    domain = options.get("domain", causal.default_embodiment)
-    try:
-        width = causal.embodiment(domain).width
-    except InputError as exc:
-        raise FieldError("domain", str(exc)) from None
-    values = _values(tick, causal.chunk_size * 4, width)
+    image = uploads.get("image", body.get("image"))
+    opens = tick["chunk_index"] == 0 or tick.get("reset", False)
     prompt = tick.get("prompt") if tick.get("prompt") is not None else body.get("prompt")
-    current = SESSIONS.get(model)
+    return Parsed(model, detect_variant(_path(model)).causal, tick, options, prompt,
+                  decode_image(image, "image") if opens and image is not None else None,
+                  image is not None and not opens)
+
+
+def claim(p: Parsed) -> TickCall:
+    """The tick checked against its checkpoint's open session and that session marked busy (or opened), in one step
+    on the event loop: no other tick, close or reaping comes between the checks and the claim."""
+    reap()
+    tick, causal, options = p.tick, p.causal, p.options
+    current = SESSIONS.get(p.model)
     opens = tick["chunk_index"] == 0 or tick.get("reset", False)
     if current is not None and current.session_id != tick["session_id"]:
-        raise FieldError(f"{TICK}.session_id", f"{model!r} has session {current.session_id!r} open (one session per "
-                                              f"model): close it (DELETE {CLOSE_ROUTE}) or let it idle out "
+        raise FieldError(f"{TICK}.session_id", f"{p.model!r} has session {current.session_id!r} open (one session "
+                                              f"per model): close it (DELETE {CLOSE_ROUTE}) or let it idle out "
                                               f"({idle_seconds():.0f} s)", 409)
     if current is not None and current.busy:
         raise FieldError(f"{TICK}.session_id", f"session {current.session_id!r} is running a tick; send the next "
@@ -197,35 +221,57 @@ def parse_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> TickCall:
     if opens:
         if tick["chunk_index"] != 0:
             raise FieldError(f"{TICK}.chunk_index", "a reset starts the session again at chunk_index 0")
-        if not isinstance(prompt, str) or not prompt.strip():
+        if not isinstance(p.prompt, str) or not p.prompt.strip():
             raise FieldError("prompt", "tick 0 opens the session: give its prompt")
-        image = uploads.get("image", body.get("image"))
-        if image is None:
+        if p.frame is None:
             raise FieldError("image", "tick 0 opens the session: give the first image (base64, a data: URL, pixels "
                                       "or a multipart upload)")
-        frame = decode_image(image, "image")
-        binding = {"prompt": prompt, **options}
-        request = dict(action=ActionRequest(mode="forward_dynamics", image=frame, domain=domain),
-                       **{k: v for k, v in options.items() if k != "domain"})
-        if current is not None:
-            SESSIONS.pop(model).close()
-        current = Open(tick["session_id"], binding, request, prompt)
+        domain = options.get("domain", causal.default_embodiment)
     else:
         if current is None:
-            raise FieldError(f"{TICK}.session_id", f"no open session {tick['session_id']!r} on {model!r} (closed, "
+            raise FieldError(f"{TICK}.session_id", f"no open session {tick['session_id']!r} on {p.model!r} (closed, "
                                                   "failed or idled out): start it again at chunk_index 0", 404)
-        if uploads.get("image", body.get("image")) is not None:
+        if p.late_image:
             raise FieldError("image", "the first image opens the session (tick 0): send reset with it to start again "
-                                      "from another image", 409)
+                                      "from another image")
         if tick["chunk_index"] != current.next_chunk:
             raise FieldError(f"{TICK}.chunk_index", f"out of order: session {current.session_id!r} takes chunk "
                                                    f"{current.next_chunk} next; send reset to start again", 409)
-        changed = [k for k, v in {"prompt": prompt, **options}.items() if v is not None and current.binding.get(
+        domain = current.binding.get("domain", causal.default_embodiment)
+        changed = [k for k, v in {"prompt": p.prompt, **options}.items() if v is not None and current.binding.get(
             k, causal.default_embodiment if k == "domain" else None) != v]
         if changed:
             raise FieldError(changed[0], f"session {current.session_id!r} is bound to its {', '.join(changed)}: a "
                                          "change needs reset (chunk_index 0 with the first image)", 409)
-    return TickCall(model, current, tick, values, opens)
+    try:
+        width = causal.embodiment(domain).width
+    except InputError as exc:
+        raise FieldError("domain", str(exc)) from None
+    values = _values(tick, causal.chunk_size * 4, width)
+    if opens:
+        request = dict(action=ActionRequest(mode="forward_dynamics", image=p.frame, domain=domain),
+                       **{k: v for k, v in options.items() if k != "domain"})
+        if current is not None:
+            drop(p.model, current)
+        current = Open(tick["session_id"], {"prompt": p.prompt, **options}, request, p.prompt)
+    SESSIONS[p.model], current.busy = current, True
+    return TickCall(p.model, current, tick, values, opens)
+
+
+def drop(model: str, session: Open) -> None:
+    """Close `session` and take it off the registry if it is still `model`'s."""
+    if SESSIONS.get(model) is session:
+        SESSIONS.pop(model)
+    session.close()
+
+
+def finish(call: TickCall, ok: bool) -> None:
+    """After a claimed tick: the session moves on (or, closing, goes), or a failed tick closes it."""
+    call.open.busy, call.open.used = False, time.monotonic()
+    if ok:
+        call.open.next_chunk = call.tick["chunk_index"] + 1
+    if not ok or call.tick.get("close_session"):
+        drop(call.model, call.open)
 
 
 def _path(model: str) -> str:
@@ -270,12 +316,12 @@ async def ticks(request):
         body, uploads, _ = await read_request(request)
         loop = asyncio.get_running_loop()
         checkpoints = await loop.run_in_executor(None, session_checkpoints, named_in_url(request))
-        call = await loop.run_in_executor(None, parse_tick, body, uploads, checkpoints)
+        call = claim(await loop.run_in_executor(None, read_tick, body, uploads, checkpoints))
     except FieldError as exc:
         return answer(request, exc.body(), exc.status)
     if not REAPER:
         REAPER.append(asyncio.ensure_future(reaper()))
-    SESSIONS[call.model], call.open.busy = call.open, True
+    ok = False
     try:
         with Job({"tick": call}, 1) as job:
             try:
@@ -283,20 +329,13 @@ async def ticks(request):
             except Refused as exc:
                 raise FieldError("model" if "model" in exc.refusal.get("node_errors", {}) else "body", str(exc)) from None
             frames, fps = (await job.wait())[0]
-    except (FieldError, RunError, ConnectionResetError, asyncio.CancelledError) as exc:
-        if SESSIONS.get(call.model) is call.open:  # a failed tick closes its session
-            SESSIONS.pop(call.model).close()
-        if isinstance(exc, FieldError):
-            return answer(request, exc.body(), exc.status)
-        if isinstance(exc, RunError):
-            return answer(request, exc.body, exc.status)
-        raise
+        ok = True
+    except FieldError as exc:
+        return answer(request, exc.body(), exc.status)
+    except RunError as exc:
+        return answer(request, exc.body, exc.status)
     finally:
-        call.open.busy, call.open.used = False, time.monotonic()
-    call.open.next_chunk = call.tick["chunk_index"] + 1
-    if call.tick.get("close_session"):
-        SESSIONS.pop(call.model, None)
-        call.open.close()
+        finish(call, ok)
     return answer(request, reply(call, frames, fps, wants_msgpack(request)))
 
 
@@ -307,17 +346,20 @@ async def close(request):
             if s.busy:
                 return answer(request, FieldError("session_id", "is running a tick; close it when it answers",
                                                   409).body(), 409)
-            SESSIONS.pop(model).close()
+            drop(model, s)
             services.memory.empty_cache()
             return answer(request, {"closed": session_id, "model": model})
     return answer(request, FieldError("session_id", f"no open session {session_id!r}", 404).body(), 404)
 
 
 async def reaper() -> None:
-    """Close idle sessions every few seconds while the server runs (a request also reaps before it is read)."""
+    """Close idle sessions every few seconds while the server runs (a tick also reaps before it is claimed)."""
     while True:
         await asyncio.sleep(max(1.0, min(30.0, idle_seconds() / 4)))
-        reap()
+        try:
+            reap()
+        except Exception:  # noqa: BLE001 (one failed close must not end the reaping)
+            log.exception("closing idle Cosmos3 sessions")
 
 
 class Cosmos3APISessionTick:
@@ -338,20 +380,23 @@ class Cosmos3APISessionTick:
         call: TickCall = job.payload["tick"]
         s = call.open
         progress = services.progress.RunProgress(node_id)
-        if call.opens or s.session is None:
-            plan = model.plan(s.prompt, Request.build(**s.request))
-        else:
-            plan = s.session.plan
-        with model.use(memory_required=model.memory_needed(plan)) as pipe:
+        if not call.opens and s.session is None:
+            raise InputError(f"session {s.session_id!r} was closed: start it again at chunk_index 0")
+        plan = model.plan(s.prompt, Request.build(**s.request)) if call.opens else s.session.plan
+        # ComfyUI makes room for the tick; a session's history is already held (planned at open)
+        needed = model.memory_needed(plan) - (0 if call.opens else plan.estimate.parts.get(HISTORY, 0))
+        with model.use(memory_required=max(needed, 0)) as pipe:
             if not pipe.local:
                 raise InputError("sessions run on one process: load the model with gpus 1")
-            if call.opens or s.session is None:
+            if call.opens:
                 s.close()
                 pipe.planner.check(plan)
                 s.session = Session(pipe, plan)
+            elif s.session.pipe is not pipe:
+                raise InputError(f"the model was loaded again since session {s.session_id!r} opened (another "
+                                 "checkpoint's workflow ran between its ticks): start the session again at "
+                                 "chunk_index 0")
             frames = s.session.tick(call.values, callback=progress.step, progress=progress.stage,
                                     interrupt=services.progress.check_interrupt)
         job.results[0] = (frames, plan.settings.fps)
         return {"ui": {"text": [f"session {s.session_id}: chunk {call.tick['chunk_index']}, {frames.shape[0]} frames"]}}
-
-

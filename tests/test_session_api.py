@@ -58,15 +58,16 @@ def parse(ticks, payload):
 
 def run(ticks, pack, payload) -> torch.Tensor:
     """What the route does around ComfyUI's queue: claim, run the tick graph (by the harness), finish."""
-    call, ok = parse(ticks, payload), False
+    call, result = parse(ticks, payload), None
+    if call.replay is not None:
+        return call.replay[0]
     try:
         with pack.serving.jobs.Job({"tick": call}, 1) as job:
             execute(ticks.tick_graph(call, job.key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
-            frames, _ = job.results[0]
-        ok = True
+            result = job.results[0]
     finally:
-        ticks.finish(call, ok)
-    return frames
+        ticks.finish(call, result)
+    return result[0]
 
 
 def test_ticks_through_the_graph_give_the_runtime_sessions_frames(ticks, pack, bimanual):
@@ -156,8 +157,18 @@ def test_a_claimed_session_refuses_a_second_tick_until_it_finishes(ticks, pack, 
     with pytest.raises(ticks.FieldError, match="is running a tick") as refused:
         parse(ticks, body(1))
     assert refused.value.status == 409 and ticks.reap(call.open.used + 10**6) == []  # a busy session is not reaped
-    ticks.finish(call, ok=False)  # a failed tick closes its session
+    ticks.finish(call, None)  # a failed tick closes its session
     assert MODEL not in ticks.SESSIONS
+
+
+def test_a_retried_tick_gets_the_same_answer_and_runs_nothing(ticks, pack, bimanual):
+    run(ticks, pack, body(0))
+    first = run(ticks, pack, body(1))
+    retry = parse(ticks, body(1))  # the same request_id and chunk: the client did not get the answer
+    assert retry.replay is not None and torch.equal(retry.replay[0], first) and not retry.open.busy
+    assert ticks.SESSIONS[MODEL].next_chunk == 2
+    with pytest.raises(ticks.FieldError, match="takes chunk 2 next"):
+        parse(ticks, body(1, tick={"request_id": "another"}))  # a different request for a chunk that ran
 
 
 def test_idle_sessions_are_closed_and_their_cache_freed(ticks, pack, bimanual, monkeypatch):

@@ -61,6 +61,7 @@ class Open:
     next_chunk: int = 0
     session: Session | None = None  # made by the first tick's node
     busy: bool = False
+    last: tuple | None = None  # (request_id, frames, fps) of the last tick: answered again to a client's retry
     used: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
@@ -128,8 +129,9 @@ class TickCall:
     model: str
     open: Open
     tick: dict
-    values: torch.Tensor
+    values: torch.Tensor | None
     opens: bool  # this tick (chunk 0) starts the session
+    replay: tuple | None = None  # a retry of the last tick: its answer, nothing runs
 
 
 def _tick(body: dict) -> dict:
@@ -231,6 +233,11 @@ def claim(p: Parsed) -> TickCall:
         if current is None:
             raise FieldError(f"{TICK}.session_id", f"no open session {tick['session_id']!r} on {p.model!r} (closed, "
                                                   "failed or idled out): start it again at chunk_index 0", 404)
+        last = current.last
+        if last is not None and tick["request_id"] and tick["request_id"] == last[0] and \
+                tick["chunk_index"] == current.next_chunk - 1:  # a client's retry of a tick that ran
+            current.used = time.monotonic()
+            return TickCall(p.model, current, tick, None, False, replay=last[1:])
         if p.late_image:
             raise FieldError("image", "the first image opens the session (tick 0): send reset with it to start again "
                                       "from another image")
@@ -265,12 +272,13 @@ def drop(model: str, session: Open) -> None:
     session.close()
 
 
-def finish(call: TickCall, ok: bool) -> None:
-    """After a claimed tick: the session moves on (or, closing, goes), or a failed tick closes it."""
+def finish(call: TickCall, result: tuple | None) -> None:
+    """After a claimed tick, its (frames, fps) or None: the session moves on, keeping the answer for a retry (or,
+    closing, goes), or a failed tick closes it."""
     call.open.busy, call.open.used = False, time.monotonic()
-    if ok:
-        call.open.next_chunk = call.tick["chunk_index"] + 1
-    if not ok or call.tick.get("close_session"):
+    if result is not None:
+        call.open.next_chunk, call.open.last = call.tick["chunk_index"] + 1, (call.tick["request_id"], *result)
+    if result is None or call.tick.get("close_session"):
         drop(call.model, call.open)
 
 
@@ -319,24 +327,25 @@ async def ticks(request):
         call = claim(await loop.run_in_executor(None, read_tick, body, uploads, checkpoints))
     except FieldError as exc:
         return answer(request, exc.body(), exc.status)
+    if call.replay is not None:
+        return answer(request, reply(call, *call.replay, wants_msgpack(request)))
     if not REAPER:
         REAPER.append(asyncio.ensure_future(reaper()))
-    ok = False
+    result = None
     try:
         with Job({"tick": call}, 1) as job:
             try:
                 await job.start(tick_graph(call, job.key))
             except Refused as exc:
                 raise FieldError("model" if "model" in exc.refusal.get("node_errors", {}) else "body", str(exc)) from None
-            frames, fps = (await job.wait())[0]
-        ok = True
+            result = (await job.wait())[0]
     except FieldError as exc:
         return answer(request, exc.body(), exc.status)
     except RunError as exc:
         return answer(request, exc.body, exc.status)
     finally:
-        finish(call, ok)
-    return answer(request, reply(call, frames, fps, wants_msgpack(request)))
+        finish(call, result)
+    return answer(request, reply(call, *result, wants_msgpack(request)))
 
 
 async def close(request):

@@ -59,15 +59,15 @@ def parse(ticks, payload):
 def run(ticks, pack, payload) -> torch.Tensor:
     """What the route does around ComfyUI's queue: claim, run the tick graph (by the harness), finish."""
     call, result = parse(ticks, payload), None
-    if call.replay is not None:
-        return call.replay[0]
+    assert call.replay is None
     try:
         with pack.serving.jobs.Job({"tick": call}, 1) as job:
             execute(ticks.tick_graph(call, job.key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
-            result = job.results[0]
+            frames, fps = job.results[0]
+        result = (ticks.to_pixels(frames), fps)
     finally:
         ticks.finish(call, result)
-    return result[0]
+    return frames
 
 
 def test_ticks_through_the_graph_give_the_runtime_sessions_frames(ticks, pack, bimanual):
@@ -86,13 +86,13 @@ def test_ticks_through_the_graph_give_the_runtime_sessions_frames(ticks, pack, b
 def test_the_answer_follows_the_typed_tick(ticks, pack, bimanual):
     call = parse(ticks, body(0))
     frames = torch.rand(17, H, W, 3)
-    answer = ticks.reply(call, frames, 30.0, numpy=True)
+    answer = ticks.reply(call, ticks.to_pixels(frames), 30.0, numpy=True)
     assert answer["ar_diffusion"] == {"session_id": "s1", "request_id": "r0", "chunk_index": 0,
                                       "applied_event_ids": [0]}
     assert (answer["frame_index"], answer["first_frame"], answer["num_frames"]) == (0, 0, 17)
     assert answer["frames"].dtype == np.uint8 and answer["frames"].shape == (17, H, W, 3)
     call.tick["chunk_index"] = 2
-    later = ticks.reply(call, frames[:16], 30.0, numpy=False)
+    later = ticks.reply(call, ticks.to_pixels(frames[:16]), 30.0, numpy=False)
     assert (later["frame_index"], later["first_frame"]) == (9, 33) and "b64_json" in later["frames"][0]
 
 
@@ -165,7 +165,7 @@ def test_a_retried_tick_gets_the_same_answer_and_runs_nothing(ticks, pack, biman
     run(ticks, pack, body(0))
     first = run(ticks, pack, body(1))
     retry = parse(ticks, body(1))  # the same request_id and chunk: the client did not get the answer
-    assert retry.replay is not None and torch.equal(retry.replay[0], first) and not retry.open.busy
+    assert retry.replay is not None and torch.equal(retry.replay[0], ticks.to_pixels(first)) and not retry.open.busy
     assert ticks.SESSIONS[MODEL].next_chunk == 2
     with pytest.raises(ticks.FieldError, match="takes chunk 2 next"):
         parse(ticks, body(1, tick={"request_id": "another"}))  # a different request for a chunk that ran

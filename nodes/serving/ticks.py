@@ -61,7 +61,7 @@ class Open:
     next_chunk: int = 0
     session: Session | None = None  # made by the first tick's node
     busy: bool = False
-    last: tuple | None = None  # (request_id, frames, fps) of the last tick: answered again to a client's retry
+    last: tuple | None = None  # (request_id, uint8 frames, fps) of the last tick: answered again to a retry
     used: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
@@ -307,14 +307,19 @@ def png_b64(frame: torch.Tensor) -> dict:
     return {"b64_json": base64.b64encode(buffer.getvalue()).decode("ascii")}
 
 
-def reply(call: TickCall, frames: torch.Tensor, fps: float, numpy: bool) -> dict:
+def to_pixels(frames: torch.Tensor) -> torch.Tensor:
+    """Frames [F, H, W, 3] in 0..1 -> uint8 (what the answer carries, a quarter of the floats' memory)."""
+    return (frames * 255).round().clamp(0, 255).to(torch.uint8)
+
+
+def reply(call: TickCall, pixels: torch.Tensor, fps: float, numpy: bool) -> dict:
+    """The tick's answer: its uint8 frames [F, H, W, 3] and where they sit in the session."""
     k = call.tick["chunk_index"]
-    pixels = (frames * 255).round().clamp(0, 255).to(torch.uint8)
     return {
         "ar_diffusion": {name: call.tick[name] for name in ("session_id", "request_id", "chunk_index",
                                                             "applied_event_ids")},
         "frame_index": 0 if k == 0 else 1 + 4 * k, "first_frame": 0 if k == 0 else 1 + 16 * k,
-        "num_frames": frames.shape[0], "fps": fps,
+        "num_frames": pixels.shape[0], "fps": fps,
         "frames": pixels.numpy() if numpy else [png_b64(f) for f in pixels],
     }
 
@@ -338,7 +343,8 @@ async def ticks(request):
                 await job.start(tick_graph(call, job.key))
             except Refused as exc:
                 raise FieldError("model" if "model" in exc.refusal.get("node_errors", {}) else "body", str(exc)) from None
-            result = (await job.wait())[0]
+            frames, fps = (await job.wait())[0]
+            result = (to_pixels(frames), fps)
     except FieldError as exc:
         return answer(request, exc.body(), exc.status)
     except RunError as exc:

@@ -32,9 +32,9 @@ compiled (CUDA graphs) and with a GGUF text tower; one Edge forward at 832x480x8
 kernel, and the time split into matmuls, attention and the rest); one Edge generate at 832x480x81, 3 steps with CFG,
 timed per stage (text, steps, VAE decode) and extrapolated to 35 steps; the memory block swap reserves (12 Edge
 layers, 10 swapped, against held whole); GGUF dequantization of one Nano layer whole and in slices of 2M, 8M and 16M
-values into bf16; official FP8 W8A8 against W8A16 at Edge and Nano widths; the bench_memory table (bf16, fp8, fp8_scaled, GGUF,
-offload_text, blocks_to_swap: seconds per step, peak allocated and reserved memory), and Nano's where the GPU has
-room.
+values into bf16; official FP8 W8A8 against W8A16 at Edge and Nano widths; the bench_memory table (bf16, fp8,
+fp8_scaled, GGUF, offload_text, blocks_to_swap: seconds per step, peak allocated and reserved memory), and Nano's
+where the GPU has room.
 """
 
 import argparse

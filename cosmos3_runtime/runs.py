@@ -337,7 +337,8 @@ class Rollout(Run):
         self.cache.start_frame = start
         clean = torch.zeros((), device=latents.device)  # (made there: no copy to the device per commit)
         self.model(latents, clean, self.parts.denoiser.text_kv(self.cond_ids), [], self.s.fps,
-                   self.conditions(start, start + latents.shape[2]), hooks=replace(self.parts.denoiser.hooks, cache=self.cache))
+                   self.conditions(start, start + latents.shape[2]),
+                   hooks=replace(self.parts.denoiser.hooks, cache=self.cache))
         self.cache.append(torch.arange(start, start + latents.shape[2]).repeat_interleave(
             self.cache.written // latents.shape[2]))
 

@@ -320,8 +320,9 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         raise InputError(f"num_frames {r.num_frames} needs {rows} actions (one per frame after the first); "
                          f"{actions.shape[0]} were given")
     if rows < causal.ACTION_TOKENS or rows % causal.ACTION_TOKENS:
+        fits = max(causal.ACTION_TOKENS, rows - rows % causal.ACTION_TOKENS)
         raise InputError(f"Sim-Bimanual makes 1 + N frames from N actions, N a multiple of {causal.ACTION_TOKENS} "
-                         f"(one latent frame each): {rows} actions cannot; give {max(causal.ACTION_TOKENS, rows - rows % causal.ACTION_TOKENS)}")
+                         f"(one latent frame each): {rows} actions cannot; give {fits}")
     if rows < actions.shape[0]:
         notes.append(f"Sim-Bimanual: the first {rows} of {actions.shape[0]} actions used (num_frames {rows + 1})")
     frames = rows + 1

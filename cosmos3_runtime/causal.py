@@ -64,15 +64,19 @@ class Embodiment:
     scale: tuple[float, ...]
     transform: str = "affine"  # or "asinh"
 
-    def normalize(self, actions: torch.Tensor, model_width: int) -> torch.Tensor:
-        """Raw actions [n, width] -> the model's [n, model_width] float32, zero-padded after normalizing."""
-        a = torch.as_tensor(actions, dtype=torch.float32)
+    def check(self, actions) -> torch.Tensor:
+        """Raw actions as a float32 CPU table [n, width], or a refusal naming what is wrong with them."""
+        a = torch.as_tensor(actions, dtype=torch.float32).cpu()
         if a.ndim != 2 or a.shape[1] != self.width:
             raise InputError(f"actions for {self.name} must be [n, {self.width}] (one row per frame), got {list(a.shape)}")
         if not torch.isfinite(a).all():
             raise InputError(f"actions for {self.name} hold NaN or infinite values (row "
                              f"{int((~torch.isfinite(a)).any(1).nonzero()[0])}); give finite numbers")
-        n = (a - torch.tensor(self.offset)) / torch.tensor(self.scale)
+        return a
+
+    def normalize(self, actions, model_width: int) -> torch.Tensor:
+        """Raw actions [n, width] -> the model's [n, model_width] float32, zero-padded after normalizing."""
+        n = (self.check(actions) - torch.tensor(self.offset)) / torch.tensor(self.scale)
         if self.transform == "asinh":
             n = torch.asinh(n) / torch.asinh(torch.tensor(1.0))
         return F.pad(n, (0, model_width - self.width))
@@ -272,7 +276,7 @@ class Rollout:
         return pairs * max(len(self.kept(start)) + end - start for start, end in self.chunks)
 
     @property
-    def action_rows(self) -> int:
+    def action_tokens(self) -> int:
         """Rows of K/V a latent frame holds beside its vision tokens (its action tokens)."""
         return ACTION_TOKENS if self.embodiment is not None else 0
 

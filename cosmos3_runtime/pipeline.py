@@ -222,10 +222,10 @@ class Planner:
                              "long video (set the frame count and chunk_frames for as many chunks)")
         system = prompt_options.system_prompt
         negative = negative_text(s.negative_prompt, prompt_options)
+        max_tokens = r.max_prompt_tokens
         if s.rollout is not None and s.rollout.embodiment is not None:  # verbatim, no system prompt (Sim-Bimanual)
             texts, system = [(prompts[0], "")], None
-            r = replace(r, max_prompt_tokens=min(r.max_prompt_tokens, s.rollout.config.text_max_tokens or
-                                                 r.max_prompt_tokens))
+            max_tokens = min(max_tokens, s.rollout.config.text_max_tokens or max_tokens)  # its text cache's length
         elif s.rollout is not None:  # with its control, duration and resolution sentences, under the transfer prompt
             c = s.rollout
             texts = [(causal.prompt_text(prompts[0], c.hint, c.emphasize, s.num_frames, s.fps, s.height, s.width), "")]
@@ -237,7 +237,7 @@ class Planner:
                       s.negative_prompt)]
         else:
             texts = [(positive_text(p, prompt_options), negative) for p in prompts]
-        ids = [self.token_ids(t, system, r.max_sequence_length, r.max_prompt_tokens) for t in texts]
+        ids = [self.token_ids(t, system, r.max_sequence_length, max_tokens) for t in texts]
         if len(ids) > 1:
             s = replace(s, chunk_ids=tuple(cond for cond, _ in ids))
         return s, max((cond for cond, _ in ids), key=len), ids[0][1]

@@ -256,7 +256,7 @@ class Rollout(Run):
         self.tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
         if self.plan.mode == "kv":
             home = torch.device("cpu") if self.plan.history == "cpu" else parts.device
-            rows = self.plan.history_frames() * (self.tokens + self.plan.action_rows)
+            rows = self.plan.history_frames() * (self.tokens + self.plan.action_tokens)
             self.cache = MediaKV(self.model.config, rows, self.model.dtype, home,
                                  pinned=home.type == "cpu" and parts.device.type == "cuda",
                                  fp8=self.plan.history == "fp8")

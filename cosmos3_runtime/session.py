@@ -68,7 +68,7 @@ class Session:
         if table.shape != (self.rows, self.width):
             raise InputError(f"a tick takes {self.rows} actions of {self.width} values (one per frame), got "
                              f"{list(table.shape)}")
-        self.plan.settings.rollout.embodiment.normalize(table, self.width)  # NaN and infinities refused here
+        self.plan.settings.rollout.embodiment.check(table)  # NaN and infinities refused before anything runs
         if self.lost:
             self.reset()
         pipe, s = self.pipe, self.plan.settings

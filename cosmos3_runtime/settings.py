@@ -84,7 +84,7 @@ class Settings:
         if rollout is not None:
             return RunGeometry(self.height, self.width, rollout.chunk_pixels, self.num_frames, len(rollout.chunks),
                                history_frames=rollout.history_frames(), history_memory=rollout.history,
-                               decoded_frames=self.num_frames, history_extra_rows=rollout.action_rows)
+                               decoded_frames=self.num_frames, history_extra_rows=rollout.action_tokens)
         if c is None:
             return RunGeometry(self.height, self.width, self.num_frames, self.num_frames, **guidance)
         controls = 0 if t is None else len(t.hints)
@@ -314,7 +314,7 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
             raise InputError("a session has no length (it runs as long as ticks come): leave num_frames unset")
         actions = torch.zeros(c.chunk_size * causal.ACTION_TOKENS * (window // c.chunk_size + 2), embodiment.width)
     else:
-        actions = embodiment.normalize(a.actions, embodiment.width)  # checked here, before anything loads
+        actions = embodiment.check(a.actions)  # before anything loads
     rows = actions.shape[0] if r.num_frames is None else int(r.num_frames) - 1
     if rows > actions.shape[0]:
         raise InputError(f"num_frames {r.num_frames} needs {rows} actions (one per frame after the first); "

@@ -65,8 +65,9 @@ class Checkpoints:
         return name
 
 
-def action_checkpoints(url_choice: str | None = None) -> Checkpoints:
-    """The installed checkpoints, with those that can generate actions (multi-step, with an action head)."""
+def installed(can, url_choice: str | None = None, **choice) -> Checkpoints:
+    """The installed checkpoints, with those whose variant `can` serve the route (`choice`: its env variable and the
+    capability it names, as `Checkpoints` takes them)."""
     from ..loader import checkpoint_names, checkpoint_path
 
     names = checkpoint_names()
@@ -76,9 +77,14 @@ def action_checkpoints(url_choice: str | None = None) -> Checkpoints:
             variant = detect_variant(checkpoint_path(name))  # config files only, cached per folder
         except (Cosmos3Error, OSError):  # a broken folder serves nothing; naming it explains why
             continue
-        if variant.has_action and not variant.is_distilled:
+        if can(variant):
             capable.append(name)
-    return Checkpoints(tuple(names), tuple(capable), url_choice or None)
+    return Checkpoints(tuple(names), tuple(capable), url_choice or None, **choice)
+
+
+def action_checkpoints(url_choice: str | None = None) -> Checkpoints:
+    """The installed checkpoints, with those that can generate actions (multi-step, with an action head)."""
+    return installed(lambda variant: variant.has_action and not variant.is_distilled, url_choice)
 
 
 def named_in_url(request) -> str | None:

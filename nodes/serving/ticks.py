@@ -31,10 +31,9 @@ import torch
 from ...cosmos3_runtime import InputError, Request
 from ...cosmos3_runtime.action import ActionRequest
 from ...cosmos3_runtime.checkpoint import detect_variant
-from ...cosmos3_runtime.errors import Cosmos3Error
 from ...cosmos3_runtime.session import Session
 from .. import services
-from .checkpoints import Checkpoints, named_in_url
+from .checkpoints import Checkpoints, installed, named_in_url
 from .fields import FieldError, decode_image
 from .http import answer, read_request, wants_msgpack
 from .jobs import Job, Refused, RunError
@@ -57,7 +56,6 @@ class Open:
     session_id: str
     binding: dict  # the prompt and the opening options
     request: dict  # the runtime request's fields (the first image among them)
-    prompt: str
     next_chunk: int = 0
     session: Session | None = None  # made by the first tick's node
     busy: bool = False
@@ -95,18 +93,8 @@ def reap(now: float | None = None) -> list[str]:
 
 def session_checkpoints(url_choice: str | None = None) -> Checkpoints:
     """The installed checkpoints, with those that run sessions (causal, conditioned on actions)."""
-    from ..loader import checkpoint_names, checkpoint_path
-
-    names, capable = checkpoint_names(), []
-    for name in names:
-        try:
-            causal = detect_variant(checkpoint_path(name)).causal
-        except (Cosmos3Error, OSError):
-            continue
-        if causal is not None and causal.takes_actions:
-            capable.append(name)
-    return Checkpoints(tuple(names), tuple(capable), url_choice or None, SESSION_MODEL_ENV,
-                       "a causal action rollout (Cosmos3-Nano-Sim-Bimanual)")
+    return installed(lambda variant: variant.causal is not None and variant.causal.takes_actions, url_choice,
+                     env=SESSION_MODEL_ENV, capability="a causal action rollout (Cosmos3-Nano-Sim-Bimanual)")
 
 
 @dataclass
@@ -260,7 +248,7 @@ def claim(p: Parsed) -> TickCall:
                        **{k: v for k, v in options.items() if k != "domain"})
         if current is not None:
             drop(p.model, current)
-        current = Open(tick["session_id"], {"prompt": p.prompt, **options}, request, p.prompt)
+        current = Open(tick["session_id"], {"prompt": p.prompt, **options}, request)
     SESSIONS[p.model], current.busy = current, True
     return TickCall(p.model, current, tick, values, opens)
 
@@ -397,7 +385,7 @@ class Cosmos3APISessionTick:
         progress = services.progress.RunProgress(node_id)
         if not call.opens and s.session is None:
             raise InputError(f"session {s.session_id!r} was closed: start it again at chunk_index 0")
-        plan = model.plan(s.prompt, Request.build(**s.request)) if call.opens else s.session.plan
+        plan = model.plan(s.binding["prompt"], Request.build(**s.request)) if call.opens else s.session.plan
         # ComfyUI makes room for the tick; a session's history is already held (planned at open)
         needed = model.memory_needed(plan) - (0 if call.opens else plan.estimate.parts.get(HISTORY, 0))
         with model.use(memory_required=max(needed, 0)) as pipe:

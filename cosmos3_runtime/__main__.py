@@ -51,8 +51,8 @@ def cmd_generate(args) -> None:
         options["fps"] = source_fps
     tensors_out = check_output(args.output).suffix.lower() == LATENT_TYPE
     latents_only = tensors_out and options["control_videos"] is None  # a transfer's tensors are its frames
-    if args.sound_output and not args.sound:
-        raise InputError("--sound-output needs --sound")
+    if args.sound_output and not (args.sound or args.audio):
+        raise InputError("--sound-output needs --sound (or --audio)")
     if args.sound_output:
         check_output(args.sound_output, kinds=(".wav",))
     if args.action_mode:  # the observation belongs to the action request
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video, "
                    "out.safetensors for the latents")
     add_arguments(p)  # every generation option, from cosmos3_runtime.request.Request
-    p.add_argument("--sound-output", help="with --sound: also write the sound track alone, as a .wav file")
+    p.add_argument("--sound-output", help="with --sound or --audio: also write the sound track alone, as a .wav file")
     a = p.add_argument_group("action generation (checkpoints with an action head; --image or --video is the "
                              "observation)")
     a.add_argument("--action-mode", choices=MODES, help="policy, forward_dynamics or inverse_dynamics")

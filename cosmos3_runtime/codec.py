@@ -75,6 +75,12 @@ class Codec:
         return self.sound_tokenizer
 
     @torch.inference_mode()
+    def encode_sound(self, waveform: torch.Tensor) -> torch.Tensor:
+        """Waveform [channels, samples] at the tokenizer's rate -> sound latents [sound_dim, ceil(samples / hop)],
+        float32 on the device."""
+        return self.sound_for("audio conditioning").encode(waveform).float()
+
+    @torch.inference_mode()
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
         """Sound latents [sound_dim, T_s] -> waveform [channels, samples] float32 in [-1, 1] on the CPU; `seconds`:
         trimmed to `int(seconds * sample_rate)` samples (None: the full T_s * hop)."""

@@ -118,6 +118,37 @@ def video_header(source: "str | Path | bytes") -> tuple[int, float | None]:
         raise InputError(f"cannot read video {name}: {exc}") from None
 
 
+MAX_AUDIO_SECONDS = 3600  # a soundtrack read from a file; a run uses its first num_frames / fps seconds
+
+
+def read_audio(source: "str | Path | bytes") -> tuple[torch.Tensor, int]:
+    """The sound of a file (wav, flac, mp3, or a video's audio track): (waveform [channels, samples] float32, the
+    file's sample rate), fully decoded (a broken file fails here, not mid-run)."""
+    import av
+
+    opened, name = _source(source)
+    if opened is None:
+        raise InputError(f"audio file {name} does not exist")
+    chunks, rate = [], None
+    try:
+        with av.open(opened) as container:
+            if not container.streams.audio:
+                raise InputError(f"{name} has no audio track")
+            to_float = av.AudioResampler(format="fltp")  # the file's own layout and rate
+            for frame in container.decode(audio=0):
+                rate = rate or frame.sample_rate
+                chunks += [f.to_ndarray() for f in to_float.resample(frame)]
+                if sum(c.shape[1] for c in chunks) > MAX_AUDIO_SECONDS * rate:
+                    raise LimitError(f"audio {name} is over {MAX_AUDIO_SECONDS // 60} minutes long; cut the part "
+                                     "you need first")
+            chunks += [f.to_ndarray() for f in to_float.resample(None)]
+    except (av.error.FFmpegError, IndexError, ValueError) as exc:
+        raise InputError(f"cannot read audio {name}: {exc}") from None
+    if not chunks or rate is None:
+        raise InputError(f"audio {name} has no samples")
+    return torch.from_numpy(np.concatenate(chunks, axis=1).astype(np.float32)), int(rate)
+
+
 def save_images(frames: torch.Tensor, path: Path) -> list[Path]:
     """One image per frame; several frames get numbered names (out_00000.png, ...)."""
     from PIL import Image

@@ -23,7 +23,7 @@ from .quantize import check_mode, expect_stored_fp8, quantize_fp8, remember_inpu
 from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
 from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
 from .action import action_prompt
-from .sound import SoundTokenizer, load_sound_tokenizer
+from .sound import SoundTokenizer, check_encoder, load_sound_tokenizer
 from .runs import Generation, StepCallback
 from .step_cache import StepCache
 from .session import Session, check_checkpoint as check_session_checkpoint
@@ -210,6 +210,8 @@ class Planner:
         (`prompt_list`) has each chunk's ids in `Settings.chunk_ids`, and returns the longest as the cond ids."""
         prompts = prompt_list(prompt)
         s = resolve_settings(self.variant, r)
+        if r.audio is not None:
+            check_encoder(self.checkpoint.path("sound_tokenizer"))
         if not prompts[0].strip():
             s = replace(s, notes=s.notes + ["the prompt is empty: the video is unconditioned (only the checkpoint's "
                                             "templates guide it), so what it shows is arbitrary; write a prompt"])

@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import InputError
 from .geometry import SPATIAL_FACTOR
+from .sound import as_audio
 from .transfer import canonical
 from .vae import TileSpec
 
@@ -141,6 +142,10 @@ class Request:
                          "tokenizer, such as Nano)")
     sound_trim: bool = option(True, "trim the waveform to the video's duration, int(frames / fps * sample_rate) "
                               "samples; off: the full latent length")
+    audio: Any = option(None, "audio-conditioned video (checkpoints with a sound head and a sound encoder, such as "
+                        "Nano): a soundtrack the video follows, held as its sound (auto: 189 frames, guidance 6); "
+                        "resampled, trimmed or padded with silence to the video's duration, and the output's sound. A "
+                        "file (wav, flac, mp3, a video's sound track) or a waveform")
     control_videos: Any = option(None, "transfer: control clips by hint, {edge|blur|depth|seg|wsm: clip} (each in a form "
                                  "`video` takes); the output follows them, frame for frame. CLI: --control HINT=FILE "
                                  "(repeatable), or --control edge:PRESET=FILE / blur:PRESET=FILE to derive the control "
@@ -206,6 +211,7 @@ class Request:
                                                                         "control_guidance_interval"))
         set_(self, "condition_frame_indexes", parse_frame_indexes(self.condition_frame_indexes))
         set_(self, "vae_tile", parse_tile(self.vae_tile))
+        set_(self, "audio", as_audio(self.audio))
         for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS),
                               ("cache", CACHES), ("causal_cache", CAUSAL_CACHES), ("causal_seeds", CAUSAL_SEEDS),
                               ("causal_history", CAUSAL_HISTORY)):
@@ -260,7 +266,8 @@ class Request:
     def _check_transfer(self) -> None:
         object.__setattr__(self, "control_videos", canonical(self.control_videos))
         others = [name for name, given in (("image", self.image is not None), ("video", self.has_video),
-                                           ("action", self.action is not None), ("sound", self.sound)) if given]
+                                           ("action", self.action is not None), ("sound", self.sound),
+                                           ("audio", self.audio is not None)) if given]
         if others:
             raise InputError(f"transfer (control_videos) does not combine with {' or '.join(others)}: the controls set "
                              "the whole clip")
@@ -269,6 +276,11 @@ class Request:
                              "every chunk to start the next one from it")
         if self.control_guidance is not None and not self.control_guidance >= 0:
             raise InputError(f"control_guidance must be 0 or more (1: no control guidance), got {self.control_guidance}")
+
+    @property
+    def sound_use(self) -> str | None:
+        """What of the request needs the sound head: "audio conditioning", "sound", or None."""
+        return "audio conditioning" if self.audio is not None else "sound" if self.sound else None
 
     @property
     def has_image(self) -> bool:
@@ -295,6 +307,8 @@ class Request:
         options = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.vae_tile is not None:
             options["vae_tile"] = (self.vae_tile.size, self.vae_tile.overlap)
+        if self.audio is not None:
+            options["audio"] = (self.audio.waveform, self.audio.sample_rate)
         return options
 
 

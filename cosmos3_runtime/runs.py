@@ -43,7 +43,8 @@ class Generation:
     latents: torch.Tensor | None  # normalized latents [1, 48, T, h, w], float32, CPU (None for a transfer)
     frames: torch.Tensor | None  # [F, H, W, 3] float32 in 0..1, CPU (ComfyUI IMAGE); None for output="latents"
     settings: Settings
-    sound: torch.Tensor | None = None  # [channels, samples] float32 in [-1, 1], CPU (sound=True, output="frames")
+    sound: torch.Tensor | None = None  # [channels, samples] float32 in [-1, 1], CPU (sound=True, output="frames"; or
+    # the soundtrack an audio-conditioned run held)
     sample_rate: int | None = None  # of `sound`
     sound_latents: torch.Tensor | None = None  # [sound_dim, T_s] float32, CPU
     actions: torch.Tensor | None = None  # [chunk, width] float32, CPU (policy and inverse dynamics)
@@ -397,7 +398,7 @@ class Rollout(Run):
 def for_plan(parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
              parallel: Parallel | None) -> Run:
     """The kind of run resolved settings `s` make."""
-    if parallel is not None and (r.sound or r.action is not None):
+    if parallel is not None and (r.sound_use or r.action is not None):
         raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
     if s.rollout is not None:
         return Rollout(parts, s, r, cond_ids, parallel)

@@ -11,7 +11,7 @@ Resolving logs nothing: a run logs its notes once (`log_notes`), however often i
 Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge:
 7.0 for images, 5.0 for video), flow shift 3.0 for images and Edge, 10.0 for other video; Edge sizes
 640x640 (image) and 832x480 (video), others 1280x720; CFG on images only inside timesteps
-[400, 1000].
+[400, 1000]; audio-conditioned video 189 frames at guidance 6.
 """
 
 import logging
@@ -39,6 +39,7 @@ DEFAULT_FRAMES = 81
 DEFAULT_FPS = 24.0
 DEFAULT_STEPS = 35
 DEFAULT_GUIDANCE = 4.0
+AUDIO_FRAMES, AUDIO_GUIDANCE = 189, 6.0  # audio-conditioned video (NVIDIA's audio_image2video defaults)
 EDGE_GUIDANCE = {"image": 7.0, "video": 5.0}
 IMAGE_GUIDANCE_INTERVAL = (400.0, 1000.0)
 NOT_DISTILLED = "schedule 'distilled' needs a distilled checkpoint (this one is multi-step)"
@@ -102,7 +103,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
     if r.action is not None:
         r = _action_request(variant, r, applied, notes)
     # Frames decide image vs video; variant defaults follow the requested count, before rounding.
-    requested_frames = DEFAULT_FRAMES if r.num_frames is None else int(r.num_frames)
+    requested_frames = int(r.num_frames or (AUDIO_FRAMES if r.audio is not None else DEFAULT_FRAMES))
     is_image = requested_frames == 1  # defaults follow the request; the mode follows the rounded count
     kind = "image" if is_image else "video"
     if r.keyframes is not None:  # checked at the requested count: -1 must be the last frame
@@ -113,10 +114,12 @@ def resolve(variant: Variant, request: Request) -> Settings:
     if num_frames == 1 and (r.has_image or r.has_video or r.keyframes is not None):
         raise InputError("num_frames is 1 (text-to-image): image and video conditioning need a video (num_frames >= 5)")
 
-    if r.sound:
-        _check_sound(variant, num_frames)
+    if r.sound_use:
+        _check_sound(variant, num_frames, r.sound_use)
     width, height = _size(variant, r, is_image, notes)
     fps = DEFAULT_FPS if r.fps is None else float(r.fps)
+    if r.audio is not None:
+        _audio_notes(r, num_frames, fps, applied, notes)
 
     schedule = r.schedule
     if variant.is_distilled:
@@ -143,7 +146,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
             notes.append(f"schedule 'checkpoint': the shipped {FLOW_MATCH_EULER} (this checkpoint declares no "
                          "fixed sigma list, so it is multi-step), Euler steps on its flow grid")
         steps = DEFAULT_STEPS if r.steps is None else int(r.steps)
-        guidance = _default_guidance(variant, kind) if r.guidance_scale is None else float(r.guidance_scale)
+        guidance = _default_guidance(variant, kind, r) if r.guidance_scale is None else float(r.guidance_scale)
         shift = r.flow_shift if r.flow_shift is not None else default_flow_shift(variant, is_image)
         if schedule == "checkpoint":  # the shipped config as it is, unless a shift is asked for explicitly
             shift = r.flow_shift
@@ -191,7 +194,7 @@ def _long_video(r: Request, num_frames: int, notes: list[str], applied: list[str
     plan = chunks.split(num_frames, r.chunk_frames, r.chunk_overlap_frames, DEFAULT_CHUNK, 1, notes, "long video")
     if plan.count == 1:
         return None
-    refused = [what for what, given in (("sound", r.sound), ("keyframes", r.keyframes is not None),
+    refused = [what for what, given in ((r.sound_use, r.sound_use), ("keyframes", r.keyframes is not None),
                                         ("an action", r.action is not None)) if given]
     if refused:
         raise InputError(f"{num_frames} frames run in {plan.count} chunks of {plan.chunk}, and {refused[0]} is made "
@@ -301,8 +304,9 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
     _causal_refusals(variant, r, (causal.ACTION_SIGMAS, full))
     if r.causal_cache != "kv":
         raise InputError("causal_cache 'recompute' is the Sim-Transfer reference; Sim-Bimanual runs 'kv'")
-    if r.sound:
-        raise InputError("this Sim-Bimanual checkpoint makes no sound; turn sound off")
+    if r.sound_use:
+        raise InputError(f"this Sim-Bimanual checkpoint has no sound head: {r.sound_use} cannot apply; "
+                         + ("leave audio unset" if r.audio is not None else "turn sound off"))
     if r.negative_prompt:
         notes.append("causal checkpoint: negative prompt ignored (guidance 1)")
     window = _history_window(c, r)
@@ -428,17 +432,30 @@ def _action_request(variant: Variant, r: Request, applied: list[str], notes: lis
     )
 
 
-def _check_sound(variant: Variant, num_frames: int) -> None:
+def _check_sound(variant: Variant, num_frames: int, what: str) -> None:
+    """Refuse sound (`what`: "sound" or "audio conditioning") where the checkpoint or the request cannot have it."""
     if not variant.has_sound:
-        raise InputError("this checkpoint has no sound head (sound_gen in transformer/config.json); sound needs a "
+        raise InputError(f"this checkpoint has no sound head (sound_gen in transformer/config.json); {what} needs a "
                          "sound-capable checkpoint such as Cosmos3-Nano")
     if not variant.has_sound_tokenizer:
-        raise InputError("this checkpoint has a sound head but no sound_tokenizer in model_index.json, so its sound "
-                         "cannot be decoded")
+        raise InputError(f"this checkpoint has a sound head but no sound_tokenizer in model_index.json, so {what} "
+                         "cannot work (it encodes and decodes sound)")
     if variant.is_distilled:
-        raise InputError("distilled checkpoints do not generate sound; use a multi-step checkpoint such as Nano")
+        raise InputError(f"distilled checkpoints do not generate sound ({what}); use a multi-step checkpoint such as "
+                         "Nano")
     if num_frames == 1:
-        raise InputError("sound needs a video (num_frames >= 5), not a single image")
+        raise InputError(f"{what} needs a video (num_frames >= 5), not a single image")
+
+
+def _audio_notes(r: Request, num_frames: int, fps: float, applied: list[str], notes: list[str]) -> None:
+    """Say how the soundtrack was fitted to the video (trimmed, or padded with silence)."""
+    seconds, given = num_frames / fps, r.audio.seconds
+    applied.append(f"audio conditioning: the video follows the soundtrack, its {seconds:.2f} s held as the sound")
+    if given > seconds + 1e-6:
+        notes.append(f"audio: the soundtrack's {given:.2f} s trimmed to the video's {seconds:.2f} s (more frames, up to "
+                     f"{LONGEST_WINDOW}, cover more of it)")
+    elif given < seconds - 1e-6:
+        notes.append(f"audio: the soundtrack's {given:.2f} s padded with silence to the video's {seconds:.2f} s")
 
 
 def _size(variant: Variant, r: Request, is_image: bool, notes: list[str]) -> tuple[int, int]:
@@ -454,7 +471,9 @@ def _size(variant: Variant, r: Request, is_image: bool, notes: list[str]) -> tup
     return width, height
 
 
-def _default_guidance(variant: Variant, kind: str) -> float:
+def _default_guidance(variant: Variant, kind: str, r: Request) -> float:
+    if r.audio is not None:
+        return AUDIO_GUIDANCE
     return EDGE_GUIDANCE[kind] if variant.is_edge else DEFAULT_GUIDANCE
 
 

@@ -6,9 +6,9 @@ stereo on the release): an Oobleck decoder of weight-normalised convolutions, tr
 upsampling and Snake activations. Its encoder (a ConvNeXt over an STFT) is built only when the weights
 contain `encoder.*` tensors; early checkpoints ship the decoder alone.
 
-`SoundTrack` is the sound segment of a generation: its latents (noise drawn after the video's), their
-own stepper on the video's timesteps, and the tokens the transformer sees each step. The shared
-sampling loop in `pipeline` only asks it for tokens and hands it its velocity.
+A soundtrack given to a run (audio conditioning, `Audio`) is fitted to the clip as NVIDIA's framework loads one
+(`fit_soundtrack`: resampled by `resample`, its channels matched, trimmed or padded with silence) and encoded; the
+sound track (`tracks.SoundTrack`) holds its latents clean.
 """
 
 import math
@@ -59,6 +59,11 @@ class SoundConfig:
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
+    def encoder_channels(self) -> int:
+        """Channels of the waveform the encoder takes (2 on the release: stereo)."""
+        return self.input_channels * (2 if self.stereo else 1)
+
+    @property
     def hop(self) -> int:
         """Waveform samples per sound latent frame."""
         return self.hop_size if self.hop_size is not None else math.prod(self.dec_strides)
@@ -82,6 +87,121 @@ class SoundConfig:
 def samples_for(num_frames: int, fps: float, sample_rate: int) -> int:
     """Waveform samples covering a clip, as the reference derives the sound length from it."""
     return int(num_frames / fps * sample_rate)
+
+
+@dataclass(frozen=True, eq=False)
+class Audio:
+    """A soundtrack: waveform [channels, samples] float32 (nominally in [-1, 1]) at `sample_rate` Hz."""
+
+    waveform: torch.Tensor
+    sample_rate: int
+
+    @property
+    def seconds(self) -> float:
+        return self.waveform.shape[1] / self.sample_rate
+
+
+def as_audio(value) -> Audio | None:
+    """A soundtrack from what callers hand over: an `Audio`; ComfyUI's AUDIO ({"waveform": [1, C, N], "sample_rate"});
+    a (waveform [C, N] or [N], sample rate) pair; or a file (wav, flac, mp3, or a video's sound track)."""
+    if value is None or isinstance(value, Audio):
+        return value
+    if isinstance(value, (str, Path)):
+        from .media import read_audio
+
+        return as_audio(read_audio(value))
+    if isinstance(value, dict) and {"waveform", "sample_rate"} <= value.keys():
+        waveform, rate = value["waveform"], value["sample_rate"]
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        waveform, rate = value
+    else:
+        raise InputError("audio must be a file path, ComfyUI AUDIO ({'waveform': [1, channels, samples], "
+                         f"'sample_rate': rate}}) or a (waveform, sample rate) pair, got {type(value).__name__}")
+    waveform = torch.as_tensor(waveform)
+    if waveform.dim() == 3:
+        if waveform.shape[0] != 1:
+            raise InputError(f"audio holds a batch of {waveform.shape[0]} soundtracks; give one")
+        waveform = waveform[0]
+    if waveform.dim() == 1:
+        waveform = waveform.unsqueeze(0)
+    if waveform.dim() != 2 or not waveform.is_floating_point():
+        raise InputError(f"an audio waveform must be floats [channels, samples] in [-1, 1], got {waveform.dtype} "
+                         f"{list(waveform.shape)}")
+    if waveform.shape[1] == 0 or waveform.shape[0] == 0:
+        raise InputError("the audio is empty (no samples)")
+    if not torch.isfinite(waveform).all():
+        raise InputError("the audio waveform holds NaN or infinite samples")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0 or rate != int(rate):
+        raise InputError(f"the audio's sample rate must be a positive whole number of Hz, got {rate!r}")
+    return Audio(waveform.detach().float().cpu(), int(rate))
+
+
+def lowpass(taps: int, cutoff: float) -> torch.Tensor:
+    """A Kaiser-windowed (beta 5) sinc lowpass of odd length `taps`, `cutoff` a fraction of Nyquist, unit DC gain:
+    the filter `scipy.signal.firwin(taps, cutoff, window=("kaiser", 5.0))` designs (float64)."""
+    m = torch.arange(taps, dtype=torch.float64) - (taps - 1) / 2
+    h = cutoff * torch.sinc(cutoff * m) * torch.kaiser_window(taps, periodic=False, beta=5.0, dtype=torch.float64)
+    return h / h.sum()
+
+
+def resample(waveform: torch.Tensor, source_rate: int, target_rate: int, length: int | None = None) -> torch.Tensor:
+    """[channels, n] at `source_rate` -> [channels, ceil(n * target / source)] at `target_rate` (float64), filtered
+    and aligned as `scipy.signal.resample_poly` (its default Kaiser window) resamples; `length`: only the first that
+    many samples, silence beyond the resampled end (a trim or pad that reads no more input than it needs)."""
+    g = math.gcd(source_rate, target_rate)
+    up, down = target_rate // g, source_rate // g
+    x = waveform.double()
+    n_in = x.shape[1]
+    n_out = -(-n_in * up // down)
+    wanted = n_out if length is None else length
+    if up == down:
+        return F.pad(x, (0, wanted - n_in)) if wanted > n_in else x[:, :wanted].clone()
+    rate = max(up, down)
+    half = 10 * rate  # the filter has 2 half + 1 taps
+    taps = lowpass(2 * half + 1, 1 / rate) * up
+    pre_pad = down - half % down  # scipy pads the filter in front so its centre lands on an output sample
+    first = (half + pre_pad) // down
+    # Output i sums x[n] h[k] over k = p_i - n up (p_i the output's place in the upsampled signal): k runs over one
+    # phase of the filter, so each output reads at most `reach` input samples.
+    reach = 2 * half // up + 1
+    out = x.new_zeros(x.shape[0], wanted)
+    j = torch.arange(reach)
+    for start in range(0, min(wanted, n_out), 1 << 15):
+        p = (first + torch.arange(start, min(wanted, n_out, start + (1 << 15)))) * down - pre_pad
+        k = (p % up)[:, None] + j * up
+        n = (p // up)[:, None] - j
+        valid = (k <= 2 * half) & (n >= 0) & (n < n_in)
+        weights = torch.where(valid, taps[k.clamp(max=2 * half)], 0.0)
+        out[:, start : start + len(p)] = (x[:, n.clamp(0, n_in - 1)] * weights).sum(-1)
+    return out
+
+
+def fit_soundtrack(audio: Audio, config: SoundConfig, samples: int) -> torch.Tensor:
+    """A soundtrack as the sound encoder takes it, as NVIDIA's framework loads one: resampled to the tokenizer's rate,
+    mono repeated to stereo or stereo averaged to mono, trimmed or padded with silence at the end to `samples` ->
+    [channels, samples] float32."""
+    channels, wanted = audio.waveform.shape[0], config.encoder_channels
+    waveform = audio.waveform
+    if channels != wanted:
+        if channels == 1:
+            waveform = waveform.repeat(wanted, 1)
+        elif wanted == 1 and channels == 2:
+            waveform = waveform.mean(0, keepdim=True)
+        else:
+            raise InputError(f"the audio has {channels} channels and the sound tokenizer takes {wanted}: give a mono "
+                             "or stereo soundtrack (e.g. ffmpeg -i in.wav -ac 2 out.wav)")
+    return resample(waveform, audio.sample_rate, config.sampling_rate, samples).float()
+
+
+def check_encoder(folder: Path) -> None:
+    """Refuse audio conditioning, before any weight is read, when the sound tokenizer's weight files (headers only)
+    have no `encoder.*` tensors: it can decode sound but not encode a soundtrack."""
+    headers, _ = read_headers(folder)
+    if not any(name.startswith("encoder.") for name in headers):
+        files = sorted(p.name for p in folder.glob("*.safetensors")) or ["no weight files"]
+        raise InputError(f"audio conditioning encodes the soundtrack with the sound tokenizer's encoder, and "
+                         f"{folder} ({', '.join(files)}) has no encoder.* weights (a decoder-only release): use a "
+                         "sound tokenizer that ships its encoder")
 
 
 # --- building blocks ---------------------------------------------------------------------------------
@@ -200,7 +320,7 @@ class Encoder(nn.Module):
 
     def __init__(self, c: SoundConfig):
         super().__init__()
-        self.channels = c.input_channels * (2 if c.stereo else 1)
+        self.channels = c.encoder_channels
         self.n_fft, self.hop_length = c.enc_n_fft, c.enc_hop_length
         dims = [m * c.enc_dim for m in c.enc_c_mults]
         layers: list[nn.Module] = [WNConv1d((self.n_fft + 2) * self.channels, dims[0], 1, bias=False)]

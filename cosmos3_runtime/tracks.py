@@ -18,7 +18,7 @@ from .geometry import TEMPORAL_FACTOR
 from .request import Request
 from .schedulers import Schedule, stepper_for
 from .settings import Settings
-from .sound import samples_for
+from .sound import fit_soundtrack, samples_for
 from .transformer import TrackTokens
 
 
@@ -35,36 +35,58 @@ class Parts:
 
 
 class SoundTrack:
-    """Sound latents [sound_dim, T_s], all noisy, denoised on the video's timesteps by their own stepper."""
+    """Sound latents [sound_dim, T_s] denoised on the video's timesteps by their own stepper. With a soundtrack (audio
+    conditioning) its latents are held clean instead, every whole latent frame of it (NVIDIA's framework plans
+    samples // hop of the encoder's ceil(samples / hop): a last partial frame is generated), and the run's sound is
+    that soundtrack."""
 
-    def __init__(self, noise: torch.Tensor, latent_fps: float, schedule: Schedule):
-        self.latents, self.latent_fps = noise, latent_fps
+    def __init__(self, noise: torch.Tensor, latent_fps: float, schedule: Schedule, held: Held | None = None,
+                 soundtrack: torch.Tensor | None = None):
+        self.latent_fps, self.held, self.soundtrack = latent_fps, held, soundtrack
+        self.latents = noise if held is None else held.hold(noise)
+        # the rows denoised (None: all)
+        self.noisy = None if held is None else (held.mask[0] == 0).nonzero()[:, 0].tolist()
         self.stepper = stepper_for(schedule)
 
     @classmethod
     def for_request(cls, parts: Parts, s: Settings, r: Request, generator: torch.Generator) -> "SoundTrack | None":
-        """The track a request with `sound` asks for: noise for the clip's duration, drawn from the generator right
-        after the video's."""
-        if not r.sound:
+        """The track a request with `sound` or `audio` asks for: noise for the clip's duration, drawn from the
+        generator right after the video's (for every latent frame, held or not, as the framework draws it)."""
+        if not r.sound_use:
             return None
-        tokenizer = parts.codec.sound_for("sound")
+        tokenizer = parts.codec.sound_for(r.sound_use)
         config = parts.denoiser.transformer.config
-        frames = -(-samples_for(s.num_frames, s.fps, tokenizer.config.sampling_rate) // tokenizer.config.hop)
+        samples = samples_for(s.num_frames, s.fps, tokenizer.config.sampling_rate)
+        frames = -(-samples // tokenizer.config.hop)
         noise = torch.randn((config.sound_dim, frames), generator=generator, dtype=torch.float32).to(parts.device)
-        return cls(noise, float(config.sound_latent_fps), parts.denoiser.schedule_for(s))
+        schedule = parts.denoiser.schedule_for(s)
+        if r.audio is None:
+            return cls(noise, float(config.sound_latent_fps), schedule)
+        soundtrack = fit_soundtrack(r.audio, tokenizer.config, samples)
+        mask = torch.zeros(1, frames, device=parts.device)
+        mask[:, : samples // tokenizer.config.hop] = 1.0
+        held = Held(parts.codec.encode_sound(soundtrack), mask)
+        return cls(noise, float(config.sound_latent_fps), schedule, held, soundtrack.clamp(-1.0, 1.0))
 
     def tokens(self) -> TrackTokens:
         """One token per latent frame, at the sound latents' own rate."""
-        return TrackTokens("sound", self.latents.t(), fps=self.latent_fps)
+        return TrackTokens("sound", self.latents.t(), self.noisy, fps=self.latent_fps)
 
     def step(self, velocity: torch.Tensor, generator) -> None:
+        if self.noisy == []:  # the whole soundtrack held: nothing to denoise
+            return
         self.latents = self.stepper.step(velocity.t(), self.latents, generator)
+        if self.held is not None:
+            self.latents = self.held.hold(self.latents)
 
     def finish(self, parts: Parts, s: Settings, r: Request) -> dict:
-        """The run's sound: its latents, and with frames its waveform (trimmed to the video with `sound_trim`)."""
+        """The run's sound: its latents, and its waveform: the soundtrack it held, or with frames the decoded latents
+        (trimmed to the video with `sound_trim`)."""
         latents = self.latents.cpu()
         out = dict(sound_latents=latents, sample_rate=parts.codec.sound_tokenizer.config.sampling_rate)
-        if r.output == "frames":
+        if self.soundtrack is not None:
+            out["sound"] = self.soundtrack
+        elif r.output == "frames":
             out["sound"] = parts.codec.decode_sound(latents, s.num_frames / s.fps if r.sound_trim else None)
         return out
 

@@ -175,6 +175,36 @@ def test_generate_with_sound_writes_an_audio_track_and_a_wav(tiny_factory, tmp_p
     assert "--sound-output needs --sound" in capsys.readouterr().err
 
 
+def test_generate_with_audio_holds_the_soundtrack_and_writes_it(tiny_factory, tmp_path, capsys, caplog, monkeypatch):
+    import wave
+
+    av = pytest.importorskip("av")
+    from cosmos3_runtime.media import read_audio, save_wav
+
+    nano = tiny_factory(kind="gated", sound=True)
+    t = torch.arange(8000) / 16000
+    save_wav(torch.sin(2 * torch.pi * 440 * t).unsqueeze(0) * 0.5, tmp_path / "in.wav", 16000)  # 0.5 s, mono
+    out, wav = tmp_path / "drums.mp4", tmp_path / "drums.wav"
+    assert main(["generate", "--checkpoint", str(nano), "--prompt", "a drummer", "--frames", "25", "--fps", "24",
+                 "--width", "64", "--height", "48", "--steps", "2", "--audio", str(tmp_path / "in.wav"),
+                 "--output", str(out), "--sound-output", str(wav)]) == 0
+    assert "padded with silence to the video's 1.04 s" in caplog.text
+    with av.open(str(out)) as container:
+        assert container.streams.audio[0].codec_context.name == "aac"
+    written, _ = read_audio(wav)
+    with wave.open(str(wav)) as f:
+        assert (f.getnchannels(), f.getframerate(), f.getnframes()) == (2, 8000, int(25 / 24 * 8000))
+    assert written[:, :3990].abs().max() > 0.4 and not written[:, 4010:].any()  # 0.5 s, then silence
+    _no_weight_is_read(monkeypatch)
+    decoder_only = tiny_factory(kind="gated", sound=True, sound_encoder=False)
+    assert main(["generate", "--checkpoint", str(decoder_only), "--prompt", "x", "--audio", str(tmp_path / "in.wav"),
+                 "--output", str(out)]) == 2
+    assert "has no encoder.* weights" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", str(nano), "--prompt", "x", "--audio", str(tmp_path / "none.wav"),
+                 "--output", str(out)]) == 2
+    assert "audio file" in capsys.readouterr().err
+
+
 def test_generate_actions_writes_them_next_to_the_video(tiny_factory, tmp_path, capsys):
     import json
 

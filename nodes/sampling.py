@@ -265,6 +265,8 @@ class Cosmos3Sampler:
                 "chunk_frames": ("INT", {"default": 0, "min": 0, "max": 4097, "tooltip": auto_help("chunk_frames")}),
                 "chunk_overlap_frames": ("INT", {"default": 1, "min": 1, "max": 61, "step": 4,
                                          "tooltip": help_of("chunk_overlap_frames")}),
+                "audio": ("AUDIO", {"tooltip": "audio-conditioned video (Load Audio): " + help_of("audio").split(". A file")[0]
+                          + ". Cosmos3 Sound Decode hands that soundtrack on"}),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
@@ -278,7 +280,7 @@ class Cosmos3Sampler:
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
                schedule=None, media=None, action=None, cache="seacache", compile=False, chunk_frames=0,
-               chunk_overlap_frames=1, node_id=None):
+               chunk_overlap_frames=1, audio=None, node_id=None):
         media = dict(media or {})
         frames = media_frames(frames, media.pop("num_frames", None))
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
@@ -290,7 +292,7 @@ class Cosmos3Sampler:
 
         with services.words.widget_words(SAMPLER_WORDS):
             request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **media,
-                                    action=action, output="latents")
+                                    action=action, audio=audio, output="latents")
             plan = model.plan(prompt, request)
             # ComfyUI makes room for the run itself, not only for the weights
             with model.use(memory_required=model.memory_needed(plan)) as pipe:
@@ -306,7 +308,10 @@ class Cosmos3Sampler:
         latent = {"samples": raw, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
         if result.sound_latents is not None:
             latent["cosmos3"].update(sound_latents=result.sound_latents, sample_rate=result.sample_rate)
-            report.append(f"sound: {result.sound_latents.shape[1]} latent frames at {result.sample_rate} Hz")
+            if result.sound is not None:  # an audio-conditioned run: its sound is the soundtrack it held
+                latent["cosmos3"]["soundtrack"] = result.sound
+            report.append(f"sound: {result.sound_latents.shape[1]} latent frames at {result.sample_rate} Hz"
+                          + (", the soundtrack held" if result.sound is not None else ""))
         actions = None
         if result.actions is not None:
             a = s.action

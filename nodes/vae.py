@@ -68,8 +68,9 @@ class Cosmos3VAEEncode:
 
 
 class Cosmos3SoundDecode:
-    DESCRIPTION = ("Decodes the sound a Cosmos3 sampler generated with its video (sound on) to ComfyUI AUDIO: connect "
-                   "it to Create Video's audio, or to an audio preview.")
+    DESCRIPTION = ("Decodes the sound a Cosmos3 sampler generated with its video (sound on) to ComfyUI AUDIO, or hands "
+                   "on the soundtrack an audio-conditioned run held: connect it to Create Video's audio, or to an audio "
+                   "preview.")
     CATEGORY = "cosmos3"
     RETURN_TYPES = ("AUDIO",)
     RETURN_NAMES = ("audio",)
@@ -90,6 +91,8 @@ class Cosmos3SoundDecode:
         if meta.get("sound_latents") is None:
             raise InputError("this LATENT carries no sound: turn on 'sound' in the Cosmos3 Sampler (a checkpoint "
                              "with a sound head, such as Nano)")
+        if meta.get("soundtrack") is not None:  # already the video's duration, at the tokenizer's rate
+            return ({"waveform": meta["soundtrack"].unsqueeze(0), "sample_rate": int(meta["sample_rate"])},)
         seconds = meta["num_frames"] / meta["fps"] if trim else None
         with vae.use() as pipe:
             waveform = pipe.decode_sound(meta["sound_latents"], seconds)

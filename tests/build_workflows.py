@@ -85,7 +85,8 @@ def stages(prompt: dict) -> dict[str, str]:
             result[node_id] = "Output"
         elif kind in SAMPLE_NODES:  # (a sampler that makes a source clip too: the bottom row has room)
             result[node_id] = "Sample"
-        elif node_id in media_side or kind in ("LoadImage", "LoadVideo", "GetVideoComponents", "Cosmos3RobotState"):
+        elif node_id in media_side or kind in ("LoadImage", "LoadVideo", "LoadAudio", "GetVideoComponents",
+                                                         "Cosmos3RobotState"):
             result[node_id] = "Input media"
         elif kind in OUTPUT_NODES:
             result[node_id] = "Output"
@@ -99,19 +100,29 @@ def node_height(cls, inputs: int) -> int:
     multiline = sum(options.get("multiline", False) for _, options, _ in declared_inputs(cls).values())
     widgets = sum(is_widget(kind) for kind in kinds)
     slots = max(inputs, len(cls.RETURN_TYPES))
-    preview = 260 if any(options.get("image_upload") or options.get("video_upload")
-                         for _, options, _ in declared_inputs(cls).values()) else 0
-    return 40 + 24 * slots + 28 * widgets + 70 * multiline + preview  # (Load Image and Load Video show a preview)
+    previews = {"image_upload": 260, "video_upload": 260, "audio_upload": 40}  # Load Image / Video / Audio show one
+    preview = max([previews[k] for _, options, _ in declared_inputs(cls).values() for k in previews if options.get(k)],
+                  default=0)
+    return 40 + 24 * slots + 28 * widgets + 70 * multiline + preview
 
 
 def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
-    """Node positions and sizes, and the groups around each stage."""
+    """Node positions and sizes, and the groups around each stage: the stages in two rows, the first arrangement whose
+    saved view draws text (a zoom of at least TEXT_SCALE)."""
     stage_of = stages(prompt)
-    placed, groups = {}, []
-    y = MARGIN + GROUP_TITLE
     rows = (TOP_ROW, BOTTOM_ROW)
     if sum(stage == "Input media" for stage in stage_of.values()) > MEDIA_NODES_ON_TOP:  # keep the rows balanced
         rows = (TOP_ROW[:-1], ("Prompt", *BOTTOM_ROW))
+    for arrangement in (rows, ((*TOP_ROW, "Sample"), ("Output",))):  # a tall sampler: beside the inputs
+        placed, groups = place(arrangement, prompt, stage_of, registry, input_counts)
+        if saved_view(groups)["scale"] >= TEXT_SCALE:
+            break
+    return placed, groups
+
+
+def place(rows: tuple, prompt: dict, stage_of: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
+    placed, groups = {}, []
+    y = MARGIN + GROUP_TITLE
     for row in rows:
         x, row_bottom = MARGIN, y
         for stage in row:
@@ -214,6 +225,7 @@ def api_to_ui(prompt: dict, registry: dict, display_names: dict) -> dict:
 # A 1600x1000 window: the front end's side bar takes about 60 px on the left, the menu and tab bars
 # about 100 px at the top, the minimap and zoom controls a strip at the bottom.
 SCREEN, CANVAS_ORIGIN, CANVAS_END = (1600, 1000), (70, 110), (20, 70)
+TEXT_SCALE = 0.6  # below this zoom the front end stops drawing text
 
 
 def saved_view(groups: list) -> dict:

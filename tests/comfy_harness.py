@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
-UPLOAD_OPTIONS = ("image_upload", "video_upload")  # these add one UI-only widget value ("image")
+UPLOAD_OPTIONS = ("image_upload", "video_upload", "audio_upload")  # these add one UI-only widget value ("image")
 
 
 def check_image_batch(images, what):
@@ -55,6 +55,25 @@ class LoadImage:
         pixels = np.asarray(Image.open(self.input_dir / image).convert("RGB"), dtype=np.float32) / 255
         tensor = torch.from_numpy(pixels)[None]
         return (tensor, torch.zeros(tensor.shape[:3]))
+
+
+class LoadAudio:
+    input_dir: Path | None = None
+    RETURN_TYPES = ("AUDIO",)
+    FUNCTION = "execute"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        files = sorted(p.name for p in cls.input_dir.glob("*.wav")) if cls.input_dir else []
+        return {"required": {"audio": (files, {"audio_upload": True})}}
+
+    def execute(self, audio):
+        import wave
+
+        with wave.open(str(self.input_dir / audio)) as f:
+            pcm = np.frombuffer(f.readframes(f.getnframes()), dtype=np.int16).reshape(-1, f.getnchannels())
+            rate = f.getframerate()
+        return ({"waveform": torch.from_numpy(pcm.T / 32768.0).float()[None], "sample_rate": rate},)
 
 
 class Video:
@@ -253,7 +272,7 @@ class TorchCompileModel(CoreSampling):
 
 CORE_SAMPLING = (EasyCache, TorchCompileModel, KSampler, SamplerCustomAdvanced, CFGGuider, KSamplerSelect, RandomNoise,
                  Wan22ImageToVideoLatent, VAEDecode)
-CORE_NODES = {cls.__name__: cls for cls in (SaveImage, LoadImage, CreateVideo, SaveVideo, LoadVideo, GetVideoComponents,
+CORE_NODES = {cls.__name__: cls for cls in (SaveImage, LoadImage, LoadAudio, CreateVideo, SaveVideo, LoadVideo, GetVideoComponents,
                                             PreviewAny, *CORE_SAMPLING)}
 
 

@@ -2,9 +2,9 @@
 
 COMFYUI_PYTHON is the interpreter that runs it (default: this one; it needs ComfyUI's requirements).
 The server starts on a free loopback port with a throw-away base directory: the pack linked into its
-custom_nodes/, tiny checkpoints under the names the workflows use in models/cosmos3/, and an
-input/example.png. Every API workflow is queued over HTTP at toy sizes and must succeed; queue-time
-validation must reject bad values with ComfyUI's own error.
+custom_nodes/, tiny checkpoints under the names the workflows use in models/cosmos3/, and
+input/example.png and example.wav. Every API workflow is queued over HTTP at toy sizes and must succeed;
+queue-time validation must reject bad values with ComfyUI's own error.
 
 With PLAYWRIGHT_CORE (the folder of an installed playwright-core package) and a Chromium on PATH,
 the front end is checked too (tests/frontend_check.cjs): each UI workflow opens without errors, and
@@ -33,6 +33,7 @@ import torch
 from PIL import Image
 
 from conftest import ROOT
+from cosmos3_runtime.media import save_wav
 from cosmos3_runtime.tiny import sim_bimanual_block, sim_transfer_block
 from comfy_harness import CORE_NODES
 from test_workflows import API, CORE, UI, small, with_defaults
@@ -82,7 +83,7 @@ def _call(url: str, body: dict | None = None, timeout: float = 30, data: bytes |
 def comfyui_server(base: Path, checkpoints: dict, tiny_factory, env: dict | None = None):
     """A real ComfyUI server on a free loopback port with `base` as its base directory: the pack linked into
     custom_nodes/, `checkpoints` ({folder name: make_tiny_checkpoint options}) in models/cosmos3/, an
-    input/example.png. Yields its URL; `base / "server.log"` is its log."""
+    input/example.png and example.wav. Yields its URL; `base / "server.log"` is its log."""
     (base / "custom_nodes").mkdir(parents=True, exist_ok=True)
     (base / "custom_nodes" / "cosmos3").symlink_to(ROOT, target_is_directory=True)
     for name, options in checkpoints.items():
@@ -91,6 +92,8 @@ def comfyui_server(base: Path, checkpoints: dict, tiny_factory, env: dict | None
     pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(base / "input" / "example.png")
     shutil.copy(ROOT / "workflows" / "agibot_actions.csv", base / "input")  # the Sim-Bimanual workflow's
+    tone = torch.sin(2 * torch.pi * 220 * torch.arange(44100) / 44100)  # the audio workflow's: 1 s, mono 44.1 kHz
+    save_wav(0.5 * tone.unsqueeze(0), base / "input" / "example.wav", 44100)
     port = _port()
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     log = open(base / "server.log", "w")

@@ -353,6 +353,24 @@ def test_sound_through_the_sampler_and_sound_decode(nodes):
         sample(nodes, edge, text(nodes), frames=9, sound=True)
 
 
+def test_audio_through_the_sampler_comes_out_of_sound_decode(nodes):
+    model, vae, _ = load(nodes, "Cosmos3-Nano")
+    t = torch.arange(48000) / 48000  # ComfyUI's AUDIO as Load Audio gives it: 1 s of a mono 440 Hz tone at 48 kHz
+    audio = {"waveform": (0.5 * torch.sin(2 * torch.pi * 440 * t)).view(1, 1, -1), "sample_rate": 48000}
+    latent, report = sample(nodes, model, text(nodes), frames=9, audio=audio)
+    assert any(line.startswith("audio conditioning: the video follows the soundtrack") for line in report)
+    assert any("the soundtrack held" in line for line in report) and latent["cosmos3"]["sound_latents"].shape == (16, 10)
+    (sound,) = nodes.Cosmos3SoundDecode().decode(vae, latent, True)
+    assert sound["sample_rate"] == 8000 and sound["waveform"].shape == (1, 2, int(9 / 24 * 8000))
+    # the soundtrack resampled (48 kHz -> 8 kHz) and made stereo, not a decode: a 440 Hz tone at half scale
+    assert torch.equal(sound["waveform"][0, 0], sound["waveform"][0, 1])
+    torch.testing.assert_close(sound["waveform"][0, 0, 100:-100], audio["waveform"][0, 0, :18000:6][100:-100],
+                               atol=1e-3, rtol=0)
+    assert "audio" in nodes.Cosmos3Sampler.INPUT_TYPES()["optional"]
+    with pytest.raises(nodes.vae.InputError, match="a batch of 2 soundtracks"):
+        sample(nodes, model, text(nodes), frames=9, audio={**audio, "waveform": audio["waveform"].expand(2, 1, -1)})
+
+
 def test_latent_holds_raw_vae_latents_like_comfyui(nodes, models_dir):
     """LATENT = the VAE's posterior mean (core ComfyUI's convention); decoding it gives the frames of before."""
     from conftest import require

@@ -17,6 +17,7 @@ from PIL import Image
 
 from comfy_harness import (
     CORE_NODES,
+    LoadAudio,
     LoadImage,
     LoadVideo,
     PreviewAny,
@@ -28,10 +29,12 @@ from comfy_harness import (
     execute,
     is_widget,
     load_json,
+    ui_extra_values,
     validate,
     widget_names,
 )
 from conftest import ROOT
+from cosmos3_runtime.media import save_wav
 
 API = sorted((ROOT / "workflows" / "api").glob("*.json"))
 EXAMPLE_ACTIONS = "agibot_actions.csv"  # the Sim-Bimanual workflow's actions, copied into ComfyUI's input folder
@@ -52,7 +55,9 @@ def registry(pack, models_dir, tmp_path, monkeypatch):
     Image.fromarray(pixels).save(inputs / "example.png")
     shutil.copy(ROOT / "workflows" / EXAMPLE_ACTIONS, inputs)
     monkeypatch.setenv("COSMOS3_INPUT_DIR", str(inputs))
-    LoadImage.input_dir = inputs
+    LoadImage.input_dir = LoadAudio.input_dir = inputs
+    tone = torch.sin(2 * torch.pi * 220 * torch.arange(44100) / 44100)  # 1 s of a 220 Hz tone, mono 44.1 kHz
+    save_wav(0.5 * tone.unsqueeze(0), inputs / "example.wav", 44100)
     LoadVideo.clips = {"example.mp4": Video(torch.rand(11, 120, 160, 3), 24.0),
                        **{name: Video(clip[:13], 16.0) for name, clip in zip(pack.transfer.EXAMPLE_CLIPS,
                                                                              pack.transfer.example_scene(13, 48, 80))}}
@@ -231,9 +236,7 @@ def front_end_conversion(workflow: dict, registry: dict) -> dict:
                 if isinstance(kind, list) or kind in SOCKETLESS:
                     if queue:
                         inputs[name] = queue.pop(0)
-                        skip = bool(options.get("control_after_generate")) + bool(options.get("image_upload")
-                                                                                  or options.get("video_upload"))
-                        queue = queue[skip:]
+                        queue = queue[ui_extra_values(options):]
                     elif "default" in options:  # saved before this widget existed: it keeps its default
                         inputs[name] = options["default"]
                     else:

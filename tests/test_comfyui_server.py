@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from conftest import ROOT
-from cosmos3_runtime.media import save_wav
+from cosmos3_runtime.media import read_audio, save_wav
 from cosmos3_runtime.tiny import sim_bimanual_block, sim_transfer_block
 from comfy_harness import CORE_NODES
 from test_workflows import API, CORE, UI, small, with_defaults
@@ -200,7 +200,7 @@ def test_the_pack_loads_without_import_errors(server):
 
 @pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
 def test_every_api_workflow_runs_in_the_server(server, path):
-    url, _ = server
+    url, base = server
     prompt = small(json.loads(path.read_text()))
     for node in prompt.values():
         if node["class_type"] == "SaveVideo":
@@ -215,6 +215,11 @@ def test_every_api_workflow_runs_in_the_server(server, path):
     modes = ("t2i", "t2v", "i2v", "v2v", "keyframes", "policy", "forward_dynamics", "inverse_dynamics", "transfer",
              "Sim-Transfer", "causal actions")
     assert any(line.startswith(modes) for line in reports) or path.stem.endswith("_reason_image"), reports
+    if path.stem == "cosmos3_nano_audio_i2v":  # Save Video muxed the soundtrack the run held: example.wav's tone
+        (saved,) = [i for out in history["outputs"].values() for i in out.get("images", [])]
+        waveform, rate = read_audio(base / "output" / saved["subfolder"] / saved["filename"])
+        assert waveform.shape[0] == 2 and 0 <= waveform.shape[1] / rate - 13 / 24 <= 2 * 1024 / rate  # AAC padding
+        assert waveform.abs().max() > 0.4
     for node_id, node in prompt.items():
         if node["class_type"] == "Cosmos3Reason":  # the answer in the node, and in the text preview after it
             answer, count = history["outputs"][node_id]["text"]

@@ -17,7 +17,8 @@ generation; offload_text and blocks_to_swap bit-identical; fp8 weight-only and f
 with block swap, and with layers left in CPU memory); a model whose small modules stay in CPU memory while its
 linears are on the device (as ComfyUI's low-VRAM loading leaves it) equal to one held wholly on the device; a
 two-control transfer over two chunks; a causal Sim-Transfer rollout; a Sim-Bimanual session (three ticks against the
-batch run and fp32 on the CPU, history in CPU memory); the Reasoner of both families.
+batch run and fp32 on the CPU, history in CPU memory); audio-conditioned image-to-video (the soundtrack encoded on
+the device, held, handed back); the Reasoner of both families.
 Device and code paths: the device record (`cosmos3_runtime.devices.facts`) printed, its grouped-K/V answer for bf16
 and fp32 against torch's own SDPA kernel choice; one generate with the media block compiled (inductor; the eager
 backend on the CPU), no graph breaks and equal to the uncompiled run; a first load through the nodes' memory path
@@ -70,7 +71,10 @@ REQUEST = dict(width=128, height=96, num_frames=9, steps=4, seed=3, output="late
 # Bounds: 2.5 times what `--device cpu` measured for the same comparison (bf16 on the CPU against fp32; the README
 # lists those figures), rounded up: a GPU's bf16 kernels round differently, not 2.5 times worse.
 BOUNDS = {"bf16": 0.075, "fp8": 0.22, "fp8_scaled": 0.41, "q8_0": 0.11, "q4_0": 0.5, "transfer": 0.009,
-          "reasoner": 0.03, "causal": 0.005, "causal_recompute": 0.025}
+          "reasoner": 0.03, "causal": 0.005, "causal_recompute": 0.025, "audio": 0.01,
+          # the sound encoder runs in fp32, its convolutions in TF32 on CUDA by default (8.2e-4 on an H200): bounded by
+          # bf16's rounding, which the transformer applies to the held latents anyway
+          "audio_encode": 0.004}
 
 
 class Skip(Exception):
@@ -312,6 +316,30 @@ def check_session(c: Check) -> None:
     c.row("Sim-Bimanual session, 3 ticks", same <= 1 / 255 and error < BOUNDS["causal"] and torch.equal(host, ticks),
           f"ticks vs batch max abs {same:.5f}; vs fp32 on the CPU mean abs {error:.4f}; history in CPU memory "
           f"bit-identical={torch.equal(host, ticks)}; {seconds:.2f} s a tick (tiny model, 128x96)")
+
+
+def check_audio(c: Check) -> None:
+    """Audio-conditioned image-to-video on the device: the soundtrack encoded there (the sound tokenizer in fp32 under
+    a bf16 model) holds the latents the CPU encodes, the run's sound is the soundtrack, and the frames are within bf16
+    of fp32 on the CPU."""
+    root = tiny(c, kind="gated", sound=True)
+    g = torch.Generator().manual_seed(4)
+    tone = 0.5 * torch.sin(2 * torch.pi * 440 * torch.arange(22050) / 44100)  # 0.5 s at 44.1 kHz, mono
+    options = dict(width=128, height=96, num_frames=9, steps=4, seed=3, cache="off", negative_prompt="silence",
+                   image=torch.rand(1, 96, 128, 3, generator=g), audio=(tone.unsqueeze(0), 44100))
+    cpu = cosmos3_runtime.load(root, device="cpu", dtype="fp32").generate("a drummer", **options)
+    pipe = cosmos3_runtime.load(root, device=c.device, dtype="bf16")
+    gpu = pipe.generate("a drummer", **options)
+    held = cpu.sound.shape[1] // 320  # the tiny tokenizer's hop: whole sound latents are held
+    encoded = relative(gpu.sound_latents[:, :held], cpu.sound_latents[:, :held])
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # cuDNN's fp32 convolutions are TF32 by default
+        exact = relative(pipe.codec.encode_sound(cpu.sound).cpu()[:, :held], cpu.sound_latents[:, :held])
+    error = (gpu.frames - cpu.frames).abs().mean().item()
+    same = torch.equal(gpu.sound, cpu.sound)
+    c.row("audio-conditioned image-to-video", error < BOUNDS["audio"] and encoded < BOUNDS["audio_encode"]
+          and exact < 1e-4 and same,
+          f"mean abs difference of the frames {error:.4f}; held sound latents {encoded:.1e} relative ({exact:.1e} with "
+          f"TF32 convolutions off); the soundtrack out equal={same}")
 
 
 def check_reasoner(c: Check) -> None:
@@ -842,7 +870,7 @@ def check_speed_table(c: Check) -> None:
 CHECKS = [  # the most valuable first: the deadline skips what is left
     ("bf16", check_bf16), ("low VRAM", check_low_vram), ("fp8", check_fp8), ("fp8_scaled", check_fp8_scaled),
     ("GGUF", check_gguf), ("host placement", check_host_placement), ("transfer", check_transfer),
-    ("causal", check_causal), ("session", check_session),
+    ("causal", check_causal), ("session", check_session), ("audio", check_audio),
     ("Reasoner", check_reasoner),
     ("device record", check_device_record), ("attention kernels", check_attention_kernels),
     ("compiled block", check_compiled_block), ("first load", check_first_load), ("SDPA kernels", check_sdpa_backends),

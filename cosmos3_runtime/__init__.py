@@ -10,6 +10,7 @@
 from .action import ActionRequest
 from .checkpoint import Checkpoint, Variant, detect_variant
 from .errors import CheckpointError, Cosmos3Error, InputError, NumericalError
+from .guardrails import GuardrailBlocked, Guardrails, load as load_guardrails
 from .pipeline import Cosmos3Pipeline, load
 from .runs import Generation
 from .reasoner import Answer, Clip
@@ -28,6 +29,8 @@ __all__ = [
     "Cosmos3Pipeline",
     "Cosmos3Transformer",
     "Generation",
+    "GuardrailBlocked",
+    "Guardrails",
     "InputError",
     "NumericalError",
     "Request",
@@ -38,4 +41,5 @@ __all__ = [
     "WorkerPool",
     "detect_variant",
     "load",
+    "load_guardrails",
 ]

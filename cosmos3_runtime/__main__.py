@@ -20,7 +20,8 @@ from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_ima
                     save_wav, video_header)
 from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, read_clip
 from .parallel import init_from_env
-from .pipeline import load, open_gguf, planner
+from .guardrails import load as load_guardrails
+from .pipeline import load, open_gguf, planner, prompt_list
 from .request import Request, add_arguments, options_from_args
 from .tiny import KINDS, SIZES, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
 from .transfer import HINTS, check_hints, summary as transfer_summary
@@ -78,6 +79,11 @@ def cmd_generate(args) -> None:
                            quantize=args.quantize, transformer_file=args.transformer_file)
         plan = planning.plan(args.prompt, request)
         planning.check(plan)
+        guardrails = None
+        if args.guardrails:  # checked before the model loads: a blocked prompt reads no generator weight
+            guardrails = load_guardrails(args.guardrails_device, fail_closed=not args.guardrails_fail_open,
+                                         allow_download=True)
+            guardrails.check_prompts(prompt_list(args.prompt))
         if main and planning.device.type == "cpu":
             guess = timing.generation(planning.transformer_config, planning.vae_config, plan.settings.geometry,
                                       plan.settings.steps, len(plan.cond_ids), not latents_only, planning.dtype,
@@ -87,7 +93,8 @@ def cmd_generate(args) -> None:
         pipe = load(args.checkpoint, device=device, dtype=args.dtype, vae_dtype=args.vae_dtype, **low_vram_options(args))
         say(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
         report = Report(say)
-        result = pipe.generate(args.prompt, request, callback=report.step, parallel=parallel, progress=report.stage)
+        result = pipe.generate(args.prompt, request, callback=report.step, parallel=parallel, progress=report.stage,
+                               guardrails=guardrails)
         s = result.settings
         say(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
             f"({s.schedule}), guidance {s.guidance_scale:g}" + (transfer_summary(s.transfer) if s.transfer else "")
@@ -302,6 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "out.safetensors for the latents")
     add_arguments(p)  # every generation option, from cosmos3_runtime.request.Request
     p.add_argument("--sound-output", help="with --sound or --audio: also write the sound track alone, as a .wav file")
+    g = p.add_argument_group("guardrails (the optional cosmos-guardrail package: pip install cosmos-guardrail)")
+    g.add_argument("--guardrails", action="store_true", help="check the prompt before anything loads (a keyword "
+                   "blocklist and the Qwen3Guard classifier) and the video before it is written (faces pixelated); "
+                   "their files come from the Hugging Face cache, fetched once if missing (not with HF_HUB_OFFLINE)")
+    g.add_argument("--guardrails-device", default="cpu", help="where the guardrail's models run while they check "
+                   "(kept in CPU memory between checks) [default: cpu]")
+    g.add_argument("--guardrails-fail-open", action="store_true", help="let a run through when a check itself fails "
+                   "(default: such a run is blocked, with the reason)")
     a = p.add_argument_group("action generation (checkpoints with an action head; --image or --video is the "
                              "observation)")
     a.add_argument("--action-mode", choices=MODES, help="policy, forward_dynamics or inverse_dynamics")

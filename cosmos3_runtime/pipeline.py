@@ -16,6 +16,7 @@ from .codec import Codec
 from .denoiser import Denoiser
 from .errors import CheckpointError, InputError, NumericalError
 from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
+from .guardrails import Guardrails
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel
 from .prompts import PromptOptions, negative_text, positive_text
@@ -253,6 +254,13 @@ class Planner:
                                w8a8=self.variant.quantization is not None, cache=s.cache)
 
 
+def counting(plan: Plan, part: str, num_bytes: int) -> Plan:
+    """The plan with `num_bytes` more held on its device throughout, as `part` (a guardrail kept there)."""
+    if not num_bytes:
+        return plan
+    return replace(plan, estimate=replace(plan.estimate, parts={**plan.estimate.parts, part: num_bytes}))
+
+
 def prompt_list(prompt) -> list[str]:
     """The prompt(s) of a request: a string, or one per chunk of a long video, as a list of strings or a string
     holding a JSON list of strings (a JSON object stays one structured caption)."""
@@ -424,6 +432,7 @@ class Cosmos3Pipeline:
         parallel: Parallel | None = None,
         progress: StageCallback | None = None,
         interrupt: Callable[[], None] | None = None,
+        guardrails: Guardrails | None = None,
         **options,
     ) -> Generation:
         """Generate an image (num_frames=1) or a video from a prompt, optionally conditioned on an image or video.
@@ -444,6 +453,9 @@ class Cosmos3Pipeline:
         `parallel` (from `parallel.init_from_env`) runs the call on every rank of a torchrun job with
         sequence and/or CFG parallelism; every rank gets the same result. It takes no `interrupt`: ranks cancel at
         step boundaries, from `callback`, once they agree (as `workers` does).
+        `guardrails` (`guardrails.load()`): every prompt checked before anything runs, the frames checked and their
+        faces pixelated before they are returned (`GuardrailBlocked` names what blocked a run; latents are returned
+        unchecked); a guardrail kept on this device is counted in the memory check.
         """
         if not self.transformer.has_media:
             raise InputError("this pipeline was loaded with parts='reasoner' (no generator weights); load it with "
@@ -457,6 +469,9 @@ class Cosmos3Pipeline:
             plan = prompt
         else:
             plan = self.plan(prompt, request, **options)
+        if guardrails is not None:
+            guardrails.check_prompts(prompt_list(plan.prompt))
+            plan = counting(plan, "guardrails", guardrails.resident_bytes(self.device))
         log_notes(plan.settings)
         self.planner.check(plan)
         self._finite = FiniteCheck()
@@ -465,6 +480,9 @@ class Cosmos3Pipeline:
             # each step sets the media pathway's own precision
             with modelopt_fp8.for_text(plan.settings.fp8_policy), cancel.checking(interrupt):
                 result = self._generate(plan, callback, parallel, progress)
+                if guardrails is not None and result.frames is not None:
+                    stage = None if progress is None else lambda done, total: progress("guardrail", done, total)
+                    result = replace(result, frames=guardrails.filter_frames(result.frames, stage))
             self._finite.check()
             return result
         finally:
@@ -478,14 +496,19 @@ class Cosmos3Pipeline:
         cache = None if s.cache is None else StepCache(s.cache)
         return runs.execute(run, self.parts, int(plan.request.seed), callback, parallel, progress, cache)
 
-    def session(self, prompt: str, request: Request | None = None, **options) -> "Session":
+    def session(self, prompt: str, request: Request | None = None, guardrails: Guardrails | None = None,
+                **options) -> "Session":
         """A Sim-Bimanual rollout driven one action chunk at a time: `with pipe.session(prompt, action=ActionRequest(
         mode="forward_dynamics", image=first, domain="agibotworld")) as s: frames = s.tick(actions)` (see `Session`).
-        Refused at open, before anything runs, when a full history window would not fit (the plan's run fills it)."""
+        Refused at open, before anything runs, when a full history window would not fit (the plan's run fills it).
+        `guardrails`: the prompt checked at open, every tick's frames checked and their faces pixelated."""
         check_session_checkpoint(self.variant)
         plan = self.plan(prompt, request, **options)
+        if guardrails is not None:
+            guardrails.check_prompts(prompt_list(plan.prompt))
+            plan = counting(plan, "guardrails", guardrails.resident_bytes(self.device))
         self.planner.check(plan)
-        return Session(self, plan)
+        return Session(self, plan, guardrails)
 
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
         return self.codec.decode_sound(sound_latents, seconds)

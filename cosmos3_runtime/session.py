@@ -32,15 +32,16 @@ def check_checkpoint(variant) -> None:
 class Session:
     """One rollout, tick by tick (`Cosmos3Pipeline.session`)."""
 
-    def __init__(self, pipe, plan):
+    def __init__(self, pipe, plan, guardrails=None):
         """`plan`: `pipe.plan(prompt, request)` of a request whose action (mode forward_dynamics, the first image, the
         embodiment) carries no actions: the settings plan it as a run long enough that its history fills the window.
-        `Cosmos3Pipeline.session` makes one and checks it first."""
+        `Cosmos3Pipeline.session` makes one and checks it (and its prompt, against `guardrails`) first; `guardrails`
+        then checks every tick's frames and pixelates their faces."""
         check_checkpoint(pipe.variant)
         c = pipe.variant.causal
         if plan.request.action.actions is not None:
             raise InputError("a session takes its actions a tick at a time: leave the action request's actions unset")
-        self.plan, self.pipe, self.run = plan, pipe, None
+        self.plan, self.pipe, self.run, self.guardrails = plan, pipe, None, guardrails
         self.rows = c.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
         self.width = plan.settings.rollout.embodiment.width
         self.reset()
@@ -83,7 +84,8 @@ class Session:
             self.lost = True
             raise
         self.chunk_index += 1
-        return image_frames(pixels.float())
+        frames = image_frames(pixels.float())
+        return frames if self.guardrails is None else self.guardrails.filter_frames(frames)
 
     def close(self) -> None:
         """Free the history and the decoder's state; a closed session refuses ticks."""

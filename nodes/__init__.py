@@ -6,6 +6,7 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 
 from . import serving, services, transfer
 from .core.lora import Cosmos3LoraLoader
+from .guardrails import Cosmos3GuardrailLoader
 from .core.nodes import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
@@ -61,6 +62,7 @@ NODES = (
     (Cosmos3Reason, "Cosmos3 Reason"),
     (Cosmos3ReasonSampling, "Cosmos3 Reason Sampling"),
     (Cosmos3UpsamplePrompt, "Cosmos3 Upsample Prompt"),
+    (Cosmos3GuardrailLoader, "Cosmos3 Guardrail Loader"),
 )
 NODE_CLASS_MAPPINGS = {cls.__name__: cls for cls, _ in NODES}
 NODE_DISPLAY_NAME_MAPPINGS = {cls.__name__: name for cls, name in NODES}

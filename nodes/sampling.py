@@ -15,6 +15,7 @@ from ..cosmos3_runtime.schedulers import unipc_schedule
 from ..cosmos3_runtime.settings import resolve as resolve_settings
 from . import services
 from .core.prompt_marker import Refusing, refusing
+from .guardrails import GUARDRAIL_INPUT, check_prompt
 from .prompting import prompt_inputs, prompt_options
 
 
@@ -267,6 +268,7 @@ class Cosmos3Sampler:
                                          "tooltip": help_of("chunk_overlap_frames")}),
                 "audio": ("AUDIO", {"tooltip": "audio-conditioned video (Load Audio): " + help_of("audio").split(". A file")[0]
                           + ". Cosmos3 Sound Decode hands that soundtrack on"}),
+                **GUARDRAIL_INPUT,
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
@@ -280,7 +282,7 @@ class Cosmos3Sampler:
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
                schedule=None, media=None, action=None, cache="seacache", compile=False, chunk_frames=0,
-               chunk_overlap_frames=1, audio=None, node_id=None):
+               chunk_overlap_frames=1, audio=None, guardrail=None, node_id=None):
         media = dict(media or {})
         frames = media_frames(frames, media.pop("num_frames", None))
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
@@ -289,6 +291,7 @@ class Cosmos3Sampler:
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
         progress = services.progress.RunProgress(node_id)
+        check_prompt(guardrail, prompt)  # before anything loads
 
         with services.words.widget_words(SAMPLER_WORDS):
             request = Request.build(**options, **sampler_options(widgets), **(schedule or {}), **media,

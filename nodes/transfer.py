@@ -19,6 +19,7 @@ from ..cosmos3_runtime.media import save_video
 from ..cosmos3_runtime.request import CAUSAL_CACHES, CAUSAL_HISTORY, help_of
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
+from .guardrails import GUARDRAIL_INPUT, check_prompt, filter_frames
 from .sampling import auto_help, seed_widget, size_widgets, speed_widgets, words_of
 
 CONTROLS = "COSMOS3_CONTROLS"
@@ -141,6 +142,7 @@ class Cosmos3TransferSampler(ClipSampler):
                              "shift 10)"}),
                 "control_guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("control_guidance_interval")}),
                 **speed_widgets(),
+                **GUARDRAIL_INPUT,
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
@@ -152,12 +154,13 @@ class Cosmos3TransferSampler(ClipSampler):
 
     def sample(self, model, text, controls, width, height, frames, fps, guidance, control_guidance, chunk_frames,
                chunk_overlap_frames, seed, schedule=None, control_guidance_interval="auto", cache="seacache",
-               compile=False, node_id=None):
+               compile=False, guardrail=None, node_id=None):
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
                        control_guidance=control_guidance, chunk_frames=chunk_frames)
         options = {field: widgets[name] or None for name, field in TRANSFER_FIELDS.items()}
         text_options = {k: v for k, v in text.items() if k in ("negative_prompt", "use_system_prompt")}
         progress = services.progress.RunProgress(node_id)
+        check_prompt(guardrail, text["prompt"])  # before anything loads
 
         with services.words.widget_words(TRANSFER_WORDS):
             request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
@@ -171,7 +174,7 @@ class Cosmos3TransferSampler(ClipSampler):
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
                   f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",
                   *([result.cache] if result.cache else []), *(reworded(note, TRANSFER_WORDS) for note in s.notes)]
-        return {"ui": {"text": report}, "result": (result.frames, float(s.fps))}
+        return {"ui": {"text": report}, "result": (filter_frames(guardrail, result.frames), float(s.fps))}
 
 
 # Sim-Transfer sampler widget -> Request field; 0 means automatic (None) for these.
@@ -206,15 +209,17 @@ class Cosmos3SimTransferSampler(ClipSampler):
                 "window": ("INT", {"default": 0, "min": 0, "max": 100000, "tooltip": auto_help("causal_window")}),
                 "emphasize_control": (list(TRI_STATE), {"default": "auto", "tooltip": help_of("emphasize_control")}),
                 "history_memory": (list(CAUSAL_HISTORY), {"default": "device", "tooltip": help_of("causal_history")}),
+                **GUARDRAIL_INPUT,
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
 
     def sample(self, model, text, controls, width, height, frames, fps, seed, history="kv", window=0,
-               emphasize_control="auto", history_memory="device", node_id=None):
+               emphasize_control="auto", history_memory="device", guardrail=None, node_id=None):
         widgets = dict(width=width, height=height, frames=frames, fps=fps, window=window)
         options = {field: widgets[name] or None for name, field in SIM_FIELDS.items()}
         progress = services.progress.RunProgress(node_id)
+        check_prompt(guardrail, text["prompt"])  # before anything loads
         with services.words.widget_words(SIM_WORDS):
             request = Request.build(**options, control_videos=controls, seed=seed, causal_cache=history,
                                     causal_history=history_memory,
@@ -230,7 +235,7 @@ class Cosmos3SimTransferSampler(ClipSampler):
                   f"{len(s.rollout.chunks)} chunks of {s.steps} steps, {s.rollout.hint} control, "
                   f"{'K/V history' if s.rollout.mode == 'kv' else 'recomputed history'}",
                   *(reworded(note, SIM_WORDS) for note in s.notes)]
-        return {"ui": {"text": report}, "result": (result.frames, float(s.fps))}
+        return {"ui": {"text": report}, "result": (filter_frames(guardrail, result.frames), float(s.fps))}
 
 
 EXAMPLE_CLIPS = ("cosmos3_transfer_scene.mp4", "cosmos3_transfer_scene_depth.mp4")

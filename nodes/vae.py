@@ -7,6 +7,7 @@ from ..cosmos3_runtime.request import help_of
 from ..cosmos3_runtime.geometry import round_down_frames
 from ..cosmos3_runtime.vae import TileSpec
 from . import services
+from .guardrails import GUARDRAIL, filter_frames
 
 
 def latent_samples(samples: dict) -> torch.Tensor:
@@ -36,16 +37,18 @@ class Cosmos3VAEDecode:
                           "on large frames, slightly slower, small differences at tile seams"}),
                 "tile_size": ("INT", {"default": 32, "min": 4, "max": 512, "tooltip": "tile size in latents (x16 px)"}),
                 "tile_overlap": ("INT", {"default": 8, "min": 0, "max": 256, "tooltip": "overlap in latents"}),
-            }
+            },
+            "optional": {"guardrail": (GUARDRAIL, {"tooltip": "Cosmos3 Guardrail Loader: the frames are checked and "
+                                                   "their faces pixelated before they leave"})},
         }
 
-    def decode(self, vae, samples, tiled, tile_size, tile_overlap):
+    def decode(self, vae, samples, tiled, tile_size, tile_overlap, guardrail=None):
         latents = latent_samples(samples)
         tile = TileSpec(tile_size, tile_overlap) if tiled else None
         with vae.use() as pipe:
             frames = pipe.decode(latents, tile=tile, progress=services.progress.Progress.bar(), raw=True)
         fps = float(samples.get("cosmos3", {}).get("fps", 24.0))
-        return (frames, fps)
+        return (filter_frames(guardrail, frames), fps)
 
 
 class Cosmos3VAEEncode:

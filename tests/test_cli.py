@@ -135,7 +135,8 @@ def test_request_is_the_only_definition_of_the_options():
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
     cli = {a.dest for a in generate._actions} - {"help", "checkpoint", "kind", "prompt", "output", "sound_output", "sp",
                                                   "cfg_parallel", "device", "dtype", "debug", "offload_text", "blocks_to_swap",
-                                                  "quantize", "transformer_file", "vae_dtype", *ACTION_FLAGS}
+                                                  "quantize", "transformer_file", "vae_dtype", "guardrails",
+                                                  "guardrails_device", "guardrails_fail_open", *ACTION_FLAGS}
     assert cli == {f.name for f in fields(Request) if f.metadata["cli"]}
     for method in (Cosmos3Pipeline.generate, WorkerPool.generate):
         assert not set(inspect.signature(method).parameters) & OPTION_NAMES  # options only through **options

@@ -349,6 +349,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3Reason": ["question", "system_prompt", "max_new_tokens", "thinking", "seed", "video_fps", "sample_fps"],
         "Cosmos3ReasonSampling": ["temperature", "top_p", "top_k", "presence_penalty"],
         "Cosmos3UpsamplePrompt": ["prompt", "width", "height", "frames", "fps", "max_new_tokens", "seed"],
+        "Cosmos3GuardrailLoader": ["device", "fail_closed", "allow_download"],
     }
     assert {name: widget_names(cls) for name, cls in pack.NODE_CLASS_MAPPINGS.items()} == expected
 

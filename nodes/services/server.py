@@ -2,6 +2,8 @@
 
 import threading
 
+from . import guardrails
+
 
 NUDGES, NUDGE_S = 20, 0.25  # how long flags set by /free are pressed on ComfyUI's prompt worker: 5 s
 
@@ -29,6 +31,8 @@ def wake_for_flags(queue) -> bool:
             timer.start()
 
     def set_flag_and_wake(name, data):
+        if name == "unload_models" and data:  # /free: the server-wide guardrail goes with the models
+            guardrails.release()
         set_flag(name, data)
         timer = threading.Timer(NUDGE_S, nudge, (NUDGES,))
         timer.daemon = True

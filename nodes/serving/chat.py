@@ -240,6 +240,15 @@ def error_object(status: int, message: str, param=None, kind: str | None = None)
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
+def texts_of(messages: list[dict]) -> list[str]:
+    """The text of every turn (a string, or its text parts)."""
+    texts = []
+    for message in messages:
+        content = message["content"]
+        texts += [content] if isinstance(content, str) else [part["text"] for part in content if part["type"] == "text"]
+    return texts
+
+
 def _error(status: int, message: str, param=None, kind: str | None = None):
     from aiohttp import web
 
@@ -305,9 +314,11 @@ async def _complete(request):
     with Job(payload, call.choices) as job:
         request_id, created = f"chatcmpl-{job.key}", int(time.time())
         try:
-            await job.start(prompt_graph(call, job.key))
+            await job.start(prompt_graph(call, job.key), texts_of(call.messages))
         except Refused as exc:
             return _error(400, str(exc), "model")
+        except RunError as exc:  # the server-wide guardrail refused it
+            return _error(exc.status, str(exc), kind=exc.body["error"]["type"])
         try:
             if call.stream:
                 return await _stream(request, call, job, request_id, created)

@@ -63,7 +63,7 @@ async def run(call: ActionCall) -> tuple[str, dict]:
     prompt leaves the queue; the observation is dropped either way."""
     with Job({"frames": [a.clip() for _, a in call.inputs]}, len(call.inputs) * call.candidates) as job:
         try:
-            await job.start(prompt_graph(call, job.key))
+            await job.start(prompt_graph(call, job.key), [prompt for prompt, _ in call.inputs])
         except Refused as exc:  # the loader's node id is "model"
             raise FieldError("model" if "model" in exc.refusal.get("node_errors", {}) else "body", str(exc)) from None
         return job.prompt_id, await job.wait()

@@ -13,6 +13,7 @@ import time
 import uuid
 
 from ...cosmos3_runtime import InputError
+from ...cosmos3_runtime.guardrails import GuardrailBlocked
 from .. import services
 
 POLL_S = 0.05  # how often a waiting route looks at its prompt and its client
@@ -63,8 +64,11 @@ class Job:
             raise InputError(f"the {what} request {key!r} is gone (its client disconnected)")
         return job
 
-    async def start(self, graph: dict) -> None:
-        """Queue the prompt; `Refused` when ComfyUI's validation refuses it."""
+    async def start(self, graph: dict, texts: tuple[str, ...] | list[str] = ()) -> None:
+        """Queue the prompt; `Refused` when ComfyUI's validation refuses it. With the server-wide guardrail on, the
+        request's `texts` are checked first: a blocked one is `RunError` (400) and nothing is queued."""
+        if texts and services.guardrails.on():
+            await asyncio.get_running_loop().run_in_executor(None, _check, list(texts))
         prompt_id, refusal = await queue_prompt(graph)
         if prompt_id is None:
             raise Refused(refusal)
@@ -98,6 +102,16 @@ class Job:
         if record["status"].get("status_str") == "success" and len(self.results) == self.expected:
             return self.results
         raise RunError(*failure(record), self.prompt_id)
+
+
+def _check(texts: list[str]) -> None:
+    """The server-wide guardrail's verdict on a request's texts (off the event loop: the classifier takes a while)."""
+    try:
+        services.guardrails.server_wide().check_prompts(texts)
+    except GuardrailBlocked as exc:
+        raise RunError(400, str(exc), kind="guardrail_blocked") from None
+    except InputError as exc:  # the guardrail cannot load (the package, its files): every request is refused
+        raise RunError(503, f"the server's guardrail is on and cannot run: {exc}", kind="guardrail_unavailable") from None
 
 
 async def queue_prompt(prompt: dict) -> tuple[str | None, dict]:

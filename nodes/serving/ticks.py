@@ -328,7 +328,7 @@ async def ticks(request):
     try:
         with Job({"tick": call}, 1) as job:
             try:
-                await job.start(tick_graph(call, job.key))
+                await job.start(tick_graph(call, job.key), [call.open.binding["prompt"]] if call.opens else ())
             except Refused as exc:
                 raise FieldError("model" if "model" in exc.refusal.get("node_errors", {}) else "body", str(exc)) from None
             frames, fps = (await job.wait())[0]
@@ -393,8 +393,11 @@ class Cosmos3APISessionTick:
                 raise InputError("sessions run on one process: load the model with gpus 1")
             if call.opens:
                 s.close()
+                guardrails = services.guardrails.server_wide()
+                if guardrails is not None:  # (the route checked the prompt before queueing the tick)
+                    guardrails.check_prompts([s.binding["prompt"]])
                 pipe.planner.check(plan)
-                s.session = Session(pipe, plan)
+                s.session = Session(pipe, plan, guardrails)
             elif s.session.pipe is not pipe:
                 raise InputError(f"the model was loaded again since session {s.session_id!r} opened (another "
                                  "checkpoint's workflow ran between its ticks): start the session again at "

@@ -38,7 +38,8 @@ def is_link(value) -> bool:
 # Layout: two rows of stages, read left to right then top to bottom; each stage is a titled group.
 TOP_ROW = ("Model", "Input media", "Prompt")
 BOTTOM_ROW = ("Sample", "Output")
-MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3DefaultNegativePrompt", "Cosmos3CoreModel", "EasyCache", "TorchCompileModel",
+MODEL_NODES = ("Cosmos3ModelLoader", "Cosmos3GuardrailLoader", "Cosmos3DefaultNegativePrompt", "Cosmos3CoreModel", "EasyCache",
+               "TorchCompileModel",
                "Cosmos3LoraLoader")
 CONTROL_NODES = ("Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthControl", "Cosmos3SegmentationControl",
                  "Cosmos3WorldScenarioMapControl")

@@ -158,3 +158,20 @@ def comfyui():
     sys.modules["cosmos3_tier2"] = pack
     spec.loader.exec_module(pack)
     return pack
+
+
+@pytest.fixture
+def guardrail_package(tmp_path, monkeypatch):
+    """cosmos-guardrail (required under CI=true) with stand-ins for its models, its files in a Hugging Face cache of
+    the tests' own (tests/guardrail_stand_ins.py): (the package's module, the classifier stand-in, the stand-ins).
+    The package lives in a folder of its own (COSMOS3_GUARDRAIL_PACKAGES, default .venv/guardrails), on the path only
+    in these tests: installed beside diffusers, it would be imported by diffusers' Cosmos3 pipeline module, whose
+    import would then need torchvision."""
+    import guardrail_stand_ins as stand_ins
+    from huggingface_hub import constants
+
+    monkeypatch.syspath_prepend(os.environ.get("COSMOS3_GUARDRAIL_PACKAGES", str(ROOT / ".venv" / "guardrails")))
+    stand_ins.stub_torchvision(monkeypatch)
+    checker = require("cosmos_guardrail.cosmos_guardrail")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(stand_ins.hf_cache(tmp_path / "hub")))
+    return checker, stand_ins.install(checker, monkeypatch), stand_ins

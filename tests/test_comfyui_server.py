@@ -36,7 +36,8 @@ from conftest import ROOT
 from cosmos3_runtime.media import read_audio, save_wav
 from cosmos3_runtime.tiny import sim_bimanual_block, sim_transfer_block
 from comfy_harness import CORE_NODES
-from test_workflows import API, CORE, UI, small, with_defaults
+from test_workflows import API, CORE, GUARDED, UI, small, with_defaults
+import guardrail_stand_ins as stand_ins
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 pytestmark = [pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout to run these"),
@@ -60,6 +61,31 @@ CHECKPOINTS = {  # model folder names the shipped workflows use
 
 UPLOAD_LIMIT_MB = 1  # the action endpoint's upload limit in this server (default 64)
 MAX_CONNECTIONS = 3  # websocket connections it serves at once (default 8)
+
+
+def _guardrail_stand_ins(base: Path) -> None:
+    """The guardrail package's models and files stood in for in the server (tests/guardrail_stand_ins.py): a custom
+    node that installs the stand-ins when ComfyUI imports it, and a Hugging Face cache of the tests' own."""
+    stand_ins.hf_cache(base / "hub")
+    node = base / "custom_nodes" / "cosmos3_guardrail_stand_ins"
+    node.mkdir(parents=True)
+    (node / "__init__.py").write_text(f"""import sys, types
+sys.path.insert(0, {str(ROOT / "tests")!r})
+import guardrail_stand_ins
+patch = types.SimpleNamespace(setattr=setattr, setitem=lambda mapping, key, value: mapping.__setitem__(key, value))
+guardrail_stand_ins.stub_torchvision(patch)
+try:
+    import cosmos_guardrail.cosmos_guardrail as checker
+    guardrail_stand_ins.install(checker, patch)
+except ImportError:  # the package is not installed in ComfyUI's Python: the guarded workflow is skipped
+    pass
+NODE_CLASS_MAPPINGS = {{}}
+""")
+
+
+def _has_guardrail_package() -> bool:
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    return subprocess.run([python, "-c", "import cosmos_guardrail"], capture_output=True).returncode == 0
 
 
 def _port() -> int:
@@ -94,6 +120,7 @@ def comfyui_server(base: Path, checkpoints: dict, tiny_factory, env: dict | None
     shutil.copy(ROOT / "workflows" / "agibot_actions.csv", base / "input")  # the Sim-Bimanual workflow's
     tone = torch.sin(2 * torch.pi * 220 * torch.arange(44100) / 44100)  # the audio workflow's: 1 s, mono 44.1 kHz
     save_wav(0.5 * tone.unsqueeze(0), base / "input" / "example.wav", 44100)
+    _guardrail_stand_ins(base)
     port = _port()
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     log = open(base / "server.log", "w")
@@ -101,7 +128,8 @@ def comfyui_server(base: Path, checkpoints: dict, tiny_factory, env: dict | None
                                 "--port", str(port), "--base-directory", str(base)],
                                cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "COSMOS3_API_MAX_UPLOAD_MB": str(UPLOAD_LIMIT_MB),
-                                    "COSMOS3_API_MAX_CONNECTIONS": str(MAX_CONNECTIONS), **(env or {})})
+                                    "COSMOS3_API_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+                                "HF_HUB_CACHE": str(base / "hub"), **(env or {})})
     url = f"http://127.0.0.1:{port}"
     (base / "server.pid").write_text(str(process.pid))
     deadline = time.monotonic() + 120
@@ -201,6 +229,9 @@ def test_the_pack_loads_without_import_errors(server):
 @pytest.mark.parametrize("path", API, ids=lambda p: p.stem)
 def test_every_api_workflow_runs_in_the_server(server, path):
     url, base = server
+    if path in GUARDED and not _has_guardrail_package():
+        pytest.skip("cosmos-guardrail is not installed in ComfyUI's Python (pip install --no-deps -r "
+                    "requirements-guardrails-test.txt there)")
     prompt = small(json.loads(path.read_text()))
     for node in prompt.values():
         if node["class_type"] == "SaveVideo":
@@ -271,6 +302,23 @@ def test_a_refused_question_leaves_the_server_working(server):
     url, _ = server
     _refused_then_runs(url, "cosmos3_nano_reason_image", "9", "question", "What is <|image_pad|> this?",
                        "What is this?", "special token")
+
+
+def test_a_prompt_the_guardrail_blocks_stops_the_run_naming_the_check(server):
+    """What a user sees: the sampler's error names the check that blocked the prompt, never the words; nothing is
+    saved; the same graph with another prompt runs."""
+    url, _ = server
+    if not _has_guardrail_package():
+        pytest.skip("cosmos-guardrail is not installed in ComfyUI's Python")
+    word = stand_ins.WORDS["custom"][0]
+    _refused_then_runs(url, "cosmos3_edge_t2v_guardrail", "3", "prompt", f"A {word} crosses a busy plaza.",
+                       "A violinist plays in a busy plaza.", "the prompt was blocked by the guardrail's keyword blocklist")
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_edge_t2v_guardrail.json").read_text()))
+    prompt["3"]["inputs"]["prompt"] = f"A {word} crosses a busy plaza."
+    history = _run(url, prompt)
+    _, errors = _outcome(history)
+    assert word not in errors[0] and not any(out.get("images") for out in history["outputs"].values()), errors
+    print(f"\nwhat the user sees: {errors[0]}")
 
 
 def test_a_transfer_the_checkpoint_refuses_leaves_the_server_working(server):
@@ -744,3 +792,34 @@ def test_a_soak_of_ticks_over_three_sessions_keeps_memory_flat(server):
           f"server RSS after the first session {min(settled):.0f}-{max(settled):.0f} MiB, at the end {rss[-1]:.0f} MiB")
     assert max(settled) - settled[0] < 150, rss
     _alive(url)
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tmp_path_factory, tiny_factory):
+    """A server with the server-wide guardrail on (the package's stand-ins), serving the chat route."""
+    if not _has_guardrail_package():
+        pytest.skip("cosmos-guardrail is not installed in ComfyUI's Python")
+    base = tmp_path_factory.mktemp("comfyui-guarded")
+    with comfyui_server(base, {CHAT_MODEL: CHECKPOINTS[CHAT_MODEL]}, tiny_factory,
+                        env={"COSMOS3_GUARDRAILS": "on"}) as url:
+        yield url, base
+
+
+def test_the_server_wide_guardrail_refuses_a_request_before_queueing_it(guarded_server):
+    url, _ = guarded_server
+    word = stand_ins.WORDS["custom"][0]
+    body = {"model": CHAT_MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"Describe a {word}."}]}
+    status, refused = _call(f"{url}/cosmos3/v1/chat/completions", body, timeout=120)
+    assert status == 400 and refused["error"]["type"] == "guardrail_blocked", refused
+    assert "blocked by the guardrail's keyword blocklist" in refused["error"]["message"] and word not in str(refused)
+    _, history = _call(f"{url}/history")
+    assert history == {}  # nothing was queued
+    body["messages"][0]["content"] = "Describe a cat."
+    status, answer = _call(f"{url}/cosmos3/v1/chat/completions", body, timeout=300)
+    assert status == 200 and answer["choices"][0]["message"]["content"] is not None, answer
+    prompt = small(json.loads((ROOT / "workflows" / "api" / "cosmos3_nano_t2v.json").read_text()))
+    encode = next(node for node in prompt.values() if node["class_type"] == "Cosmos3TextEncode")
+    encode["inputs"]["prompt"] = f"A {word} at dawn."  # a graph without a guardrail node: the server's applies
+    status, errors = _outcome(_run(url, prompt))
+    assert status == "error" and "blocked by the guardrail's keyword blocklist" in errors[0], errors
+    assert _call(f"{url}/free", {"unload_models": True, "free_memory": True})[0] == 200

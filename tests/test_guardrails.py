@@ -9,10 +9,11 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
-from conftest import ROOT, require
+from conftest import ROOT
 
 import cosmos3_runtime
 from cosmos3_runtime import runs
@@ -163,15 +164,8 @@ print("nodes:", len(nodes.NODE_CLASS_MAPPINGS))
 
 
 @pytest.fixture
-def package(tmp_path, monkeypatch):
-    """cosmos-guardrail with stand-ins for its models, its files in a Hugging Face cache of the tests' own."""
-    import guardrail_stand_ins as stand_ins
-    from huggingface_hub import constants
-
-    stand_ins.stub_torchvision(monkeypatch)
-    checker = require("cosmos_guardrail.cosmos_guardrail")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(stand_ins.hf_cache(tmp_path / "hub")))
-    return checker, stand_ins.install(checker, monkeypatch), stand_ins
+def package(guardrail_package):
+    return guardrail_package
 
 
 def test_the_package_blocks_by_blocklist_and_classifier_naming_neither_word(package):
@@ -284,11 +278,12 @@ def test_the_server_wide_setting_guards_every_node_and_goes_with_free(nodes, mon
         with pytest.raises(Exception, match="blocked by the guardrail's keyword blocklist"):
             nodes.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 1)
     assert loads == [("cpu", False, False)]  # loaded once, from the cache only
-    queue = type("Queue", (), {"flags": {}, "mutex": __import__("threading").Lock(),
-                               "not_empty": __import__("threading").Condition(),
+    mutex = threading.Lock()
+    queue = type("Queue", (), {"flags": {}, "mutex": mutex, "not_empty": threading.Condition(mutex),
                                "set_flag": lambda self, name, data: self.flags.update({name: data})})()
     nodes.services.server.wake_for_flags(queue)
     queue.set_flag("unload_models", True)  # what POST /free sets
+    queue.flags.clear()  # (as ComfyUI's worker reads them)
     assert nodes.services.guardrails._loaded == []
     with pytest.raises(Exception, match="blocked"):
         nodes.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 1)

@@ -266,3 +266,20 @@ def test_the_block_round_trips_through_the_checkpoint_files(tmp_path):
     assert json.loads((root / "model_index.json").read_text())["_class_name"] == "Cosmos3NanoSimBimanualPipeline"
     c = planner(root).variant.causal
     assert c.window_frames == 96 and c.embodiment("camera_pose").domain_id == 2
+
+
+def test_a_guarded_session_checks_its_prompt_at_open_and_filters_every_tick(pipe):
+    from cosmos3_runtime.guardrails import Check, GuardrailBlocked, Guardrails
+
+    def grey(frames):
+        frames[:, :8, :8] = 128
+        return frames
+
+    guard = Guardrails([Check("keyword blocklist", lambda prompt: "towel" not in prompt)], face_filter=grey)
+    with pytest.raises(GuardrailBlocked, match="keyword blocklist"):
+        pipe.session("the robot folds a towel", guardrails=guard, **request())
+    guard = Guardrails([], face_filter=grey)
+    with session(pipe) as plain, pipe.session("the robot folds a towel", guardrails=guard, **request()) as guarded:
+        for seed in (1, 2):
+            ours, theirs = guarded.tick(actions(16, seed)), plain.tick(actions(16, seed))
+            assert torch.equal(ours[:, 8:], theirs[:, 8:]) and (ours[:, :8, :8] - 128 / 255).abs().max() <= 0.5 / 255

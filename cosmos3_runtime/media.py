@@ -129,7 +129,7 @@ def read_audio(source: "str | Path | bytes") -> tuple[torch.Tensor, int]:
     opened, name = _source(source)
     if opened is None:
         raise InputError(f"audio file {name} does not exist")
-    chunks, rate = [], None
+    chunks, rate, samples = [], None, 0
     try:
         with av.open(opened) as container:
             if not container.streams.audio:
@@ -137,8 +137,10 @@ def read_audio(source: "str | Path | bytes") -> tuple[torch.Tensor, int]:
             to_float = av.AudioResampler(format="fltp")  # the file's own layout and rate
             for frame in container.decode(audio=0):
                 rate = rate or frame.sample_rate
-                chunks += [f.to_ndarray() for f in to_float.resample(frame)]
-                if sum(c.shape[1] for c in chunks) > MAX_AUDIO_SECONDS * rate:
+                decoded = [f.to_ndarray() for f in to_float.resample(frame)]
+                chunks += decoded
+                samples += sum(c.shape[1] for c in decoded)
+                if samples > MAX_AUDIO_SECONDS * rate:
                     raise LimitError(f"audio {name} is over {MAX_AUDIO_SECONDS // 60} minutes long; cut the part "
                                      "you need first")
             chunks += [f.to_ndarray() for f in to_float.resample(None)]

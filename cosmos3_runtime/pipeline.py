@@ -453,8 +453,9 @@ class Cosmos3Pipeline:
         `parallel` (from `parallel.init_from_env`) runs the call on every rank of a torchrun job with
         sequence and/or CFG parallelism; every rank gets the same result. It takes no `interrupt`: ranks cancel at
         step boundaries, from `callback`, once they agree (as `workers` does).
-        `guardrails` (`guardrails.load()`): every prompt checked before anything runs, the frames checked and their
-        faces pixelated before they are returned (`GuardrailBlocked` names what blocked a run; latents are returned
+        `guardrails` (`guardrails.load()`): every prompt checked before anything runs, the frames through its video
+        checks (none of NVIDIA's: its video classifier is disabled upstream) and their faces pixelated before they are
+        returned (`GuardrailBlocked` names what blocked a run; latents are returned
         unchecked); a guardrail kept on this device is counted in the memory check.
         """
         if not self.transformer.has_media:
@@ -501,7 +502,7 @@ class Cosmos3Pipeline:
         """A Sim-Bimanual rollout driven one action chunk at a time: `with pipe.session(prompt, action=ActionRequest(
         mode="forward_dynamics", image=first, domain="agibotworld")) as s: frames = s.tick(actions)` (see `Session`).
         Refused at open, before anything runs, when a full history window would not fit (the plan's run fills it).
-        `guardrails`: the prompt checked at open, every tick's frames checked and their faces pixelated."""
+        `guardrails`: the prompt checked at open, every tick's faces pixelated (a tick it blocks fails)."""
         check_session_checkpoint(self.variant)
         plan = self.plan(prompt, request, **options)
         if guardrails is not None:

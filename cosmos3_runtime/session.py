@@ -78,14 +78,15 @@ class Session:
                 self.run.extend(table)
                 pipe.denoiser.hooks = replace(pipe.transformer.hooks, block=DecoderLayer.media)
                 runs.execute(self.run, pipe.parts, int(self.plan.request.seed), callback, None, progress, None)
-                pixels = self.decoder(pipe.vae.denormalize(self.run.latents))
+                frames = image_frames(self.decoder(pipe.vae.denormalize(self.run.latents)).float())
+                if self.guardrails is not None:  # a blocked tick is a failed one
+                    frames = self.guardrails.filter_frames(frames)
         except BaseException:
             self.run = self.decoder = None  # freed now, rebuilt by the next tick (not while this error holds them)
             self.lost = True
             raise
         self.chunk_index += 1
-        frames = image_frames(pixels.float())
-        return frames if self.guardrails is None else self.guardrails.filter_frames(frames)
+        return frames
 
     def close(self) -> None:
         """Free the history and the decoder's state; a closed session refuses ticks."""

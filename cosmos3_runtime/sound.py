@@ -12,6 +12,7 @@ sound track (`tracks.SoundTrack`) holds its latents clean.
 """
 
 import math
+import numbers
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -131,7 +132,8 @@ def as_audio(value) -> Audio | None:
         raise InputError("the audio is empty (no samples)")
     if not torch.isfinite(waveform).all():
         raise InputError("the audio waveform holds NaN or infinite samples")
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0 or rate != int(rate):
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate <= 0 \
+            or rate != int(rate):
         raise InputError(f"the audio's sample rate must be a positive whole number of Hz, got {rate!r}")
     return Audio(waveform.detach().float().cpu(), int(rate))
 
@@ -196,7 +198,11 @@ def fit_soundtrack(audio: Audio, config: SoundConfig, samples: int) -> torch.Ten
 def check_encoder(folder: Path) -> None:
     """Refuse audio conditioning, before any weight is read, when the sound tokenizer's weight files (headers only)
     have no `encoder.*` tensors: it can decode sound but not encode a soundtrack."""
-    headers, _ = read_headers(folder)
+    if not folder.is_dir():
+        return  # not fetched yet (a repo id planned from its configs): loading reads the headers, encoding refuses
+    headers, missing = read_headers(folder)
+    if missing:
+        return
     if not any(name.startswith("encoder.") for name in headers):
         files = sorted(p.name for p in folder.glob("*.safetensors")) or ["no weight files"]
         raise InputError(f"audio conditioning encodes the soundtrack with the sound tokenizer's encoder, and "

@@ -1,6 +1,6 @@
 """NVIDIA's guardrails in graphs: Cosmos3 Guardrail Loader, and what a node with a `guardrail` input (or any node, with
 the server-wide setting on: `services.guardrails`) does with it: the prompt checked before any weights move, the
-frames checked and their faces pixelated before they leave the node."""
+faces in the frames pixelated before they leave the node."""
 
 from ..cosmos3_runtime.guardrails import load
 from ..cosmos3_runtime.pipeline import prompt_list
@@ -39,14 +39,14 @@ class Cosmos3GuardrailLoader:
 
 def check_prompt(guardrail, prompt) -> None:
     """Every prompt of `prompt` (a chunked prompt's too) through the node's guardrail, or the server-wide one."""
-    guardrails = guardrail if guardrail is not None else services.guardrails.server_wide()
+    guardrails = services.guardrails.of(guardrail)
     if guardrails is not None:
         guardrails.check_prompts(prompt_list(prompt))
 
 
 def filter_frames(guardrail, frames):
     """The frames through the node's guardrail (or the server-wide one), with a progress bar and Cancel."""
-    guardrails = guardrail if guardrail is not None else services.guardrails.server_wide()
+    guardrails = services.guardrails.of(guardrail)
     if guardrails is None:
         return frames
     bar = services.progress.Progress.bar()

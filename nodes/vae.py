@@ -38,8 +38,8 @@ class Cosmos3VAEDecode:
                 "tile_size": ("INT", {"default": 32, "min": 4, "max": 512, "tooltip": "tile size in latents (x16 px)"}),
                 "tile_overlap": ("INT", {"default": 8, "min": 0, "max": 256, "tooltip": "overlap in latents"}),
             },
-            "optional": {"guardrail": (GUARDRAIL, {"tooltip": "Cosmos3 Guardrail Loader: the frames are checked and "
-                                                   "their faces pixelated before they leave"})},
+            "optional": {"guardrail": (GUARDRAIL, {"tooltip": "Cosmos3 Guardrail Loader: faces in the frames are "
+                                                   "pixelated before they leave"})},
         }
 
     def decode(self, vae, samples, tiled, tile_size, tile_overlap, guardrail=None):

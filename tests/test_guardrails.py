@@ -284,7 +284,7 @@ def test_the_server_wide_setting_guards_every_node_and_goes_with_free(nodes, mon
     nodes.services.server.wake_for_flags(queue)
     queue.set_flag("unload_models", True)  # what POST /free sets
     queue.flags.clear()  # (as ComfyUI's worker reads them)
-    assert nodes.services.guardrails._loaded == []
+    assert nodes.services.guardrails._state["guardrails"] is None
     with pytest.raises(Exception, match="blocked"):
         nodes.Cosmos3Sampler().sample(model, text, 64, 48, 5, 0.0, 0.0, "auto", 1)
     assert len(loads) == 2
@@ -311,3 +311,59 @@ def test_a_route_checks_the_request_before_queueing_it(nodes, monkeypatch):
     with jobs.Job({}, 1) as job, pytest.raises(jobs.RunError) as exc:
         asyncio.run(job.start({}, ["a cat"]))
     assert exc.value.status == 503 and "the server's guardrail is on and cannot run" in str(exc.value)
+
+
+def test_one_check_at_a_time_and_empty_prompts_blocked_by_name():
+    running, overlaps = [], []
+
+    def slow(prompt):
+        overlaps.append(len(running))
+        running.append(prompt)
+        threading.Event().wait(0.02)
+        running.remove(prompt)
+        return True
+
+    guard = Guardrails([Check("classifier", slow)])
+    threads = [threading.Thread(target=guard.check_prompts, args=([f"a cat {i}"],)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert overlaps == [0] * 6
+    with pytest.raises(GuardrailBlocked, match="the prompt is empty, and the guardrail blocks empty prompts"):
+        guard.check_prompts(["  "])
+
+
+def test_a_check_that_failed_open_is_asked_again():
+    calls = []
+
+    def flaky(prompt):
+        calls.append(prompt)
+        if len(calls) == 1:
+            raise RuntimeError("busy")
+        return True
+
+    guard = Guardrails([Check("classifier", flaky)], fail_closed=False)
+    for _ in range(3):
+        guard.check_prompts(["a cat"])
+    assert calls == ["a cat", "a cat"]  # failed open once, then judged and remembered
+
+
+def test_transfer_samplers_check_their_prompt_before_the_model_loads(nodes, monkeypatch):
+    model, _, _ = nodes.Cosmos3ModelLoader().load("Cosmos3-Nano", "fp32", "default")["result"]
+    text = nodes.Cosmos3TextEncode().encode(f"a {BLOCKED} at night", "", "auto", True, True, True)["result"][0]
+    monkeypatch.setattr(type(model), "use", lambda *a, **k: pytest.fail("the model loaded before the prompt check"))
+    controls = {"edge": torch.rand(9, 48, 64, 3)}
+    guard = pack_guardrails(nodes)
+    with pytest.raises(Exception, match="keyword blocklist"):
+        nodes.Cosmos3TransferSampler().sample(model, text, controls, 64, 48, 9, 0.0, 0.0, 0.0, 0, 1, 0, guardrail=guard)
+    with pytest.raises(Exception, match="keyword blocklist"):
+        nodes.Cosmos3SimTransferSampler().sample(model, text, controls, 64, 48, 9, 0.0, 0, guardrail=guard)
+
+
+def test_a_guardrail_verdict_inside_a_queued_run_maps_to_its_own_error_type(nodes):
+    jobs = sys.modules[nodes.__name__ + ".serving.jobs"]
+    record = {"status": {"messages": [("execution_error", {
+        "exception_type": "cosmos3.cosmos3_runtime.guardrails.GuardrailBlocked", "node_type": "Cosmos3Sampler",
+        "exception_message": "the prompt was blocked by the guardrail's keyword blocklist"})]}}
+    assert jobs.failure(record)[0] == 400 and jobs.failure_kind(record) == "guardrail_blocked"

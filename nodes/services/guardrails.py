@@ -10,24 +10,36 @@ import threading
 from ...cosmos3_runtime.guardrails import Guardrails, load
 from . import memory
 
-_lock = threading.Lock()
-_loaded: list[Guardrails] = []
+_loading = threading.Lock()  # one load at a time; /free never waits for it
+_state = {"guardrails": None, "generation": 0}  # the loaded guardrail; a /free counts a generation
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "on", "true", "yes")
 
 
 def on() -> bool:
-    return os.environ.get("COSMOS3_GUARDRAILS", "").strip().lower() in ("1", "on", "true", "yes")
+    return _flag("COSMOS3_GUARDRAILS")
 
 
 def server_wide() -> Guardrails | None:
     """The server's guardrail when the setting is on (loaded now if needed; a refusal when it cannot load), else None."""
     if not on():
         return None
-    with _lock:
-        if not _loaded:
-            fail_open = os.environ.get("COSMOS3_GUARDRAILS_FAIL_OPEN", "").strip().lower() in ("1", "on", "true", "yes")
-            device = device_of(os.environ.get("COSMOS3_GUARDRAILS_DEVICE", "cpu"))
-            _loaded.append(managed(load(device, fail_closed=not fail_open)))
-        return _loaded[0]
+    with _loading:
+        if _state["guardrails"] is None:
+            generation = _state["generation"]
+            loaded = managed(load(device_of(os.environ.get("COSMOS3_GUARDRAILS_DEVICE", "cpu")),
+                                  fail_closed=not _flag("COSMOS3_GUARDRAILS_FAIL_OPEN")))
+            if generation != _state["generation"]:  # a /free came during the load: used once, not kept
+                return loaded
+            _state["guardrails"] = loaded
+        return _state["guardrails"]
+
+
+def of(guardrail: Guardrails | None) -> Guardrails | None:
+    """A node's guardrail: its input, else the server's (when the setting is on), else None."""
+    return guardrail if guardrail is not None else server_wide()
 
 
 def managed(guardrails: Guardrails) -> Guardrails:
@@ -43,6 +55,6 @@ def device_of(choice: str):
 
 
 def release() -> None:
-    """Drop the server's guardrail (POST /free): the next check loads it again."""
-    with _lock:
-        _loaded.clear()
+    """Drop the server's guardrail (POST /free), without waiting for a load: the next check loads it again."""
+    _state["generation"] += 1
+    _state["guardrails"] = None

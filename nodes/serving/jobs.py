@@ -101,13 +101,13 @@ class Job:
         record = self.done.result()
         if record["status"].get("status_str") == "success" and len(self.results) == self.expected:
             return self.results
-        raise RunError(*failure(record), self.prompt_id)
+        raise RunError(*failure(record), self.prompt_id, failure_kind(record))
 
 
 def _check(texts: list[str]) -> None:
     """The server-wide guardrail's verdict on a request's texts (off the event loop: the classifier takes a while)."""
     try:
-        services.guardrails.server_wide().check_prompts(texts)
+        services.guardrails.server_wide().check_prompts(texts, move=False)  # (ComfyUI's worker owns the GPU)
     except GuardrailBlocked as exc:
         raise RunError(400, str(exc), kind="guardrail_blocked") from None
     except InputError as exc:  # the guardrail cannot load (the package, its files): every request is refused
@@ -156,8 +156,15 @@ def failure(record: dict) -> tuple[int, str]:
     for event, data in record["status"].get("messages", []):
         if event == "execution_error":
             kind = str(data.get("exception_type", ""))
-            status = 400 if kind.endswith(("InputError", "CheckpointError")) else 500
+            status = 400 if kind.endswith(("InputError", "CheckpointError", "GuardrailBlocked")) else 500
             return status, f"{data.get('node_type')}: {data.get('exception_message', '').strip()}"
         if event == "execution_interrupted":
             return 503, "the run was cancelled on the server"
     return 500, "the run ended without its result"
+
+
+def failure_kind(record: dict) -> str:
+    """The error object's type for a prompt that did not succeed: a guardrail's verdict is one of its own."""
+    blocked = any(event == "execution_error" and str(data.get("exception_type", "")).endswith("GuardrailBlocked")
+                  for event, data in record["status"].get("messages", []))
+    return "guardrail_blocked" if blocked else "generation_error"

@@ -385,6 +385,9 @@ class Cosmos3APISessionTick:
         progress = services.progress.RunProgress(node_id)
         if not call.opens and s.session is None:
             raise InputError(f"session {s.session_id!r} was closed: start it again at chunk_index 0")
+        guardrails = services.guardrails.server_wide()
+        if call.opens and guardrails is not None:  # before any weights move (the route checked it before queueing)
+            guardrails.check_prompts([s.binding["prompt"]])
         plan = model.plan(s.binding["prompt"], Request.build(**s.request)) if call.opens else s.session.plan
         # ComfyUI makes room for the tick; a session's history is already held (planned at open)
         needed = model.memory_needed(plan) - (0 if call.opens else plan.estimate.parts.get(HISTORY, 0))
@@ -393,9 +396,6 @@ class Cosmos3APISessionTick:
                 raise InputError("sessions run on one process: load the model with gpus 1")
             if call.opens:
                 s.close()
-                guardrails = services.guardrails.server_wide()
-                if guardrails is not None:  # (the route checked the prompt before queueing the tick)
-                    guardrails.check_prompts([s.binding["prompt"]])
                 pipe.planner.check(plan)
                 s.session = Session(pipe, plan, guardrails)
             elif s.session.pipe is not pipe:

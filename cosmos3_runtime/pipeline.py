@@ -470,9 +470,7 @@ class Cosmos3Pipeline:
             plan = prompt
         else:
             plan = self.plan(prompt, request, **options)
-        if guardrails is not None:
-            guardrails.check_prompts(prompt_list(plan.prompt))
-            plan = counting(plan, "guardrails", guardrails.resident_bytes(self.device))
+        plan = self._guarded(plan, guardrails)
         log_notes(plan.settings)
         self.planner.check(plan)
         self._finite = FiniteCheck()
@@ -504,12 +502,17 @@ class Cosmos3Pipeline:
         Refused at open, before anything runs, when a full history window would not fit (the plan's run fills it).
         `guardrails`: the prompt checked at open, every tick's faces pixelated (a tick it blocks fails)."""
         check_session_checkpoint(self.variant)
-        plan = self.plan(prompt, request, **options)
-        if guardrails is not None:
-            guardrails.check_prompts(prompt_list(plan.prompt))
-            plan = counting(plan, "guardrails", guardrails.resident_bytes(self.device))
+        plan = self._guarded(self.plan(prompt, request, **options), guardrails)
         self.planner.check(plan)
         return Session(self, plan, guardrails)
+
+    def _guarded(self, plan: Plan, guardrails: Guardrails | None) -> Plan:
+        """The plan once every prompt of it passed `guardrails` (None: as it is), a guardrail kept on this device
+        counted in its memory."""
+        if guardrails is None:
+            return plan
+        guardrails.check_prompts(prompt_list(plan.prompt))
+        return counting(plan, "guardrails", guardrails.resident_bytes(self.device))
 
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
         return self.codec.decode_sound(sound_latents, seconds)

@@ -584,12 +584,19 @@ def check_profile(c: Check) -> None:
 
 def released_pipeline(c: Check, config: TransformerConfig):
     """A pipeline with random weights in the released Edge shapes (the tiny checkpoint's tokenizer and configs)."""
-    pipe = cosmos3_runtime.load(tiny(c), device=c.device, dtype="bf16")
-    pipe.transformer = random_model(config, str(c.device))
-    vae_config = dataclasses.replace(pipe.vae.config, base_dim=160, decoder_base_dim=256) if c.full else pipe.vae.config
+    return random_pipeline(tiny(c), config, c.device, released_vae=c.full)
+
+
+def random_pipeline(root: Path, config: TransformerConfig, device: torch.device, released_vae: bool = True):
+    """A pipeline of the tiny checkpoint `root` (its tokenizer, configs and variant) with random weights: the
+    transformer in `config`'s shapes, the VAE at the released widths (`released_vae` False: the checkpoint's own)."""
+    pipe = cosmos3_runtime.load(root, device=device, dtype="bf16")
+    pipe.transformer = random_model(config, str(device))
+    vae_config = dataclasses.replace(pipe.vae.config, base_dim=160, decoder_base_dim=256) if released_vae else \
+        pipe.vae.config
     with torch.device("meta"):
         vae = WanVAE(vae_config)
-    pipe.vae = vae.to_empty(device=c.device).to(torch.bfloat16)
+    pipe.vae = vae.to_empty(device=device).to(torch.bfloat16)
     for name, p in pipe.vae.named_parameters():
         with torch.no_grad():
             p.fill_(1.0) if name.endswith("gamma") else p.normal_(0, 0.02)

@@ -35,12 +35,14 @@ timed per stage (text, steps, VAE decode) and extrapolated to 35 steps; the memo
 layers, 10 swapped, against held whole); GGUF dequantization of one Nano layer whole and in slices of 2M, 8M and 16M
 values into bf16; official FP8 W8A8 against W8A16 at Edge and Nano widths; the bench_memory table (bf16, fp8,
 fp8_scaled, GGUF, offload_text, blocks_to_swap: seconds per step, peak allocated and reserved memory), and Nano's
-where the GPU has room.
+where the GPU has room; NVIDIA's two shortest published workloads beside its figures (`bench_workloads.py`, whose
+docstring gives the commands for the rest).
 """
 
 import argparse
 import dataclasses
 import importlib.util
+import json
 import signal
 import subprocess
 import sys
@@ -874,6 +876,28 @@ def check_speed_table(c: Check) -> None:
                                                                    f": {done.stderr.strip().splitlines()[-1:]}"))
 
 
+def check_workloads(c: Check) -> None:
+    """NVIDIA's two shortest published workloads (`bench_workloads.py`: Edge image-to-video 480p x121, Nano
+    text-to-image 480p; bf16 and official FP8, SeaCache off and on, after a warm-up; tiny sizes elsewhere): seconds
+    end to end and per stage beside NVIDIA's figures for this GPU. The others take minutes each (its docstring)."""
+    path = c.folder / "workloads.json"
+    bench = [sys.executable, str(ROOT / "benchmarks" / "bench_workloads.py"), "--warmup", "--device", c.device.type,
+             "--only", "edge-i2v-480p", "nano-t2i-480p", "--json", str(path)]
+    timeout = min(420, c.left())
+    try:
+        done = subprocess.run(bench, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as stopped:  # the rows it printed before the deadline still count
+        c.say(stopped.stdout.decode() if isinstance(stopped.stdout, bytes) else stopped.stdout or "")
+        raise Skip(f"stopped after {timeout:.0f} s (the deadline)") from None
+    c.say(done.stdout.rstrip())
+    c.log.write(done.stderr)
+    rows = [r for r in json.loads(path.read_text())["rows"] if "error" not in r] if path.exists() else []
+    figures = [f"{r['workload']} {r['precision']} {r['cache']} {r['total_s']:.1f} s"
+               + ("" if r["ratio"] is None else f" ({r['ratio']:.2f}x NVIDIA's)") for r in rows]
+    c.row("NVIDIA's workloads", done.returncode == 0,
+          "; ".join(figures) or f"bench_workloads.py exited with {done.returncode}: {done.stderr.strip()[-300:]}")
+
+
 CHECKS = [  # the most valuable first: the deadline skips what is left
     ("bf16", check_bf16), ("low VRAM", check_low_vram), ("fp8", check_fp8), ("fp8_scaled", check_fp8_scaled),
     ("GGUF", check_gguf), ("host placement", check_host_placement), ("transfer", check_transfer),
@@ -885,7 +909,7 @@ CHECKS = [  # the most valuable first: the deadline skips what is left
     ("Reasoner decoding", check_reasoner_decoding),
     ("profile", check_profile), ("generate stages", check_generate_stages),
     ("block swap memory", check_block_swap_memory), ("GGUF dequantization", check_gguf_dequant),
-    ("official FP8", check_modelopt_w8a8), ("speed table", check_speed_table),
+    ("official FP8", check_modelopt_w8a8), ("speed table", check_speed_table), ("workloads", check_workloads),
 ]
 
 

@@ -7,6 +7,8 @@
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl gguf==0.19.0
 # then run it with `.whl` carried: benchmarks/gpu_check.sh [--only NAME ...]
+# NVIDIA's published workloads beyond the two the check runs take minutes each; bench_workloads.py's docstring
+# gives the commands (python3 benchmarks/bench_workloads.py --warmup --only NAME ... --json $OUT/NAME.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" >/dev/null; then

@@ -492,7 +492,7 @@ class Cosmos3Pipeline:
         self.denoiser.hooks = replace(self.transformer.hooks, block=block)  # this run's: the model is unchanged
         s = plan.settings
         run = runs.for_plan(self.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, parallel)
-        cache = None if s.cache is None else StepCache(s.cache)
+        cache = None if s.cache is None else StepCache(s.cache, self.transformer.dtype)
         return runs.execute(run, self.parts, int(plan.request.seed), callback, parallel, progress, cache)
 
     def session(self, prompt: str, request: Request | None = None, guardrails: Guardrails | None = None,

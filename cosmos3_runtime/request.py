@@ -190,8 +190,10 @@ class Request:
     cache: str = option("seacache", "step cache: seacache (NVIDIA's SeaCache, as their framework runs Cosmos3: a "
                         "guidance pass whose input changed little since its last full run reuses that run's "
                         "residual instead of the layer stack) or off", choices=list(CACHES))
-    cache_threshold: float = option(0.35, "SeaCache: the accumulated change of the filtered latents before a pass "
+    cache_threshold: float = option(0.25, "SeaCache: the accumulated change of the filtered latents before a pass "
                                     "runs in full again; higher skips more (0: never skips)", type=float)
+    cache_max_consecutive: int = option(2, "SeaCache: at most this many steps in a row reuse a pass's residual before "
+                                        "it runs in full (0: no cap)", type=int)
     cache_residual_order: int = option(1, "SeaCache: how a skipped pass extrapolates the stored residuals: 0 reuses "
                                        "the last, 1 linear, 2 quadratic", type=int)
     fp8_policy: str = option("checkpoint", "official FP8 checkpoints: checkpoint (its step policy: W8A16 on the first "
@@ -237,6 +239,10 @@ class Request:
             raise InputError(f"fps must be positive, got {self.fps}")
         if not self.cache_threshold >= 0:
             raise InputError(f"cache_threshold must be 0 or more (0: never skips), got {self.cache_threshold}")
+        if isinstance(self.cache_max_consecutive, bool) or not isinstance(self.cache_max_consecutive, int) \
+                or self.cache_max_consecutive < 0:
+            raise InputError(f"cache_max_consecutive must be a whole number, 0 or more (0: no cap), got "
+                             f"{self.cache_max_consecutive!r}")
         if self.cache_residual_order not in (0, 1, 2):
             raise InputError(f"cache_residual_order must be 0, 1 or 2, got {self.cache_residual_order}")
         if self.fp8_policy not in FP8_POLICIES:

@@ -215,7 +215,8 @@ def _cache(r: Request, noisy_video: bool, notes: list[str]) -> CacheConfig | Non
     if not noisy_video:
         notes.append("SeaCache off: no video frame is generated (it decides from the noisy video)")
         return None
-    return CacheConfig(threshold=float(r.cache_threshold), residual_order=int(r.cache_residual_order))
+    return CacheConfig(threshold=float(r.cache_threshold), max_consecutive=r.cache_max_consecutive,
+                       residual_order=int(r.cache_residual_order))
 
 
 def _report(settings: Settings, applied: list[str]) -> Settings:

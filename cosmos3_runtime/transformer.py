@@ -758,7 +758,10 @@ class Cosmos3Transformer(nn.Module):
         seq.hidden, seq.cos, seq.sin = (seq.shards.shard(t) for t in (seq.hidden, seq.cos, seq.sin))
 
     def blocks(self, seq: MediaTokens, text: TextKV, hooks: Hooks) -> torch.Tensor:
-        """The media layer stack over the sequence, through `hooks` -> the last layer's hidden states."""
+        """The media layer stack over the sequence and its final norm, through `hooks` -> the normed hidden states.
+        The norm belongs to the stack, as in NVIDIA's framework (its language model returns the normed sequence) and
+        diffusers (`_run_decoder_stack`): a step cache's residual is the normed output minus the input, and a skipped
+        step runs no norm."""
 
         if seq.null is not None and hooks.cache is None:
             raise InputError("null tokens (zeroed values) run with a media K/V cache, which zeroes them as it writes "
@@ -774,13 +777,13 @@ class Cosmos3Transformer(nn.Module):
                 hidden = hooks.block(layer, hidden, seq.cos, seq.sin, k, v, seq.shards, held)
                 if hooks.layer is not None:
                     hooks.layer.after(i)
-            return hidden
+            return self.norm_moe_gen(hidden)
 
         return run(seq.hidden) if hooks.stack is None else hooks.stack(seq.hidden, run)
 
     def read_out(self, hidden: torch.Tensor, seq: MediaTokens, tracks) -> Velocity:
-        """The velocities of the video's noisy frames and of each track's noisy rows (zero elsewhere)."""
-        hidden = self.norm_moe_gen(hidden)
+        """The velocities of the video's noisy frames and of each track's noisy rows (zero elsewhere), from the normed
+        hidden states."""
         T, hp, wp = seq.grid
         video = slice(seq.context, seq.context + T * hp * wp)
         if seq.shards is not None:  # gather 192-wide patch outputs, not hidden states (no tracks: refused)
@@ -822,6 +825,7 @@ def compiled_media_block(backend: str = "inductor"):
     parameters are the graph's inputs, not constants, so one compile serves the whole stack (recompiled once when
     the token counts change, then with dynamic shapes)."""
     return torch.compile(DecoderLayer.media, backend=backend)
+
 
 
 def pathway_of(name: str) -> str | None:

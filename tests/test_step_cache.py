@@ -1,7 +1,8 @@
-"""SeaCache in the sampling loop: its pieces (the indicator filter, the distance, the decisions, the residual
-extrapolation) on their own and, with COSMOS_FRAMEWORK_DIR (a checkout of NVIDIA's cosmos-framework), against the
-framework's own functions on identical inputs; threshold 0 bit-identical to the cache off in every mode; what runs
-and what is reported."""
+"""SeaCache in the sampling loop: its pieces (the indicator filter, the distance, the decisions, the cap on reuses in
+a row, the residual extrapolation) on their own and, with COSMOS_FRAMEWORK_DIR (a checkout of NVIDIA's
+cosmos-framework), against the framework's own functions on identical inputs; threshold 0 bit-identical to the cache
+off in every mode; what runs and what is reported. The whole default run against diffusers' SeaCache:
+`test_step_cache_parity.py`."""
 
 import importlib.util
 import os
@@ -46,28 +47,62 @@ def decisions(cache: StepCache, run, passes=2) -> list[list[bool]]:
 
 
 def test_first_and_last_steps_and_a_pass_without_history_run_in_full():
-    seen = decisions(StepCache(CacheConfig(threshold=1e9)), noisy_run())
+    seen = decisions(StepCache(CacheConfig(threshold=1e9, max_consecutive=0)), noisy_run())
     assert seen[0] == [True, True] and seen[-1] == [True, True]  # ret_steps 1, cutoff_from_end 1
-    assert all(row == [False, False] for row in seen[1:-1])  # an unreachable threshold: every other step reuses
-    cache = StepCache(CacheConfig(threshold=1e9, ret_steps=2, cutoff_from_end=2))
+    assert all(row == [False, False] for row in seen[1:-1])  # an unreachable threshold, no cap: every other step reuses
+    cache = StepCache(CacheConfig(threshold=1e9, ret_steps=2, cutoff_from_end=2, max_consecutive=0))
     assert [row[0] for row in decisions(cache, noisy_run())] == [True, True, False, False, False, False, True, True]
     assert (cache.full, cache.skipped) == (8, 8)
 
 
-def test_threshold_zero_never_skips_and_the_sum_resets_after_a_full_run():
-    assert all(all(row) for row in decisions(StepCache(CacheConfig(threshold=0.0)), noisy_run()))
-    cache = StepCache(CacheConfig(threshold=0.35))
-    run = noisy_run()
-    seen = decisions(cache, run)
-    indicators = [sea_filter(x[0], noise_level(t, cache.config)) for x, t in run]
-    expected, accumulated = [True], 0.0  # replay the rule on the same indicators
+def test_at_most_max_consecutive_reuses_in_a_row():
+    """NVIDIA's cap (cosmos-framework PR #225, diffusers' max_consecutive_cached): after that many reuses a pass runs
+    in full whatever its change, and the count starts again at the full run."""
+    run = noisy_run(steps=12)
+    assert CacheConfig().max_consecutive == 2
+    seen = [row[0] for row in decisions(StepCache(CacheConfig(threshold=1e9)), run)]
+    assert seen == [True, False, False, True, False, False, True, False, False, True, False, True]
+    once = [row[0] for row in decisions(StepCache(CacheConfig(threshold=1e9, max_consecutive=1)), run)]
+    assert once == [True, False] * 5 + [True, True]
+
+
+def replayed(run, config: CacheConfig) -> list[bool]:
+    """The framework's rule (forced ends and cap, else the sum of changes against the threshold) replayed on the
+    indicators of a run, for one pathway."""
+    indicators = [sea_filter(x[0], noise_level(t, config)) for x, t in run]
+    expected, accumulated, reused = [True], 0.0, 0
     for i in range(1, len(run)):
-        accumulated += float(relative_l1(indicators[i], indicators[i - 1]))
-        full = i == len(run) - 1 or accumulated >= 0.35
-        accumulated = 0.0 if full else accumulated
+        if i == len(run) - 1 or (config.max_consecutive and reused >= config.max_consecutive):
+            full, accumulated = True, 0.0
+        else:
+            accumulated += float(relative_l1(indicators[i], indicators[i - 1]))
+            full = accumulated >= config.threshold
+            accumulated = 0.0 if full else accumulated
+        reused = 0 if full else reused + 1
         expected.append(full)
+    return expected
+
+
+@pytest.mark.parametrize("config", [CacheConfig(), CacheConfig(threshold=0.35, max_consecutive=0)],
+                         ids=["now: 0.25, at most 2 in a row", "before PR 225: 0.35, no cap"])
+def test_threshold_zero_never_skips_and_the_sum_resets_after_a_full_run(config):
+    assert all(all(row) for row in decisions(StepCache(CacheConfig(threshold=0.0)), noisy_run()))
+    run = noisy_run(steps=16)
+    seen = decisions(StepCache(config), run)
+    expected = replayed(run, config)
     assert [row[0] for row in seen] == expected and [row[1] for row in seen] == expected
     assert False in expected and expected.count(True) > 2
+
+
+def test_the_indicator_is_taken_in_the_models_dtype():
+    """The framework filters the latents as the model sees them (bf16 in a bf16 run) and measures the change in that
+    dtype; an fp32 run measures in fp32."""
+    latents, t = noisy_run()[2]
+    cache = StepCache(CacheConfig(), torch.bfloat16)
+    cache.begin(8)
+    cache.step(2, latents, t)
+    assert cache.current.dtype == torch.bfloat16
+    assert torch.equal(cache.current, sea_filter(latents[0].to(torch.bfloat16), noise_level(t, cache.config)))
 
 
 def test_residuals_are_extrapolated_through_divided_differences():
@@ -174,6 +209,7 @@ def test_the_decisions_equal_nvidias_on_the_same_run(threshold):
     theirs = framework_cache()
     run = noisy_run(seed=3, steps=12, frames=5)
     reference = theirs.DiffusionCache(num_steps=len(run), config={"diffusion_cache_thresh": threshold})
+    cap = getattr(reference.config, "max_consecutive_cached", 0)  # 0 before PR #225 (commit c7e8d76 and earlier)
     expected = []
     for i, (latents, t) in enumerate(run):
         reference.state.step = i
@@ -182,11 +218,14 @@ def test_the_decisions_equal_nvidias_on_the_same_run(threshold):
         row = []
         for pathway in ("cfg0", "cfg1"):
             full = reference._should_compute(pathway, indicator)
+            state = reference._pathways[pathway]
             if full:
-                reference._pathways[pathway].history.append((i, (None, torch.zeros(1))))
+                state.history.append((i, (None, torch.zeros(1))))
+            if hasattr(state, "consecutive_cached"):  # as its layer hook counts reuses
+                state.consecutive_cached = 0 if full else state.consecutive_cached + 1
             row.append(full)
         expected.append(row)
-    assert decisions(StepCache(CacheConfig(threshold=threshold)), run) == expected
+    assert decisions(StepCache(CacheConfig(threshold=threshold, max_consecutive=cap)), run) == expected
 
 
 def picture(seed):
@@ -237,3 +276,6 @@ def test_bad_cache_options_are_refused_before_loading():
         Request(cache_threshold=-1.0)
     with pytest.raises(InputError, match="cache_residual_order must be 0, 1 or 2"):
         Request(cache_residual_order=3)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(InputError, match="cache_max_consecutive must be a whole number, 0 or more"):
+            Request(cache_max_consecutive=bad)

@@ -30,8 +30,8 @@ from .step_cache import StepCache
 from .session import Session, check_checkpoint as check_session_checkpoint
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
-from .transformer import (Cosmos3Transformer, DecoderLayer, checkpoint_key_mapper, compiled_media_block,
-                          linear_layers, load_dtype, pathway_of, split_dtypes)
+from .transformer import (Cosmos3Transformer, checkpoint_key_mapper, linear_layers, load_dtype, media_block,
+                          pathway_of, split_dtypes)
 from . import reasoner as reasoning
 from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE
 from .weights import load_weights, read_headers
@@ -488,9 +488,11 @@ class Cosmos3Pipeline:
             self._finite = self.codec.observe = self.denoiser.observe = None
 
     def _generate(self, plan: Plan, callback, parallel, progress) -> Generation:
-        block = compiled_media_block() if plan.request.compile else DecoderLayer.media
-        self.denoiser.hooks = replace(self.transformer.hooks, block=block)  # this run's: the model is unchanged
         s = plan.settings
+        eager_because = ("a causal rollout's history changes every chunk" if s.rollout is not None else
+                         "sequence parallelism" if parallel is not None and parallel.sp is not None else None)
+        block = media_block(plan.request.compile, self.device, eager_because)
+        self.denoiser.hooks = replace(self.transformer.hooks, block=block)  # this run's: the model is unchanged
         run = runs.for_plan(self.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, parallel)
         cache = None if s.cache is None else StepCache(s.cache, self.transformer.dtype)
         return runs.execute(run, self.parts, int(plan.request.seed), callback, parallel, progress, cache)

@@ -203,8 +203,11 @@ class Request:
                                          "checkpoint's, 3)", type=int)
     fp8_last_steps: int | None = option(None, "official FP8 checkpoints: W8A16 steps at the end (auto: the "
                                         "checkpoint's, 3)", type=int)
-    compile: bool = option(False, "compile the transformer's media block with torch.compile (one compile serves "
-                           "every layer): the first run pays the compile, and once more at a new size")
+    compile: bool | None = option(None, "compile the transformer's media block with torch.compile (one compile "
+                                  "serves every layer; the first run pays it, and once more at a new size): auto (on "
+                                  "a CUDA GPU where torch.compile can make kernels, i.e. Triton is installed; eager "
+                                  "elsewhere, and for causal rollouts and sequence parallelism), on or off",
+                                  tri_state=True)
 
     def __post_init__(self):
         set_ = object.__setattr__  # frozen: normalise in place once

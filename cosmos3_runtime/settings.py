@@ -271,7 +271,7 @@ def _causal_refusals(variant: Variant, r: Request, steps: tuple[int, ...]) -> No
         raise InputError(f"this causal checkpoint samples only with its fixed sigmas, not schedule {r.schedule!r}")
     if r.compile:
         raise InputError("compile is not supported for causal rollouts yet (their history changes every chunk); leave "
-                         "it off")
+                         "it on auto or off")
     if r.chunk_frames is not None:  # (an overlap alone, a sampler's widget, means nothing without them)
         raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
                          f"{c.chunk_size} at a time): leave chunk_frames unset")

@@ -827,6 +827,27 @@ def compiled_media_block(backend: str = "inductor"):
     return torch.compile(DecoderLayer.media, backend=backend)
 
 
+_eager_reasons_said: set[str] = set()
+
+
+def media_block(compile: bool | None, device: torch.device, eager_because: str | None = None) -> Callable:
+    """The block a run's media layers run: compiled (`compiled_media_block`) or eager. `compile` None is auto:
+    compiled on a CUDA GPU where torch.compile can make kernels (Triton is installed: on many Windows installs it is
+    not), unless `eager_because` names what rules it out for this run (a causal rollout, sequence parallelism);
+    eager otherwise, which a GPU without Triton is told once per process."""
+    if compile is not None:
+        return compiled_media_block() if compile else DecoderLayer.media
+    device_facts = facts(device)
+    if eager_because is None and device_facts.type == "cuda" and not device_facts.triton:
+        eager_because = ("Triton is not installed, so torch.compile cannot make GPU kernels (pip install triton; on "
+                         "Windows, triton-windows)")
+    if eager_because is None and device_facts.type == "cuda":
+        return compiled_media_block()
+    if device_facts.type == "cuda" and eager_because not in _eager_reasons_said:
+        _eager_reasons_said.add(eager_because)
+        log.warning("compile auto: the media block runs eagerly: %s", eager_because)
+    return DecoderLayer.media
+
 
 def pathway_of(name: str) -> str | None:
     """The precision pathway of a linear: "media" or "text" inside the layers, None for the projections around them."""

@@ -269,6 +269,7 @@ class Cosmos3Sampler:
                 "audio": ("AUDIO", {"tooltip": "audio-conditioned video (Load Audio): " + help_of("audio").split(". A file")[0]
                           + ". Cosmos3 Sound Decode hands that soundtrack on"}),
                 **GUARDRAIL_INPUT,
+                **cache_widgets(),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
@@ -281,13 +282,16 @@ class Cosmos3Sampler:
                         widgets, SAMPLER_WORDS)
 
     def sample(self, model, text, width, height, frames, fps, guidance, guidance_interval, seed, sound=False,
-               schedule=None, media=None, action=None, cache="seacache", compile=False, chunk_frames=0,
-               chunk_overlap_frames=1, audio=None, guardrail=None, node_id=None):
+               schedule=None, media=None, action=None, cache="seacache", compile=True, chunk_frames=0,
+               chunk_overlap_frames=1, audio=None, guardrail=None, cache_threshold=0.25, cache_max_consecutive=2,
+               node_id=None):
         media = dict(media or {})
         frames = media_frames(frames, media.pop("num_frames", None))
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
-                       guidance_interval=guidance_interval, seed=seed, sound=sound, cache=cache, compile=compile,
-                       chunk_frames=chunk_frames, chunk_overlap_frames=chunk_overlap_frames)
+                       guidance_interval=guidance_interval, seed=seed, sound=sound, cache=cache,
+                       compile=compile_option(compile), chunk_frames=chunk_frames,
+                       chunk_overlap_frames=chunk_overlap_frames, cache_threshold=cache_threshold,
+                       cache_max_consecutive=cache_max_consecutive)
         prompt = text["prompt"]
         options = {k: v for k, v in text.items() if k != "prompt"}
         progress = services.progress.RunProgress(node_id)
@@ -328,17 +332,33 @@ class Cosmos3Sampler:
 SAMPLER_FIELDS = {"width": "width", "height": "height", "frames": "num_frames", "fps": "fps",
                   "guidance": "guidance_scale", "guidance_interval": "guidance_interval", "seed": "seed",
                   "sound": "sound", "cache": "cache", "compile": "compile", "chunk_frames": "chunk_frames",
-                  "chunk_overlap_frames": "chunk_overlap_frames"}
+                  "chunk_overlap_frames": "chunk_overlap_frames", "cache_threshold": "cache_threshold",
+                  "cache_max_consecutive": "cache_max_consecutive"}
 
 
 def speed_widgets() -> dict:
     """The step cache's switch and compile, optional (API prompts and workflows made before them run with SeaCache
-    on, uncompiled). The cache's threshold and residual order keep NVIDIA's defaults here (the API, CLI and HTTP
-    routes take them)."""
-    return {"cache": (list(CACHES), {"default": "seacache", "tooltip": help_of("cache") + " (threshold 0.35, "
-                      "residual order 1, as NVIDIA's framework runs it)"}),
-            "compile": ("BOOLEAN", {"default": False, "tooltip": help_of("compile") + " (ComfyUI's TorchCompileModel "
-                        "does this for the core MODEL path)"})}
+    on and compile auto). The cache's residual order keeps NVIDIA's default here (the API, CLI and HTTP routes take
+    it)."""
+    return {"cache": (list(CACHES), {"default": "seacache", "tooltip": help_of("cache") + " (residual order 1, as "
+                      "NVIDIA's framework runs it)"}),
+            "compile": ("BOOLEAN", {"default": True, "tooltip": "compile the media block with torch.compile where it "
+                        "can (a CUDA GPU with Triton installed; eager elsewhere, and for causal rollouts): one compile "
+                        "serves every layer, the first run pays it (and once more at a new size); off: always eager"})}
+
+
+def cache_widgets() -> dict:
+    """SeaCache's two knobs, last among a sampler's optional widgets (workflows saved before them keep their values in
+    place and run NVIDIA's defaults)."""
+    return {"cache_threshold": ("FLOAT", {"default": 0.25, "min": 0.0, "max": 5.0, "step": 0.01, "round": 0.001,
+                                "tooltip": help_of("cache_threshold")}),
+            "cache_max_consecutive": ("INT", {"default": 2, "min": 0, "max": 1000,
+                                      "tooltip": help_of("cache_max_consecutive")})}
+
+
+def compile_option(widget: bool) -> bool | None:
+    """The compile switch as a Request's compile: on is auto (compiled where it can be), off is off."""
+    return None if widget else False
 
 
 ZERO_IS_AUTO = ("width", "height", "frames", "fps", "guidance", "chunk_frames")

@@ -20,7 +20,7 @@ from ..cosmos3_runtime.request import CAUSAL_CACHES, CAUSAL_HISTORY, help_of
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
 from .guardrails import GUARDRAIL_INPUT, check_prompt, filter_frames
-from .sampling import auto_help, seed_widget, size_widgets, speed_widgets, words_of
+from .sampling import auto_help, cache_widgets, compile_option, seed_widget, size_widgets, speed_widgets, words_of
 
 CONTROLS = "COSMOS3_CONTROLS"
 GIVEN = "off: the images are the control"  # the derive widget's "don't derive" choice
@@ -143,6 +143,7 @@ class Cosmos3TransferSampler(ClipSampler):
                 "control_guidance_interval": ("STRING", {"default": "auto", "tooltip": help_of("control_guidance_interval")}),
                 **speed_widgets(),
                 **GUARDRAIL_INPUT,
+                **cache_widgets(),
             },
             "hidden": {"node_id": "UNIQUE_ID"},
         }
@@ -154,7 +155,7 @@ class Cosmos3TransferSampler(ClipSampler):
 
     def sample(self, model, text, controls, width, height, frames, fps, guidance, control_guidance, chunk_frames,
                chunk_overlap_frames, seed, schedule=None, control_guidance_interval="auto", cache="seacache",
-               compile=False, guardrail=None, node_id=None):
+               compile=True, guardrail=None, cache_threshold=0.25, cache_max_consecutive=2, node_id=None):
         widgets = dict(width=width, height=height, frames=frames, fps=fps, guidance=guidance,
                        control_guidance=control_guidance, chunk_frames=chunk_frames)
         options = {field: widgets[name] or None for name, field in TRANSFER_FIELDS.items()}
@@ -164,7 +165,9 @@ class Cosmos3TransferSampler(ClipSampler):
 
         with services.words.widget_words(TRANSFER_WORDS):
             request = Request.build(**text_options, **options, **(schedule or {}), control_videos=controls,
-                                    chunk_overlap_frames=chunk_overlap_frames, seed=seed, cache=cache, compile=compile,
+                                    chunk_overlap_frames=chunk_overlap_frames, seed=seed, cache=cache,
+                                    compile=compile_option(compile), cache_threshold=cache_threshold,
+                                    cache_max_consecutive=cache_max_consecutive,
                                     control_guidance_interval=control_guidance_interval)
             plan = model.plan(text["prompt"], request)
             with model.use(memory_required=model.memory_needed(plan)) as pipe:

@@ -260,18 +260,63 @@ def test_compile_runs_one_compiled_media_block_for_every_layer(pipe, monkeypatch
     the run's own (the shared model is never changed)."""
     from torch._dynamo.utils import counters
 
-    from cosmos3_runtime import pipeline
+    from cosmos3_runtime import transformer
     from cosmos3_runtime.transformer import DecoderLayer, compiled_media_block
 
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(pipeline, "compiled_media_block", lambda: compiled_media_block("eager"))
+    monkeypatch.setattr(transformer, "compiled_media_block", lambda: compiled_media_block("eager"))
     request = dict(width=64, height=48, num_frames=5, steps=2, seed=1, output="latents", guidance_scale=1.0)
     plain = pipe.generate("a cat", **request).latents
     compiled = pipe.generate("a cat", **request, compile=True).latents
     assert torch.equal(compiled, plain)
     assert counters["stats"]["unique_graphs"] == 1  # one capture served every layer and step
     assert pipe.transformer.hooks.block is DecoderLayer.media  # a run's compiled block is its own: the model is unchanged
+
+
+def test_nothing_recompiles_between_steps_or_runs_of_one_shape(pipe, monkeypatch):
+    """With CFG the two passes attend over prompts of different lengths: the block is captured for the first, once
+    more (with that length dynamic) for the second, and never again, not at a later step nor in a second run of the
+    same size; a new size costs at most one more capture. Counted by Dynamo (its eager backend: the same guards and
+    captures as inductor's, without code generation)."""
+    from torch._dynamo.utils import counters
+
+    from cosmos3_runtime import transformer
+    from cosmos3_runtime.transformer import compiled_media_block
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(transformer, "compiled_media_block", lambda: compiled_media_block("eager"))
+    request = dict(width=64, height=48, num_frames=5, steps=4, seed=1, output="latents", guidance_scale=4.0,
+                   negative_prompt="blurry, static, low quality, distorted", cache="off", compile=True)
+    first = pipe.generate("a cat", **request)
+    captured = counters["stats"]["unique_graphs"]
+    assert captured == 2, dict(counters["recompiles"])
+    second = pipe.generate("a cat", **request)
+    assert counters["stats"]["unique_graphs"] == captured and torch.equal(first.latents, second.latents)
+    pipe.generate("a cat", **{**request, "width": 96})
+    assert counters["stats"]["unique_graphs"] <= captured + 1
+
+
+def test_compile_auto_compiles_on_a_cuda_gpu_with_triton_only(monkeypatch, caplog):
+    """compile's default (None, auto): the compiled block on a CUDA GPU where torch.compile can make kernels; eager on
+    the CPU (silently), on a GPU without Triton (said once, with what to install), and where the run rules it out."""
+    from cosmos3_runtime import devices, transformer
+    from cosmos3_runtime.devices import DeviceFacts
+    from cosmos3_runtime.transformer import DecoderLayer, media_block
+
+    monkeypatch.setattr(transformer, "compiled_media_block", lambda: "compiled")
+    monkeypatch.setattr(transformer, "_eager_reasons_said", set())
+    cpu = torch.device("cpu")
+    assert media_block(None, cpu) is DecoderLayer.media and media_block(True, cpu) == "compiled"
+    monkeypatch.setitem(devices._FACTS, ("cpu", None), DeviceFacts("cuda", (9, 0), triton=True))
+    assert media_block(None, cpu) == "compiled" and media_block(False, cpu) is DecoderLayer.media
+    assert media_block(None, cpu, "sequence parallelism") is DecoderLayer.media
+    monkeypatch.setitem(devices._FACTS, ("cpu", None), DeviceFacts("cuda", (8, 6), triton=False))
+    with caplog.at_level("WARNING"):
+        assert media_block(None, cpu) is DecoderLayer.media and media_block(None, cpu) is DecoderLayer.media
+    said = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
+    assert len(said) == 1 and "triton-windows" in said[0]  # once per process
 
 
 class HostReads(TorchDispatchMode):

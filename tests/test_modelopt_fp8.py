@@ -484,12 +484,12 @@ def test_the_compiled_media_block_reads_the_step_precision_without_graph_breaks(
     graph per precision, none broken; a ContextVar broke it at every linear), and equals the eager run."""
     from torch._dynamo.utils import counters
 
-    from cosmos3_runtime import pipeline
+    from cosmos3_runtime import transformer
     from cosmos3_runtime.transformer import compiled_media_block
 
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(pipeline, "compiled_media_block", lambda: compiled_media_block("eager"))
+    monkeypatch.setattr(transformer, "compiled_media_block", lambda: compiled_media_block("eager"))
     pipe = cosmos3_runtime.load(fp8[0], dtype="fp32")
     request = dict(width=64, height=64, num_frames=5, steps=8, output="latents", guidance_scale=1.0, cache="off")
     plain = pipe.generate("a cat", **request).latents

@@ -25,16 +25,20 @@ import comfy.patcher_extension
 import comfy.supported_models_base
 import torch
 
+from dataclasses import replace
+
 from ...cosmos3_runtime import InputError, Request, TextKV, cancel, modelopt_fp8
 from ...cosmos3_runtime.budget import estimate
 from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, RunGeometry, pixel_frames
 from ...cosmos3_runtime.settings import default_flow_shift
+from ...cosmos3_runtime.transformer import media_block
 from .. import services
 from .prompt_marker import PROMPT_KEY, PromptMarker
 
 log = logging.getLogger("cosmos3")
 TEXT_KV = "cosmos3_text_kv"
 FPS = "cosmos3_fps"
+COMPILE = "cosmos3_compile"  # transformer_options: False runs the media block eagerly (default: compiled where it can)
 REFUSED_COND_KEYS = {
     "area": "area conditioning (ConditioningSetArea) crops the latent, which breaks Cosmos3's joint attention",
     "mask": "mask conditioning (ConditioningSetMask) crops the latent, which breaks Cosmos3's joint attention; "
@@ -124,16 +128,19 @@ class VelocityForward:
             self.warned_cfg = True  # once per model: the sampler runs this every step
             log.warning("Cosmos3: this distilled checkpoint samples with cfg 1 (guidance is distilled in); the "
                         "sampler's cfg is above 1, so it runs an unconditional pass the checkpoint was not made for")
+        hooks = self.transformer.hooks
+        if not torch.compiler.is_compiling():  # (under TorchCompileModel the whole network is compiled already)
+            hooks = replace(hooks, block=media_block(transformer_options.get(COMPILE), x.device))
         if self.fp8_policy is None:  # no step policy: nothing to set (a context here would break a compiled graph)
-            return self.velocities(x, timestep, text_kv, mask, fps)
+            return self.velocities(x, timestep, text_kv, mask, fps, hooks)
         with self.precision(transformer_options):
-            return self.velocities(x, timestep, text_kv, mask, fps)
+            return self.velocities(x, timestep, text_kv, mask, fps, hooks)
 
-    def velocities(self, x, timestep, text_kv, mask, fps) -> torch.Tensor:
+    def velocities(self, x, timestep, text_kv, mask, fps, hooks) -> torch.Tensor:
         velocities = []
         for b in range(x.shape[0]):  # each item its own prompt, timestep and clean frames
             out = self.transformer(x[b : b + 1], timestep[b], TextKV.from_stacked(text_kv[b]),
-                                   noisy_frames(mask[b]) if mask is not None else None, float(fps))
+                                   noisy_frames(mask[b]) if mask is not None else None, float(fps), hooks=hooks)
             velocities.append(out.vision)
         return torch.cat(velocities)
 

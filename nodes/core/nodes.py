@@ -28,9 +28,13 @@ class Cosmos3CoreModel:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("COSMOS3_MODEL", {"tooltip": "from Cosmos3 Model Loader"})}}
+        return {"required": {"model": ("COSMOS3_MODEL", {"tooltip": "from Cosmos3 Model Loader"})},
+                "optional": {"compile": ("BOOLEAN", {"default": True, "tooltip": "compile the media block with "
+                             "torch.compile where it can (a CUDA GPU with Triton installed; eager elsewhere): one "
+                             "compile serves every layer, the first run pays it; off: eager (TorchCompileModel "
+                             "compiles the whole network instead)"})}}
 
-    def build(self, model):
+    def build(self, model, compile=True):
         spec = model.spec
         if spec.gpus > 1:
             raise InputError("the core MODEL runs on one GPU: multi-GPU (gpus > 1) is the Cosmos3 Sampler's; set "
@@ -42,9 +46,14 @@ class Cosmos3CoreModel:
         pipe = model.pipeline
         if not pipe.local:
             raise InputError("the core MODEL needs the checkpoint loaded in this process (gpus 1)")
+        from .model import COMPILE
         from .vae import core_vae
 
-        return (model.model_patcher(), core_vae(pipe.vae))
+        patcher = model.model_patcher()
+        if not compile:  # on a copy: the loader's MODEL stays as it is for other branches of the graph
+            patcher = patcher.clone()
+            patcher.model_options.setdefault("transformer_options", {})[COMPILE] = False
+        return (patcher, core_vae(pipe.vae))
 
 
 class Cosmos3CoreTextEncode:

@@ -338,8 +338,10 @@ def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
     device = facts(x.device)
     if device.fp8_tensorwise:
         fused_bias = bias if bias is not None and x.dtype != torch.float32 else None  # fp32 outputs take no bias
+        # fast accumulation, as NVIDIA's FP8 path runs its GEMMs (torchao's Float8MMConfig(use_fast_accum=True)) and
+        # Transformer Engine its forward ones: Hopper's fp8 tensor cores then skip the periodic fp32 promotion
         out = torch._scaled_mm(x8, weight.t(), scale_a=input_scale, scale_b=weight_scale, bias=fused_bias,
-                               out_dtype=x.dtype)
+                               out_dtype=x.dtype, use_fast_accum=True)
         if bias is not None and fused_bias is None:
             out = out + bias
     else:

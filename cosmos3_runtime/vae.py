@@ -14,6 +14,7 @@ frame size.
 Module and parameter names equal the diffusers checkpoint keys (`vae/diffusion_pytorch_model.safetensors`).
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,8 +24,6 @@ from torch import nn
 
 from . import cancel
 from .errors import CheckpointError, InputError
-
-CACHE_FRAMES = 2  # temporal context of a 3-tap causal convolution
 
 
 @dataclass(frozen=True)
@@ -78,34 +77,66 @@ class VAEConfig:
 
 
 class Stream:
-    """Per-call temporal state: each causal layer's last input frames, keyed by the layer."""
+    """Per-call temporal state: each causal layer's last input frames, keyed by the layer, and the one buffer the
+    causal convolutions assemble their padded input in (they run one at a time, so one buffer serves them all)."""
 
     def __init__(self):
         self.state: dict[nn.Module, torch.Tensor | bool] = {}
+        self._scratch: torch.Tensor | None = None
+
+    def scratch(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised tensor of `shape` in the dtype and on the device of `like`, valid until the next call.
+        The buffer only grows, so a decode allocates it about once (its first latent frame has fewer frames)."""
+        numel, old = math.prod(shape), self._scratch
+        if old is None or old.numel() < numel or old.dtype != like.dtype or old.device != like.device:
+            self._scratch = old = None  # freed before its successor is allocated
+            self._scratch = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return self._scratch[:numel].view(shape)
+
+    def release_scratch(self) -> None:
+        """Free the scratch buffer (a stream kept between calls then holds only the remembered frames)."""
+        self._scratch = None
 
 
 class CausalConv3d(nn.Conv3d):
     """3-D convolution that pads time on the past side only and streams across chunks.
 
-    `padding` is the constructor's (t, h, w) padding; time gets 2*t frames in front, which the
-    frames remembered from the previous chunk replace.
+    `padding` is the constructor's (t, h, w) padding; time gets 2*t frames in front: zeros, then the frames
+    remembered from the previous chunk. Streamed, the padded input is assembled once in the stream's scratch buffer
+    (its remembered frames, the new ones, a zero border) and the remembered frames are overwritten in place, where a
+    concatenation, a padded copy and a clone of the kept frames would each move the activation again. The convolution
+    sees exactly the tensor the explicit padding builds, so the result is the same bit for bit.
     """
 
     def __init__(self, cin, cout, kernel, stride=1, padding=0):
         super().__init__(cin, cout, kernel, stride=stride)
         pt, ph, pw = (padding,) * 3 if isinstance(padding, int) else padding
-        self.time_pad, self.space_pad = 2 * pt, (pw, pw, ph, ph)
+        self.time_pad, self.space_pad = 2 * pt, (ph, pw)
 
     def forward(self, x: torch.Tensor, stream: Stream | None = None) -> torch.Tensor:
-        if self.time_pad and stream is not None:
-            past = stream.state.get(self)
-            if past is not None:
-                x = torch.cat([past, x], dim=2)
-            stream.state[self] = x[:, :, -CACHE_FRAMES:].clone()
-            front = self.time_pad - (0 if past is None else past.shape[2])
+        pt, (ph, pw) = self.time_pad, self.space_pad
+        if not pt or stream is None:  # (F.pad copies even when it adds nothing)
+            return super().forward(F.pad(x, (pw, pw, ph, ph, pt, 0)) if pt or ph or pw else x)
+        b, c, t, h, w = x.shape
+        window = stream.scratch((b, c, pt + t, h + 2 * ph, w + 2 * pw), x)
+        if ph:
+            window[:, :, :, :ph].zero_()
+            window[:, :, :, ph + h :].zero_()
+        if pw:
+            window[:, :, :, ph : ph + h, :pw].zero_()
+            window[:, :, :, ph : ph + h, pw + w :].zero_()
+        frames = window[:, :, :, ph : ph + h, pw : pw + w]
+        past = stream.state.get(self)
+        if past is None:  # the first chunk: zeros in front, as the padding has them
+            frames[:, :, :pt].zero_()
         else:
-            front = self.time_pad
-        return super().forward(F.pad(x, (*self.space_pad, front, 0)))
+            frames[:, :, :pt].copy_(past)
+        frames[:, :, pt:].copy_(x)
+        out = super().forward(window)
+        if past is None:
+            stream.state[self] = past = torch.empty_like(frames[:, :, :pt], memory_format=torch.contiguous_format)
+        past.copy_(frames[:, :, t:])
+        return out
 
 
 class RMSNorm(nn.Module):
@@ -116,10 +147,23 @@ class RMSNorm(nn.Module):
         self.scale = dim**0.5
         self.gamma = nn.Parameter(torch.ones(dim, *(1,) * spatial_dims))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In fp32 with the gain, rounded once: a bf16 decode's PSNR against fp32 rose from 53.5 to 54.3 dB with it
-        # (benchmarks/bench_precision.py, released widths).
-        return (F.normalize(x.float(), dim=1) * self.scale * self.gamma.float()).to(x.dtype)
+    def forward(self, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
+        """The norm of x (with `silu`, SiLU of it, in x's dtype).
+
+        In fp32 with the gain, rounded once: a bf16 decode's PSNR against fp32 rose from 53.5 to 54.3 dB with it
+        (benchmarks/bench_precision.py, released widths). The steps are those of
+        `F.silu((F.normalize(x.float(), dim=1) * scale * gamma.float()).to(x.dtype))`, rounding for rounding, but in
+        place on one fp32 buffer (and one in x's dtype) instead of a new tensor per step, and without a float copy of
+        x. Each buffer keeps x's memory layout, which decides where a CPU kernel takes its scalar path (fp32 SiLU's
+        differs from its vector path in the last bit).
+        """
+        norm = torch.linalg.vector_norm(x, 2, dim=1, keepdim=True, dtype=torch.float32).clamp_min_(1e-12)
+        y = torch.div(x, norm).mul_(self.scale)  # fp32 whatever x's dtype
+        if x.dtype == torch.float32:
+            y.mul_(self.gamma)
+        else:  # the product in fp32, rounded as it is stored
+            y = torch.mul(y, self.gamma, out=torch.empty_like(x))
+        return F.silu(y, inplace=True) if silu else y
 
 
 class ResBlock(nn.Module):
@@ -132,9 +176,9 @@ class ResBlock(nn.Module):
         self.conv_shortcut = CausalConv3d(cin, cout, 1) if cin != cout else nn.Identity()
 
     def forward(self, x, stream):
-        h = self.conv1(F.silu(self.norm1(x)), stream)
-        h = self.conv2(F.silu(self.norm2(h)), stream)
-        return h + self.conv_shortcut(x)
+        h = self.conv1(self.norm1(x, silu=True), stream)
+        h = self.conv2(self.norm2(h, silu=True), stream)
+        return h.add_(self.conv_shortcut(x))
 
 
 class AttentionBlock(nn.Module):
@@ -203,14 +247,20 @@ class Upsample(nn.Module):
             self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
 
     def forward(self, x, stream):
-        if hasattr(self, "time_conv"):
-            if stream.state.get(self):  # not the first chunk: every frame becomes an (earlier, later) pair
-                b, c, t, h, w = x.shape
-                pairs = self.time_conv(x, stream).view(b, 2, c, t, h, w)
-                x = torch.stack([pairs[:, 0], pairs[:, 1]], dim=3).reshape(b, c, 2 * t, h, w)
-            stream.state[self] = True
-        upsample, conv = self.resample
-        return per_frame(lambda f: conv(upsample(f.float()).to(f.dtype)), x)  # nearest-exact in fp32, as trained
+        b, c, t, h, w = x.shape
+        if hasattr(self, "time_conv") and stream.state.get(self):
+            # not the first chunk: every frame becomes an (earlier, later) pair, laid out image by image in one copy
+            pairs = self.time_conv(x, stream).view(b, 2, c, t, h, w)
+            t *= 2
+            images = pairs.permute(0, 3, 1, 2, 4, 5).reshape(b * t, c, h, w)
+        else:
+            images = x.transpose(1, 2).reshape(b * t, c, h, w)
+            if hasattr(self, "time_conv"):
+                stream.state[self] = True  # the first chunk passes through, the later ones double
+        # nearest-exact only copies values: in the compute dtype it gives what fp32 (as trained) gives, without the
+        # two casts around the largest tensor of the block
+        out = self.resample(images)
+        return out.view(b, t, *out.shape[1:]).transpose(1, 2)
 
 
 def space_time_to_channels(x: torch.Tensor, ft: int, fs: int) -> torch.Tensor:
@@ -243,11 +293,14 @@ class DupUp(nn.Module):
         self.repeats = cout * ft * fs * fs // cin
 
     def forward(self, x: torch.Tensor, first_chunk: bool) -> torch.Tensor:
+        """The shortcut as [B, cout, T, ft, H, fs, W, fs] (time, then its offset in the block, and so on), to add to
+        the block's output seen the same way: a view of x where the repeats line up with the offsets (each Wan 2.2
+        decoder block: nothing is copied), one copy otherwise. The first chunk (one frame) keeps the last offset."""
         b, _, t, h, w = x.shape
         ft, fs = self.ft, self.fs
-        x = x.repeat_interleave(self.repeats, dim=1).view(b, self.cout, ft, fs, fs, t, h, w)
-        x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, self.cout, t * ft, h * fs, w * fs)
-        return x[:, :, ft - 1 :] if first_chunk else x
+        repeated = x.view(b, -1, 1, t, h, w).expand(-1, -1, self.repeats, -1, -1, -1)  # each channel `repeats` times
+        blocks = repeated.reshape(b, self.cout, ft, fs, fs, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
+        return blocks[:, :, :, ft - 1 :] if first_chunk else blocks
 
 
 class DownBlock(nn.Module):
@@ -279,7 +332,9 @@ class UpBlock(nn.Module):
             x = resnet(x, stream)
         if self.upsampler is not None:
             x = self.upsampler(x, stream)
-        return x if shortcut is None else x + shortcut
+        if shortcut is not None:
+            x.view(shortcut.shape).add_(shortcut)
+        return x
 
 
 class Encoder(nn.Module):
@@ -301,7 +356,7 @@ class Encoder(nn.Module):
         for block in self.down_blocks:
             x = block(x, stream)
         x = self.mid_block(x, stream)
-        return self.conv_out(F.silu(self.norm_out(x)), stream)
+        return self.conv_out(self.norm_out(x, silu=True), stream)
 
 
 class Decoder(nn.Module):
@@ -324,7 +379,7 @@ class Decoder(nn.Module):
         x = self.mid_block(self.conv_in(x, stream), stream)
         for block in self.up_blocks:
             x = block(x, stream, first_chunk)
-        return self.conv_out(F.silu(self.norm_out(x)), stream)
+        return self.conv_out(self.norm_out(x, silu=True), stream)
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -507,6 +562,7 @@ class WanVAE(nn.Module):
         for i in range(z.shape[2]):
             frames.append(self.decoder(z[:, :, i : i + 1], stream, first_chunk=first + i == 0))
             tick()
+        stream.release_scratch()
         return unpatchify(torch.cat(frames, dim=2), self.config.patch_size)
 
     def decode_stream(self) -> "DecodeStream":

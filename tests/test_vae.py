@@ -6,11 +6,13 @@ import shutil
 import pytest
 from conftest import require
 import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import cosmos3_runtime
 from cosmos3_runtime import CheckpointError, InputError
 from cosmos3_runtime.tiny import vae_config
-from cosmos3_runtime.vae import TileSpec, VAEConfig, WanVAE
+from cosmos3_runtime.vae import CausalConv3d, DupUp, RMSNorm, Stream, TileSpec, Upsample, VAEConfig, WanVAE
 
 diffusers = require("diffusers", minversion="0.42.1")
 from diffusers import AutoencoderKLWan  # noqa: E402
@@ -144,6 +146,154 @@ def test_release_structure_has_the_documented_tensors():
         theirs = AutoencoderKLWan(**{k: v for k, v in config.items() if not k.startswith("_")}).state_dict()
     assert len(ours) == 196
     assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
+
+
+# --- the decode's re-arrangements, bit for bit -----------------------------------------------------
+# A decode moves its activations as few times as it can (see CausalConv3d, RMSNorm, Upsample, DupUp); each step below
+# must give exactly what the plain composition of torch ops gives, in fp32 and bf16.
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def time_major(x):
+    """x laid out frame after frame, as an up block's output is (its shape unchanged)."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_streamed_causal_conv_equals_the_conv_over_each_concatenated_padded_window(dtype):
+    """Chunks of 1, 4, 2 and 4 frames through a stream whose scratch buffer starts as NaN and is used in between by a
+    convolution of another shape: each chunk's output equals the convolution of its explicitly built window (the last
+    two frames seen, zeros before the first, concatenated with the chunk and zero-padded in space)."""
+    conv = CausalConv3d(6, 5, 3, padding=1).to(dtype)
+    other = CausalConv3d(3, 4, 3, padding=1).to(dtype)
+    stream = Stream()
+    stream.scratch((1, 6, 12, 11, 13), conv.weight).fill_(float("nan"))
+    seen = torch.zeros(1, 6, 2, 7, 9, dtype=dtype)
+    for i, frames in enumerate([1, 4, 2, 4]):
+        chunk = randn(1, 6, frames, 7, 9, seed=i, dtype=dtype)
+        window = F.pad(torch.cat([seen[:, :, -2:], chunk], dim=2), (1, 1, 1, 1))
+        expected = F.conv3d(window, conv.weight, conv.bias)
+        assert torch.equal(conv(chunk, stream), expected)
+        other(randn(1, 3, 3, 4, 5, seed=10 + i, dtype=dtype), stream)
+        seen = torch.cat([seen, chunk], dim=2)
+    assert torch.equal(conv(chunk), F.conv3d(F.pad(chunk, (1, 1, 1, 1, 2, 0)), conv.weight, conv.bias))  # unstreamed
+
+
+def test_the_causal_cache_is_updated_in_place_and_is_all_a_decode_stream_keeps():
+    """Decoding on adds no cache tensors and replaces none (each causal layer's remembered frames stay where they
+    are), and between calls a decode stream holds those frames and nothing else (counted on the virtual device)."""
+    from virtual_device import VirtualDevice
+
+    config = VAEConfig.from_dict(vae_config())
+    with torch.device("meta"):
+        vae = WanVAE(config)
+    z = torch.empty(1, 48, 3, 2, 3, device="meta")
+    with torch.inference_mode(), VirtualDevice() as virtual:
+        decode = vae.decode_stream()
+        first = decode(z[:, :, :2])
+        before = {layer: state for layer, state in decode.stream.state.items() if torch.is_tensor(state)}
+        second = decode(z[:, :, 2:])
+        after = {layer: state for layer, state in decode.stream.state.items() if torch.is_tensor(state)}
+        assert after.keys() == before.keys() and all(after[layer] is before[layer] for layer in after)
+        held = sum(state.untyped_storage().nbytes() for state in after.values())
+        assert virtual.allocated == held + first.untyped_storage().nbytes() + second.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", [lambda x: x, time_major], ids=["contiguous", "time-major"])
+def test_norm_and_silu_round_as_the_plain_composition(dtype, layout):
+    """RMSNorm's in-place steps equal the composition they replace, rounding for rounding, with and without SiLU, on
+    both layouts a decode feeds them (an odd element count, so a CPU kernel's scalar tail is exercised)."""
+    norm = RMSNorm(37).to(dtype)
+    with torch.no_grad():
+        norm.gamma.copy_(1 + 0.3 * randn(37, 1, 1, 1, seed=1))
+    x = layout(randn(1, 37, 3, 11, 13, seed=2, dtype=dtype) * 3)
+    with torch.no_grad():
+        normalized = (F.normalize(x.float(), dim=1) * norm.scale * norm.gamma.float()).to(dtype)
+        assert torch.equal(norm(x), normalized)
+        assert torch.equal(norm(x, silu=True), F.silu(normalized))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_temporal_upsample_equals_its_plain_steps(dtype):
+    """Upsample over a first chunk of one frame, then chunks of 1 and 2 frames: the causal time convolution over the
+    concatenated window, the (earlier, later) pairs interleaved with torch.stack, nearest-exact in fp32 rounded back,
+    then the 3x3 convolution, frame by frame."""
+    up = Upsample(4, temporal=True).to(dtype)
+    upsample, conv = up.resample
+    stream, seen = Stream(), torch.zeros(1, 4, 2, 5, 6, dtype=dtype)
+
+    def per_frame(x):
+        b, c, t, h, w = x.shape
+        images = x.transpose(1, 2).reshape(b * t, c, h, w)
+        out = conv(F.interpolate(images.float(), scale_factor=2.0, mode="nearest-exact").to(dtype))
+        return out.view(b, t, *out.shape[1:]).transpose(1, 2)
+
+    with torch.no_grad():
+        for i, frames in enumerate([1, 1, 2]):
+            x = randn(1, 4, frames, 5, 6, seed=i, dtype=dtype)
+            if i == 0:
+                expected = per_frame(x)
+            else:
+                pairs = F.conv3d(torch.cat([seen[:, :, -2:], x], dim=2), up.time_conv.weight, up.time_conv.bias)
+                pairs = pairs.view(1, 2, 4, frames, 5, 6)
+                expected = per_frame(torch.stack([pairs[:, 0], pairs[:, 1]], dim=3).reshape(1, 4, 2 * frames, 5, 6))
+                seen = torch.cat([seen, x], dim=2)
+            assert torch.equal(up(x, stream), expected)
+
+
+# (in, out channels, time factor, a view of the input): Wan 2.2's decoder blocks are the first three
+@pytest.mark.parametrize("cin, cout, ft, view", [(8, 8, 2, True), (8, 4, 2, True), (8, 4, 1, True), (4, 8, 2, False),
+                                                 (8, 3, 2, False)])
+@pytest.mark.parametrize("first_chunk", [False, True])
+def test_the_dup_up_shortcut_adds_what_repeat_and_unfold_give(cin, cout, ft, view, first_chunk):
+    """The shortcut seen as blocks and added in place equals the repeated, unfolded copy added out of place; where the
+    repeats line up with the block offsets it is a view of the input (nothing copied)."""
+    shortcut = DupUp(cin, cout, ft, 2)
+    t = 1 if first_chunk else 3
+    x = randn(1, cin, t, 3, 4, seed=cin + cout + ft)
+    out = randn(1, cout, (1 if first_chunk else ft * t), 6, 8, seed=1)
+    r = cout * ft * 4 // cin
+    unfolded = x.repeat_interleave(r, dim=1).view(1, cout, ft, 2, 2, t, 3, 4).permute(0, 1, 5, 2, 6, 3, 7, 4)
+    unfolded = unfolded.reshape(1, cout, t * ft, 6, 8)
+    expected = out + (unfolded[:, :, ft - 1 :] if first_chunk else unfolded)
+    blocks = shortcut(x, first_chunk)
+    out.view(blocks.shape).add_(blocks)
+    assert torch.equal(out, expected)
+    assert (blocks.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()) == view
+
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_decode_concatenates_pads_clones_and_casts_nothing_per_latent_frame(dtype):
+    """One more latent frame adds no concatenation, padding, clone, stack, repeat or dtype cast to a decode (counted
+    op by op on the meta device): its causal windows are built in place and it upsamples in the compute dtype."""
+    config = VAEConfig.from_dict(vae_config())
+    with torch.device("meta"):
+        vae = WanVAE(config).to(dtype)
+    counts = []
+    for frames in (2, 3):
+        with torch.inference_mode(), Ops() as ops:
+            vae.decode(torch.empty(1, 48, frames, 2, 3, device="meta"))
+        counts.append({name: ops.names.count(name) for name in set(ops.names)})
+    extra = {name: counts[1].get(name, 0) - counts[0].get(name, 0) for name in counts[1]}
+    moved = ["cat", "pad", "constant_pad_nd", "clone", "stack", "repeat_interleave", "to", "_to_copy", "contiguous"]
+    assert {name: extra[name] for name in moved if extra.get(name)} == {}
+    assert extra["conv3d"] > 0  # the frame was decoded
 
 
 # --- errors --------------------------------------------------------------------------------------

@@ -1,18 +1,30 @@
-"""VAE decode: time and peak memory of tiled vs untiled, ours vs diffusers, measured in one run.
+"""VAE decode: time and peak memory of tiled vs untiled, ours vs diffusers, measured in one run; and, with
+`--count`, the FLOPs and bytes moved of one decode at the released shapes, ours vs diffusers, counted.
 
 Each decode runs in a fresh process on the same seeded latents; peak resident memory is counted from
 just before the decode (Linux /proc). The VAE has the Wan 2.2 structure with reduced channel counts
 (so a CPU can decode 720p); the relative numbers are what matters. Not a test.
 
-    python benchmarks/bench_vae.py [--width 1280 --height 720 --frames 5] [--base-dim 32 --decoder-dim 48]
+`--count` decodes nothing: both VAEs run on the meta device (shapes only) at the released widths in bf16 while every
+aten op is counted: FLOPs by `torch.utils.flop_counter`, bytes as what each op reads and writes as called (the
+distinct elements of its tensor arguments and results; views and allocations move nothing, a copy's or fill's
+destination is only written). That is the traffic of the ops as written, one pass each (a fused kernel moves less, a
+convolution's reuse of its input is not counted), so bytes / bandwidth is the floor for running them one by one.
+
+    python benchmarks/bench_vae.py [--width 1280 --height 720 --frames 5] [--base-dim 32 --decoder-dim 48] [--untiled]
+    python benchmarks/bench_vae.py --count [--width 832 --height 480 --frames 81]
 """
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
 
+import torch
 from measure import ROOT, run_child
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 CHILD = r"""
 import json, time, torch
@@ -51,19 +63,28 @@ def run(which: str, tiled: bool, checkpoint: Path, args, out_path: Path) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--width", type=int, default=1280)
-    parser.add_argument("--height", type=int, default=720)
-    parser.add_argument("--frames", type=int, default=5)
+    parser.add_argument("--width", type=int, default=None, help="default 1280 (--count: 832)")
+    parser.add_argument("--height", type=int, default=None, help="default 720 (--count: 480)")
+    parser.add_argument("--frames", type=int, default=None, help="default 5 (--count: 81)")
     parser.add_argument("--base-dim", type=int, default=32, help="encoder width (release: 160)")
     parser.add_argument("--decoder-dim", type=int, default=48, help="decoder width (release: 256)")
     parser.add_argument("--tile", type=int, default=24, help="tile size in latents (x16 pixels)")
     parser.add_argument("--overlap", type=int, default=8, help="tile overlap in latents")
+    parser.add_argument("--untiled", action="store_true", help="time untiled decodes only")
+    parser.add_argument("--count", action="store_true", help="count FLOPs and bytes at the released widths instead")
+    parser.add_argument("--bandwidth", type=float, default=4.8, help="--count: memory bandwidth, TB/s (H200: 4.8)")
+    parser.add_argument("--tflops", type=float, default=989, help="--count: dense bf16 TFLOP/s (H200: 989)")
     args = parser.parse_args()
-
-    import torch
+    size = (832, 480, 81) if args.count else (1280, 720, 5)
+    args.width, args.height, args.frames = (given or default for given, default in
+                                            zip((args.width, args.height, args.frames), size))
 
     sys.path.insert(0, str(ROOT))
     from cosmos3_runtime.tiny import vae_config, write_vae
+
+    if args.count:
+        count(args)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp)
@@ -72,7 +93,7 @@ def main() -> None:
               f"(decoder width {args.decoder_dim}), fp32 on CPU; tiles {args.tile * 16}px, overlap {args.overlap * 16}px")
         results, outputs = {}, {}
         for which in ("ours", "diffusers"):
-            for tiled in (False, True):
+            for tiled in (False,) if args.untiled else (False, True):
                 name = f"{which} {'tiled' if tiled else 'untiled'}"
                 path = checkpoint / f"{which}-{tiled}.pt"
                 results[name] = run(which, tiled, checkpoint, args, path)
@@ -85,12 +106,92 @@ def main() -> None:
     def ratio(a, b, key):
         return results[a][key] / results[b][key]
 
-    print(f"ours tiled / ours untiled: time {ratio('ours tiled', 'ours untiled', 'seconds'):.2f}x, "
-          f"peak memory {ratio('ours tiled', 'ours untiled', 'peak_mb'):.2f}x")
-    print(f"ours / diffusers untiled: time {ratio('ours untiled', 'diffusers untiled', 'seconds'):.2f}x, "
-          f"peak memory {ratio('ours untiled', 'diffusers untiled', 'peak_mb'):.2f}x")
-    print(f"ours / diffusers tiled: time {ratio('ours tiled', 'diffusers tiled', 'seconds'):.2f}x, "
-          f"peak memory {ratio('ours tiled', 'diffusers tiled', 'peak_mb'):.2f}x")
+    pairs = [("ours untiled", "diffusers untiled")]
+    if not args.untiled:
+        pairs = [("ours tiled", "ours untiled"), *pairs, ("ours tiled", "diffusers tiled")]
+    for a, b in pairs:
+        print(f"{a} / {b}: time {ratio(a, b, 'seconds'):.2f}x, peak memory {ratio(a, b, 'peak_mb'):.2f}x")
+
+
+ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty"}
+WRITE_ONLY = {torch.ops.aten.copy_.default, torch.ops.aten.fill_.Scalar, torch.ops.aten.zero_.default}
+
+
+def distinct_bytes(t: torch.Tensor) -> int:
+    """The bytes of t's distinct elements (a broadcast, stride-0 dimension is read once)."""
+    return math.prod(n for n, step in zip(t.shape, t.stride()) if step) * t.element_size() if t.numel() else 0
+
+
+def tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+class BytesMoved(TorchDispatchMode):
+    """Adds up, per aten op, the bytes each call reads and writes (see the module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_op: dict[str, list[int]] = {}  # op -> [calls, bytes]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        storages = {t.untyped_storage()._cdata for t in tensors((args, kwargs))}
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+        if func.overloadpacket.__name__ in ALLOCATIONS or (
+                not writes and all(t.untyped_storage()._cdata in storages for t in tensors(out))):
+            return out  # an allocation or a view: nothing moves
+        written = {id(t) for t in tensors(out)}
+        only_written = func in WRITE_ONLY or "out" in kwargs
+        read = [t for t in tensors((args, kwargs)) if not (id(t) in written and only_written)]
+        entry = self.by_op.setdefault(func.overloadpacket.__name__, [0, 0])
+        entry[0] += 1
+        entry[1] += sum(map(distinct_bytes, read)) + sum(map(distinct_bytes, tensors(out)))
+        return out
+
+
+def count(args) -> None:
+    """FLOPs and bytes moved of one bf16 decode at the released widths, ours and diffusers', on the meta device."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cosmos3_runtime.tiny import vae_config
+    from cosmos3_runtime.vae import VAEConfig, WanVAE
+
+    config = vae_config(base_dim=160, decoder_base_dim=256)
+    latents = torch.empty(1, 48, 1 + (args.frames - 1) // 4, args.height // 16, args.width // 16, device="meta")
+    with torch.device("meta"):
+        vaes = {"ours": WanVAE(VAEConfig.from_dict(config)).to(torch.bfloat16)}
+        try:
+            from diffusers import AutoencoderKLWan
+            from diffusers.utils import logging
+
+            logging.set_verbosity_error()  # its advice on casting with .to() does not apply to shapes
+            vaes["diffusers"] = AutoencoderKLWan(**{k: v for k, v in config.items() if not k.startswith("_")}).to(
+                torch.bfloat16)
+        except ImportError:
+            print("(diffusers is not installed: ours only)")
+    decode = {"ours": lambda: vaes["ours"].decode(latents),
+              "diffusers": lambda: vaes["diffusers"].decode(latents.to(torch.bfloat16)).sample}
+    print(f"one decode of {args.width}x{args.height}x{args.frames} ({latents.shape[2]} latent frames), released widths, "
+          f"bf16, counted on the meta device; floors at {args.bandwidth:g} TB/s and {args.tflops:g} TFLOP/s")
+    totals = {}
+    for name in vaes:
+        # the bytes mode, entered last, sees the ops as called (the flop counter under it decomposes some)
+        with torch.inference_mode(), FlopCounterMode(display=False) as flops, BytesMoved() as moved:
+            decode[name]()
+        convolutions = sum(b for op, (_, b) in moved.by_op.items() if op.startswith("conv"))
+        total = sum(b for _, b in moved.by_op.values())
+        totals[name] = total
+        flop = flops.get_total_flops()
+        compute_s, rest_s = flop / (args.tflops * 1e12), (total - convolutions) / (args.bandwidth * 1e12)
+        print(f"\n{name}: {flop / 1e12:.0f} TFLOP, {total / 1e9:.0f} GB moved ({convolutions / 1e9:.0f} GB by "
+              f"convolutions, {(total - convolutions) / 1e9:.0f} GB by the rest)")
+        print(f"  floors: compute {compute_s:.3f} s, bandwidth {total / (args.bandwidth * 1e12):.3f} s, op by op "
+              f"(convolutions at the compute floor, the rest at the bandwidth floor) {compute_s + rest_s:.3f} s")
+        for op, (calls, b) in sorted(moved.by_op.items(), key=lambda item: -item[1][1])[:8]:
+            print(f"  {op:32}{calls:7} calls{b / 1e9:10.1f} GB")
+    if len(totals) == 2:
+        print(f"\nours / diffusers: bytes moved {totals['ours'] / totals['diffusers']:.2f}x")
 
 
 if __name__ == "__main__":

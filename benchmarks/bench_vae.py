@@ -12,7 +12,7 @@ destination is only written). That is the traffic of the ops as written, one pas
 convolution's reuse of its input is not counted), so bytes / bandwidth is the floor for running them one by one.
 
     python benchmarks/bench_vae.py [--width 1280 --height 720 --frames 5] [--base-dim 32 --decoder-dim 48] [--untiled]
-    python benchmarks/bench_vae.py --count [--width 832 --height 480 --frames 81]
+    python benchmarks/bench_vae.py --count [--width 832 --height 480 --frames 81] [--gpu B200]
 """
 
 import argparse
@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from bench_roofline import GPUS
 from measure import ROOT, run_child
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -72,8 +73,7 @@ def main() -> None:
     parser.add_argument("--overlap", type=int, default=8, help="tile overlap in latents")
     parser.add_argument("--untiled", action="store_true", help="time untiled decodes only")
     parser.add_argument("--count", action="store_true", help="count FLOPs and bytes at the released widths instead")
-    parser.add_argument("--bandwidth", type=float, default=4.8, help="--count: memory bandwidth, TB/s (H200: 4.8)")
-    parser.add_argument("--tflops", type=float, default=989, help="--count: dense bf16 TFLOP/s (H200: 989)")
+    parser.add_argument("--gpu", choices=GPUS, default="H200", help="--count: the floors on this GPU's data sheet")
     args = parser.parse_args()
     size = (832, 480, 81) if args.count else (1280, 720, 5)
     args.width, args.height, args.frames = (given or default for given, default in
@@ -172,8 +172,10 @@ def count(args) -> None:
             print("(diffusers is not installed: ours only)")
     decode = {"ours": lambda: vaes["ours"].decode(latents),
               "diffusers": lambda: vaes["diffusers"].decode(latents.to(torch.bfloat16)).sample}
+    gpu = GPUS[args.gpu]
     print(f"one decode of {args.width}x{args.height}x{args.frames} ({latents.shape[2]} latent frames), released widths, "
-          f"bf16, counted on the meta device; floors at {args.bandwidth:g} TB/s and {args.tflops:g} TFLOP/s")
+          f"bf16, counted on the meta device; floors from the {args.gpu}'s data sheet ({gpu['bandwidth'] / 1e12:g} TB/s, "
+          f"{gpu['bf16'] / 1e12:g} dense bf16 TFLOP/s)")
     totals = {}
     for name in vaes:
         # the bytes mode, entered last, sees the ops as called (the flop counter under it decomposes some)
@@ -183,10 +185,10 @@ def count(args) -> None:
         total = sum(b for _, b in moved.by_op.values())
         totals[name] = total
         flop = flops.get_total_flops()
-        compute_s, rest_s = flop / (args.tflops * 1e12), (total - convolutions) / (args.bandwidth * 1e12)
+        compute_s, rest_s = flop / gpu["bf16"], (total - convolutions) / gpu["bandwidth"]
         print(f"\n{name}: {flop / 1e12:.0f} TFLOP, {total / 1e9:.0f} GB moved ({convolutions / 1e9:.0f} GB by "
               f"convolutions, {(total - convolutions) / 1e9:.0f} GB by the rest)")
-        print(f"  floors: compute {compute_s:.3f} s, bandwidth {total / (args.bandwidth * 1e12):.3f} s, op by op "
+        print(f"  floors: compute {compute_s:.3f} s, bandwidth {total / gpu['bandwidth']:.3f} s, op by op "
               f"(convolutions at the compute floor, the rest at the bandwidth floor) {compute_s + rest_s:.3f} s")
         for op, (calls, b) in sorted(moved.by_op.items(), key=lambda item: -item[1][1])[:8]:
             print(f"  {op:32}{calls:7} calls{b / 1e9:10.1f} GB")

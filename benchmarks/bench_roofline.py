@@ -22,8 +22,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,47 +30,45 @@ from cosmos3_runtime.devices import DeviceFacts  # noqa: E402
 from cosmos3_runtime.geometry import latent_frames, latent_size  # noqa: E402
 from cosmos3_runtime.tiny import RELEASED  # noqa: E402
 from cosmos3_runtime.transformer import Cosmos3Transformer, TransformerConfig  # noqa: E402
+from measure import BytesMoved  # noqa: E402
 
 aten = torch.ops.aten
-ALLOCATES_ONLY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default}
 # Peak dense rates and memory bandwidth from the vendor's data sheets (SXM parts).
 GPUS = {"H200": dict(bf16=989e12, fp8=1979e12, bandwidth=4.8e12), "B200": dict(bf16=2250e12, fp8=4500e12,
                                                                                 bandwidth=8.0e12)}
 
 
-class Counts(TorchDispatchMode):
-    """FLOPs and bytes per class of op, seen at the aten level."""
+class Counts(BytesMoved):
+    """Bytes per aten op (`BytesMoved`), the linears' FLOPs and weight bytes, and the attention counted at its calls."""
 
     def __init__(self):
         super().__init__()
         self.flops = defaultdict(float)
-        self.bytes = defaultdict(float)
+        self.attention_bytes = 0.0
         self.weight_bytes = 0.0  # the linears' weights: what FP8 halves besides the activations
-        self.rest_by_op = defaultdict(float)  # the rest's bytes by aten op: where eager traffic goes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim() > 0]
-        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.dim() > 0]
-        held = {t.untyped_storage()._cdata for t in inputs}
-        if func in ALLOCATES_ONLY or all(t.untyped_storage()._cdata in held for t in outputs):
-            return out  # a view, or a cast to the dtype it already has: nothing moves
-        moved = sum(t.numel() * t.element_size() for t in inputs + outputs)
         if func is aten.linear.default:
             x, weight = args[0], args[1]
             self.flops["linears"] += 2 * x.numel() // x.shape[-1] * weight.shape[0] * weight.shape[1]
-            self.bytes["linears"] += moved
             self.weight_bytes += weight.numel() * weight.element_size()
-        else:
-            self.bytes["the rest"] += moved
-            self.rest_by_op[func.__name__.split(".")[0]] += moved
-        return out
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    @property
+    def bytes(self) -> dict[str, float]:
+        linears = self.by_op.get("linear", [0, 0])[1]
+        rest = sum(moved for op, (_, moved) in self.by_op.items() if op != "linear")
+        return {"linears": linears, "attention": self.attention_bytes, "the rest": rest}
+
+    def rest_by_op(self) -> list[tuple[str, int]]:
+        """The rest's ops, most bytes first: where eager traffic goes."""
+        return sorted(((op, moved) for op, (_, moved) in self.by_op.items() if op != "linear"), key=lambda i: -i[1])
 
     def attention(self, q, k, v, out) -> None:
         """An SDPA call, q [1, A, Nq, D] and k/v [1, K, Nk, D]: read once, written once."""
         _, heads, nq, d = q.shape
         self.flops["attention"] += 4 * nq * k.shape[-2] * heads * d
-        self.bytes["attention"] += sum(t.numel() * t.element_size() for t in (q, k, v, out))
+        self.attention_bytes += sum(t.numel() * t.element_size() for t in (q, k, v, out))
 
 
 @contextmanager
@@ -141,7 +137,7 @@ def main() -> None:
     print(f"{args.variant}, {width}x{height}x{frames}: {tokens} media tokens after {args.text} text tokens, one forward")
     for name in ("linears", "attention", "the rest"):
         print(f"  {name:9s}: {counts.flops[name] / 1e12:8.1f} TFLOP  {counts.bytes[name] / 1e9:8.1f} GB")
-    biggest = sorted(counts.rest_by_op.items(), key=lambda item: -item[1])[:8]
+    biggest = counts.rest_by_op()[:8]
     print("  the rest by op: " + ", ".join(f"{op} {moved / 1e9:.0f} GB" for op, moved in biggest))
     f = floors(counts, gpu)
     print(f"floors on an {args.gpu} (peak rates: bf16 {gpu['bf16'] / 1e12:.0f} TFLOP/s, fp8 {gpu['fp8'] / 1e12:.0f}, "

@@ -16,16 +16,13 @@ convolution's reuse of its input is not counted), so bytes / bandwidth is the fl
 """
 
 import argparse
-import math
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from bench_roofline import GPUS
-from measure import ROOT, run_child
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from measure import ROOT, BytesMoved, run_child
 
 CHILD = r"""
 import json, time, torch
@@ -111,43 +108,6 @@ def main() -> None:
         pairs = [("ours tiled", "ours untiled"), *pairs, ("ours tiled", "diffusers tiled")]
     for a, b in pairs:
         print(f"{a} / {b}: time {ratio(a, b, 'seconds'):.2f}x, peak memory {ratio(a, b, 'peak_mb'):.2f}x")
-
-
-ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty"}
-WRITE_ONLY = {torch.ops.aten.copy_.default, torch.ops.aten.fill_.Scalar, torch.ops.aten.zero_.default}
-
-
-def distinct_bytes(t: torch.Tensor) -> int:
-    """The bytes of t's distinct elements (a broadcast, stride-0 dimension is read once)."""
-    return math.prod(n for n, step in zip(t.shape, t.stride()) if step) * t.element_size() if t.numel() else 0
-
-
-def tensors(tree) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
-
-
-class BytesMoved(TorchDispatchMode):
-    """Adds up, per aten op, the bytes each call reads and writes (see the module docstring)."""
-
-    def __init__(self):
-        super().__init__()
-        self.by_op: dict[str, list[int]] = {}  # op -> [calls, bytes]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        storages = {t.untyped_storage()._cdata for t in tensors((args, kwargs))}
-        writes = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
-        if func.overloadpacket.__name__ in ALLOCATIONS or (
-                not writes and all(t.untyped_storage()._cdata in storages for t in tensors(out))):
-            return out  # an allocation or a view: nothing moves
-        written = {id(t) for t in tensors(out)}
-        only_written = func in WRITE_ONLY or "out" in kwargs
-        read = [t for t in tensors((args, kwargs)) if not (id(t) in written and only_written)]
-        entry = self.by_op.setdefault(func.overloadpacket.__name__, [0, 0])
-        entry[0] += 1
-        entry[1] += sum(map(distinct_bytes, read)) + sum(map(distinct_bytes, tensors(out)))
-        return out
 
 
 def count(args) -> None:

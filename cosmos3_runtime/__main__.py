@@ -1,10 +1,12 @@
 """Command line: `python -m cosmos3_runtime {generate,reason,demo,info,quantize,make-tiny} ...`."""
 
 import argparse
+import difflib
 import logging
 import sys
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -22,7 +24,8 @@ from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, re
 from .parallel import init_from_env
 from .guardrails import load as load_guardrails
 from .pipeline import load, open_gguf, planner, prompt_list
-from .request import Request, add_arguments, options_from_args
+from .progress import Report
+from .request import Request, add_arguments, cli_flag, options_from_args
 from .tiny import KINDS, SIZES, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
 from .transfer import HINTS, check_hints, summary as transfer_summary
 from .transformer import Cosmos3Transformer, tower_of
@@ -84,15 +87,12 @@ def cmd_generate(args) -> None:
             guardrails = load_guardrails(args.guardrails_device, fail_closed=not args.guardrails_fail_open,
                                          allow_download=True)
             guardrails.check_prompts(prompt_list(args.prompt))
-        if main and planning.device.type == "cpu":
-            guess = timing.generation(planning.transformer_config, planning.vae_config, plan.settings.geometry,
-                                      plan.settings.steps, len(plan.cond_ids), not latents_only, planning.dtype,
-                                      planning.device)
-            say(f"on the CPU this takes {guess.describe()}" + ("; --frames 17 --width 256 --height 256 --steps 8 "
-                "is a quick look" if guess.seconds > 600 else ""))
+        guess = planning.duration(plan) if main else None
+        if guess is not None:
+            say(timing.note(guess, spelled))
         pipe = load(args.checkpoint, device=device, dtype=args.dtype, vae_dtype=args.vae_dtype, **low_vram_options(args))
         say(f"{pipe.checkpoint.root}: {pipe.variant.describe()}")
-        report = Report(say)
+        report = Report(say, sys.stdout.isatty())  # a terminal: lines rewritten; a file or a pipe: whole lines
         result = pipe.generate(args.prompt, request, callback=report.step, parallel=parallel, progress=report.stage,
                                guardrails=guardrails)
         s = result.settings
@@ -115,36 +115,6 @@ def cmd_generate(args) -> None:
             paths += save_actions(result.actions, Path(args.output), s.action, s.fps)
         for path in paths:
             print(f"wrote {path}")
-
-
-class Report:
-    """Progress lines: each stage (prompts, chunks, steps, VAE decode) on one line rewritten in place, with the time
-    it has taken; the steps with the time left."""
-
-    LABELS = {"text": "text tower, prompt", "chunk": "chunk", "decode": "VAE decode, latent frame"}
-
-    def __init__(self, say):
-        self.say, self.stage_name, self.last, self.steps_began = say, None, time.perf_counter(), None
-        self.live = sys.stdout.isatty()  # a terminal: rewrite lines; a file or a pipe: whole lines, fewer of them
-
-    def stage(self, name: str, done: int, total: int) -> None:
-        self._show(name, f"{self.LABELS[name]} {done}/{total}", done == total or name == "chunk")
-
-    def step(self, done: int, total: int, _latents) -> None:
-        self.steps_began = self.steps_began or self.last  # over every chunk of a transfer
-        left = (time.perf_counter() - self.steps_began) / done * (total - done)
-        text = f"step {done}/{total}" + (f", about {timing.duration(left)} left" if done < total else "")
-        self._show("step", text, done == total, quiet=done % max(1, total // 10) != 0)
-
-    def _show(self, name: str, text: str, last: bool, quiet: bool = False) -> None:
-        now = time.perf_counter()
-        if name != self.stage_name or name == "chunk":  # a new stage began when the previous line was written
-            self.stage_name, self.began = name, self.last
-        if self.live:
-            self.say(f"\r{text}  {now - self.began:.1f}s\033[K", end="\n" if last else "", flush=True)
-        elif last or not quiet:
-            self.say(f"{text}  {now - self.began:.1f}s", flush=True)
-        self.last = now
 
 
 def cmd_reason(args) -> None:
@@ -178,6 +148,12 @@ def cmd_reason(args) -> None:
         tokens = len(answer.token_ids)
         print(f"{len(answer.prompt_ids)} prompt tokens, {tokens} new ({answer.finish_reason}); prefill "
               f"{answer.prefill_seconds:.2f} s, {tokens / max(answer.decode_seconds, 1e-9):.1f} tokens/s", file=sys.stderr)
+
+
+def spelled(options: dict) -> str:
+    """Request options as the command line's flags."""
+    flags = {f.name: cli_flag(f) for f in fields(Request)}
+    return " ".join(f"{flags[name]} {value}" for name, value in options.items())
 
 
 def read_controls(specs: list[str]) -> tuple[dict, float | None]:

@@ -192,8 +192,12 @@ def _package():
                          f"upgrade it (pip install 'transformers>=5'); {PACKAGE}'s classifier does not load with older")
     try:
         import cosmos_guardrail.cosmos_guardrail as checker
-    except ImportError as exc:
-        raise InputError(f"the guardrails need the {PACKAGE} package ({exc}): {INSTALL}") from None
+    except Exception as exc:  # noqa: BLE001 - missing, or installed and failing to import
+        if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] == "cosmos_guardrail":
+            raise InputError(f"the guardrails need the {PACKAGE} package, which is not installed: {INSTALL}") from None
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        raise InputError(f"{PACKAGE} is installed but does not import ({reason}); fix what it names (its "
+                         "requirements: torchvision matching your torch, transformers>=5)") from exc
     return checker
 
 

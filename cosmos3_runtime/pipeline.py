@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,15 +11,16 @@ from typing import Any
 
 import torch
 
-from . import budget, cancel, causal, modelopt_fp8, runs, transfer
+from . import budget, cancel, causal, modelopt_fp8, runs, timing, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .codec import Codec
 from .denoiser import Denoiser
 from .errors import CheckpointError, InputError, NumericalError
 from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
-from .guardrails import Guardrails
+from .guardrails import Guardrails, load as load_guardrails
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel
+from .progress import Report
 from .prompts import PromptOptions, negative_text, positive_text
 from .quantize import check_mode, expect_stored_fp8, quantize_fp8, remember_input_ranges
 from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
@@ -170,6 +172,16 @@ class Planner:
             if offer is None:
                 raise
             raise InputError(f"{exc}; or {offer}") from None
+
+    def duration(self, plan: "Plan") -> "timing.Timing | None":
+        """About how long `plan` takes on this device (`timing.generation`), on the CPU only: a GPU's rate is not what
+        one short measurement shows (None there)."""
+        if self.device.type != "cpu":
+            return None
+        s = plan.settings
+        decode = plan.request.output == "frames" or s.chunks is not None  # a long video decodes each chunk
+        return timing.generation(self.transformer_config, self.vae_config, s.geometry, s.steps, len(plan.cond_ids),
+                                 decode, self.dtype, self.device)
 
     def history_that_fits(self, plan: "Plan") -> str | None:
         """What a causal rollout that does not fit can change to fit: its K/V history in CPU memory (on a GPU), or
@@ -327,6 +339,7 @@ class Cosmos3Pipeline:
         self.quantize: str | None = None
         self._reasoner: reasoning.Reasoner | None = None
         self._finite: FiniteCheck | None = None  # the running generation's (one at a time per pipeline)
+        self._default_guardrails: Guardrails | None = None  # NVIDIA's, once a run asked for guardrails=True
 
     @property
     def variant(self) -> Variant:
@@ -432,7 +445,8 @@ class Cosmos3Pipeline:
         parallel: Parallel | None = None,
         progress: StageCallback | None = None,
         interrupt: Callable[[], None] | None = None,
-        guardrails: Guardrails | None = None,
+        guardrails: Guardrails | bool | None = None,
+        progress_bar: bool | None = None,
         **options,
     ) -> Generation:
         """Generate an image (num_frames=1) or a video from a prompt, optionally conditioned on an image or video.
@@ -453,10 +467,13 @@ class Cosmos3Pipeline:
         `parallel` (from `parallel.init_from_env`) runs the call on every rank of a torchrun job with
         sequence and/or CFG parallelism; every rank gets the same result. It takes no `interrupt`: ranks cancel at
         step boundaries, from `callback`, once they agree (as `workers` does).
-        `guardrails` (`guardrails.load()`): every prompt checked before anything runs, the frames through its video
-        checks (none of NVIDIA's: its video classifier is disabled upstream) and their faces pixelated before they are
-        returned (`GuardrailBlocked` names what blocked a run; latents are returned
-        unchecked); a guardrail kept on this device is counted in the memory check.
+        `guardrails` (`guardrails.load()`, or True: NVIDIA's, loaded once per pipeline): every prompt checked before
+        anything runs, the frames through its video checks (none of NVIDIA's: its video classifier is disabled
+        upstream) and their faces pixelated before they are returned (`GuardrailBlocked` names what blocked a run;
+        latents are returned unchecked); a guardrail kept on this device is counted in the memory check.
+        `progress_bar`: on stderr, the run's stages and steps (`progress.Report`), after the note of how long a CPU run
+        takes; None (auto): on where stderr is a terminal and the caller passes neither `callback` nor `progress` (a
+        host, such as ComfyUI's nodes, reports progress its own way), on the main rank of a parallel run.
         """
         if not self.transformer.has_media:
             raise InputError("this pipeline was loaded with parts='reasoner' (no generator weights); load it with "
@@ -470,9 +487,19 @@ class Cosmos3Pipeline:
             plan = prompt
         else:
             plan = self.plan(prompt, request, **options)
+        guardrails = self._guardrails(guardrails)
         plan = self._guarded(plan, guardrails)
         log_notes(plan.settings)
         self.planner.check(plan)
+        if progress_bar is None:
+            progress_bar = callback is None and progress is None and sys.stderr.isatty() and (
+                parallel is None or parallel.is_main)
+        if progress_bar:
+            report = Report.on_stderr()
+            guess = self.planner.duration(plan)
+            if guess is not None:
+                report.write(timing.note(guess, lambda options: ", ".join(f"{k}={v}" for k, v in options.items())))
+            callback, progress = report.around(callback, progress)
         self._finite = FiniteCheck()
         self.codec.observe = self.denoiser.observe = self._finite.note
         try:
@@ -504,9 +531,22 @@ class Cosmos3Pipeline:
         Refused at open, before anything runs, when a full history window would not fit (the plan's run fills it).
         `guardrails`: the prompt checked at open, every tick's faces pixelated (a tick it blocks fails)."""
         check_session_checkpoint(self.variant)
+        guardrails = self._guardrails(guardrails)
         plan = self._guarded(self.plan(prompt, request, **options), guardrails)
         self.planner.check(plan)
         return Session(self, plan, guardrails)
+
+    def _guardrails(self, guardrails: Guardrails | bool | None) -> Guardrails | None:
+        """The guardrail a run asked for: its own, or for True NVIDIA's (`guardrails.load`, on the CPU, its files
+        fetched once if missing, as the CLI's --guardrails does), loaded on first use and kept for the next runs."""
+        if guardrails is True:
+            if self._default_guardrails is None:
+                self._default_guardrails = load_guardrails(allow_download=True)
+            return self._default_guardrails
+        if guardrails is not None and guardrails is not False and not isinstance(guardrails, Guardrails):
+            raise InputError(f"guardrails must be True (NVIDIA's, from the cosmos-guardrail package), a Guardrails "
+                             f"(cosmos3_runtime.load_guardrails(device=..., ...)) or None, got {guardrails!r:.80}")
+        return guardrails or None
 
     def _guarded(self, plan: Plan, guardrails: Guardrails | None) -> Plan:
         """The plan once every prompt of it passed `guardrails` (None: as it is), a guardrail kept on this device

@@ -4,7 +4,7 @@ The FLOPs of one transformer forward and of the VAE decode are counted on the me
 configs (`torch.utils.flop_counter`: shapes only, no weight read, well under a second at released sizes), then
 divided by the rate this device reaches on a matmul and on a 3-D convolution, measured in a fraction of a second.
 Real runs add what the count leaves out (elementwise work, memory traffic, Python), so the figure is a floor: the
-command line prints it before a CPU run, where a default request can take hours.
+command line and the Python API's progress bar say it before a CPU run, where a default request can take hours.
 """
 
 import time
@@ -32,6 +32,16 @@ class Timing:
         decode = f", VAE decode {self.decode_flops / 1e12:.3g} TFLOP" if self.decode_flops else ""
         return (f"about {duration(self.seconds)} at this device's measured matmul and convolution speed "
                 f"({self.forwards} transformer forwards of {self.forward_flops / 1e12:.3g} TFLOP{decode})")
+
+
+QUICK_LOOK = {"num_frames": 17, "width": 256, "height": 256, "steps": 8}  # a request a CPU makes in about a minute
+
+
+def note(t: Timing, spell) -> str:
+    """What a run says before it starts on the CPU: how long it takes, and past 10 minutes a quicker request to try
+    first, `spell(QUICK_LOOK)` writing its options in the words of the interface that was used."""
+    return f"on the CPU this takes {t.describe()}" + (f"; {spell(QUICK_LOOK)} is a quick look" if t.seconds > 600
+                                                        else "")
 
 
 def duration(seconds: float) -> str:

@@ -155,7 +155,8 @@ print("nodes:", len(nodes.NODE_CLASS_MAPPINGS))
                          env={**os.environ, "COSMOS3_GUARDRAILS": ""})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("runtime: the guardrails need the cosmos-guardrail package") and "pip install" in lines[0]
+    assert lines[0].startswith("runtime: the guardrails need the cosmos-guardrail package, which is not installed")
+    assert "pip install" in lines[0]
     assert lines[1].startswith("node: the guardrails need the cosmos-guardrail package")
     assert int(lines[2].split()[1]) > 30
 
@@ -213,6 +214,54 @@ def test_the_package_files_come_from_the_cache_only_unless_downloads_are_allowed
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
     with pytest.raises(cosmos3_runtime.InputError, match="nvidia/Cosmos-1.0-Guardrail are not in the Hugging Face "
                                                          "cache: turn on allow_download once"):
+        cosmos3_runtime.load_guardrails()
+
+
+def test_the_cli_writes_a_guarded_video_with_the_package(package, tiny_edge, tmp_path, capsys):
+    """--guardrails through the CLI on a prompt it lets through (it crashed after the whole run, writing nothing)."""
+    from cosmos3_runtime import __main__ as cli
+
+    out = tmp_path / "cat.mp4"
+    assert cli.main(["generate", "--checkpoint", str(tiny_edge), "--prompt", "a cat sleeps", "--frames", "5",
+                     "--width", "128", "--height", "96", "--steps", "1", "--guardrails", "--output", str(out)]) == 0
+    assert out.stat().st_size > 0 and "guardrail, frames checked 5/5" in capsys.readouterr().out
+    blocked = f"a {package[2].WORDS['custom'][0]} in the garden"
+    assert cli.main(["generate", "--checkpoint", str(tiny_edge), "--prompt", blocked, "--guardrails", "--output",
+                     str(tmp_path / "blocked.mp4")]) == 2
+    assert "blocked by the guardrail's keyword blocklist" in capsys.readouterr().err
+
+
+def test_guardrails_true_loads_nvidias_once_per_pipeline(package, tiny_edge, monkeypatch):
+    checker, _, stand_ins = package
+    built = []
+
+    class Blocklist(checker.Blocklist):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(checker, "Blocklist", Blocklist)
+    pipe = cosmos3_runtime.load(tiny_edge, dtype=torch.float32)
+    with pytest.raises(GuardrailBlocked, match="keyword blocklist"):  # (was AttributeError: 'bool' object ...)
+        pipe.generate(f"a {stand_ins.WORDS['custom'][0]}", guardrails=True, **SIZE)
+    guarded = pipe.generate("a cat", guardrails=True, **{**SIZE, "width": 128, "height": 96})
+    assert (guarded.frames != pipe.generate("a cat", **{**SIZE, "width": 128, "height": 96}).frames).any()  # a face
+    assert built == [1]
+    with pytest.raises(cosmos3_runtime.InputError, match="guardrails must be True .*, a Guardrails .* got 'on'"):
+        pipe.generate("a cat", guardrails="on", **SIZE)
+
+
+def test_an_installed_package_that_fails_to_import_is_named_as_such(tmp_path, monkeypatch):
+    package = tmp_path / "cosmos_guardrail"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "cosmos_guardrail.py").write_text("import torchvision_that_does_not_load\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("cosmos_guardrail")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(cosmos3_runtime.InputError, match=r"cosmos-guardrail is installed but does not import "
+                                                         r"\(ModuleNotFoundError: No module named "
+                                                         r"'torchvision_that_does_not_load'\)"):
         cosmos3_runtime.load_guardrails()
 
 

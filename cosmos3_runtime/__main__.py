@@ -77,7 +77,8 @@ def cmd_generate(args) -> None:
         if args.checkpoint is None:
             say("No --checkpoint given: using a tiny RANDOM checkpoint (real layout, meaningless weights); "
                 "the output is noise.")
-            args.checkpoint = make_tiny_checkpoint(tmp, kind=args.kind or ("gated" if args.control_videos else "edge"))
+            kind = args.kind or ("gated" if args.control_videos or request.sound_use else "edge")
+            args.checkpoint = make_tiny_checkpoint(tmp, kind=kind, sound=kind == "gated" and bool(request.sound_use))
         planning = planner(args.checkpoint, device, args.dtype, load_vae_weights=not latents_only,
                            quantize=args.quantize, transformer_file=args.transformer_file)
         plan = planning.plan(args.prompt, request)
@@ -271,15 +272,22 @@ def cmd_demo(args) -> None:
               f"{(time.perf_counter() - start) * 1000:.1f} ms, velocity {tuple(velocity.shape)}")
 
 
+class Parser(argparse.ArgumentParser):
+    """A mistake in the flags as one line that says where the usage is (not the whole usage above it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m cosmos3_runtime", description=__doc__)
+    parser = Parser(prog="python -m cosmos3_runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="generate an image or a video")
     p.add_argument("--checkpoint", help="checkpoint folder or Hugging Face repo id namespace/name (default: a tiny "
                    "random checkpoint)")
     p.add_argument("--kind", choices=KINDS, help="kind of the tiny checkpoint [default: edge; gated for a transfer, "
-                   "which Edge does not run]")
+                   "which Edge does not run, and gated with a sound head for --sound or --audio]")
     p.add_argument("--prompt", required=True, help="prose or a JSON caption")
     p.add_argument("--output", required=True, help="out.png for an image (--frames 1), out.mp4 for a video, "
                    "out.safetensors for the latents")
@@ -302,8 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--view-point", choices=sorted(VIEW_POINTS), help="camera of the observation (auto: the preset's)")
     a.add_argument("--preset", choices=list(PRESETS), help="sampling values (auto: droid-server for Policy-DROID "
                    "checkpoints, else framework)")
-    a.add_argument("--actions", help="forward_dynamics: the actions to roll out, .json ([[...], ...]) or .npy [T, width]")
-    a.add_argument("--state", help="droid-server: the robot state, 8 comma-separated values or a .json / .npy file")
+    a.add_argument("--actions", help="forward_dynamics: the actions to roll out, a table [T, width]: .csv (a row per "
+                   "action), .json ([[...], ...]) or .npy, as the Load Actions node reads them")
+    a.add_argument("--state", help="droid-server: the robot state, 8 comma-separated values or a .csv / .json / .npy "
+                   "file")
     a.add_argument("--action-stats", help="a JSON file of action statistics (q01/q99, mean/std or min/max): "
                    "outputs in the dataset's units")
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (under torchrun) [default: 1]")
@@ -401,8 +411,10 @@ def main(argv=None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     command = parser.commands[args.command]
-    if unknown:  # the subcommand's usage, not the top level's
-        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # in the subcommand's words, not the top level's
+        near = difflib.get_close_matches(unknown[0], [o for a in command._actions for o in a.option_strings], n=1,
+                                     cutoff=0.8)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {near[0]}?)" if near else ""))
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)  # settings notes, load warnings
     try:
         args.run(args)

@@ -227,22 +227,33 @@ def save_wav(sound: torch.Tensor, path: str | Path, sample_rate: int) -> Path:
     return path
 
 
+TABLE_TYPES = (".json", ".npy", ".csv")  # files of numbers: actions, a robot state
+
+
 def read_array(value: str, what: str) -> torch.Tensor:
-    """Numbers from a .json file (nested lists, or {"actions": ...}), a .npy file, or comma-separated text."""
+    """Numbers (float32) from a file (`TABLE_TYPES`: .json nested lists or {what: ...}, .npy, .csv rows of
+    comma-separated values), or from comma-separated text."""
     path = Path(value)
+    suffix = path.suffix.lower()
     try:
-        if path.suffix.lower() == ".npy":
+        if suffix == ".npy":
             return torch.from_numpy(np.load(path, allow_pickle=False).astype(np.float32))
-        if path.suffix.lower() == ".json":
+        if suffix == ".csv":
+            return torch.from_numpy(np.loadtxt(path, delimiter=",", ndmin=2, dtype=np.float32))
+        if suffix == ".json":
             import json
 
             data = json.loads(path.read_text(encoding="utf-8"))
             return torch.tensor(data[what] if isinstance(data, dict) else data, dtype=torch.float32)
-        return torch.tensor([float(v) for v in value.split(",")], dtype=torch.float32)
     except FileNotFoundError:
         raise InputError(f"{what} file {path} does not exist") from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OSError) as exc:
         raise InputError(f"cannot read {what} from {value!r}: {exc}") from None
+    try:
+        return torch.tensor([float(v) for v in value.split(",")], dtype=torch.float32)
+    except ValueError:
+        raise InputError(f"{what} {value!r} is neither a table file ({', '.join(TABLE_TYPES)}) nor comma-separated "
+                         "numbers") from None
 
 
 def save_actions(actions: torch.Tensor, video_path: Path, request, fps: float) -> list[Path]:

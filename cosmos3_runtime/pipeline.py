@@ -160,9 +160,16 @@ class Planner:
         s, cond_ids, uncond_ids = self.prepare(prompt, r)
         return Plan(prompt, r, s, cond_ids, uncond_ids, self.memory_estimate(s, r, len(cond_ids), len(uncond_ids)))
 
-    def check(self, plan: "Plan", output_only: bool = False) -> None:
-        """The memory check (unless the request turns it off): what `generate` refuses up front; `output_only`: the
-        host memory its output takes alone, where a GPU's room is made later (`budget.check`)."""
+    def check(self, plan: "Plan", output_only: bool = False, session: bool = False) -> None:
+        """What `generate` refuses up front: a Sim-Bimanual run without its actions (unless the plan opens a
+        `session`, which takes them tick by tick), then the memory check (unless the request turns it off);
+        `output_only`: the host memory its output takes alone, where a GPU's room is made later (`budget.check`)."""
+        e = None if plan.settings.rollout is None else plan.settings.rollout.embodiment
+        if e is not None and not session and plan.request.action.actions is None:
+            raise InputError(f"this Sim-Bimanual run needs the actions to roll out, a table [N, {e.width}] for "
+                             f"{e.name} (N a multiple of 4): the action request's actions (CLI --actions FILE, a .csv, "
+                             ".json or .npy table); to give them a chunk at a time, open a session (pipe.session in "
+                             "Python, or the HTTP session route)")
         if not plan.request.check_memory:
             return
         try:
@@ -224,7 +231,7 @@ class Planner:
         prompts = prompt_list(prompt)
         s = resolve_settings(self.variant, r)
         if r.audio is not None:
-            check_encoder(self.checkpoint.path("sound_tokenizer"))
+            check_encoder(self.checkpoint.path("sound_tokenizer"), r.audio)
         if not prompts[0].strip():
             s = replace(s, notes=s.notes + ["the prompt is empty: the video is unconditioned (only the checkpoint's "
                                             "templates guide it), so what it shows is arbitrary; write a prompt"])
@@ -533,7 +540,7 @@ class Cosmos3Pipeline:
         check_session_checkpoint(self.variant)
         guardrails = self._guardrails(guardrails)
         plan = self._guarded(self.plan(prompt, request, **options), guardrails)
-        self.planner.check(plan)
+        self.planner.check(plan, session=True)
         return Session(self, plan, guardrails)
 
     def _guardrails(self, guardrails: Guardrails | bool | None) -> Guardrails | None:

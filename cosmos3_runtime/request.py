@@ -100,7 +100,9 @@ class Request:
                                 type=int)
     num_frames: int | None = option(None, "1 for an image; video frame counts are 1 + 4k, others round down "
                                     "(auto: 81)", flag="--frames", type=int)
-    fps: float | None = option(None, "frames per second, stated in the prompt and the video file (auto: 24)", type=float)
+    fps: float | None = option(None, "frames per second, stated in the prompt and the video file (auto: 24; 30 for "
+                               "causal checkpoints and transfers, wsm 10, the CLI keeping the control clip's; an "
+                               "action run its preset's)", type=float)
     steps: int | None = option(None, "sampling steps (auto: 35; distilled checkpoints always take their own 4)",
                                type=int)
     guidance_scale: float | None = option(None, "classifier-free guidance (auto: 4, Edge 5 for video and 7 for "
@@ -255,6 +257,9 @@ class Request:
                 raise InputError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if sum(x is not None for x in (self.image, self.video, self.condition_latents)) > 1:
             raise InputError("give one of an image (image-to-video), a video or condition latents (video-to-video)")
+        if self.audio is not None and self.sound:
+            raise InputError("audio (a soundtrack the video follows, which is then its sound) does not combine with "
+                             "sound (a soundtrack generated with the video): give one of them")
         if self.action is not None and (self.image is not None or self.video is not None):
             raise InputError("an action run takes its observation from the ActionRequest (its image or video)")
         if self.keyframes is not None:

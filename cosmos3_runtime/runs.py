@@ -248,10 +248,7 @@ class Rollout(Run):
             self.actions = torch.zeros(0, self.model.config.action_dim, device=parts.device)  # read every forward
             first = preprocess_image(r.action.image, s.height, s.width).unsqueeze(2)  # cover-resized, centre-cropped
             self.first_latents = parts.codec.encode_pixels(first.to(self.model.dtype))
-            if not open:
-                if r.action.actions is None:
-                    raise InputError("forward_dynamics needs the actions to roll out; to give them a chunk at a time, "
-                                     "open a session (pipe.session)")
+            if not open:  # (a batch without actions is refused with its plan: `Planner.check`)
                 self.extend(torch.as_tensor(r.action.actions, dtype=torch.float32)[: s.num_frames - 1])
         self.cache = None
         self.tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))

@@ -44,34 +44,44 @@ class Session:
         self.plan, self.pipe, self.run, self.guardrails = plan, pipe, None, guardrails
         self.rows = c.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
         self.width = plan.settings.rollout.embodiment.width
-        self.reset()
+        self.closed = False
+        self._start()
 
     @property
     def settings(self):
         return self.plan.settings
 
     def reset(self) -> None:
-        """Back to chunk 0: the history, the decoder's state and the actions are dropped; the first image stays."""
+        """Back to chunk 0: the history, the decoder's state and the actions are dropped; the first image stays. A
+        closed session stays closed."""
+        self._refuse_closed()
+        self._start()
+
+    def _start(self) -> None:
         self.run = self.decoder = None  # the old history's memory goes first
         self.run = runs.Rollout(self.pipe.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None,
                                 open=True)
         self.decoder = self.pipe.vae.decode_stream()
         self.chunk_index, self.lost = 0, False
 
-    def tick(self, actions, callback=None, progress=None, interrupt=None) -> torch.Tensor:
+    def tick(self, actions, callback=None, progress=None, interrupt=None, image=None) -> torch.Tensor:
         """The next chunk's actions [16, width] (raw, the embodiment's units) -> its frames [F, H, W, 3] float32 in
         0..1 on the CPU: 17 for tick 0 (the first image's frame and 16), 16 after. Bad actions are refused before
         anything runs, the session unchanged; a tick that fails or is cancelled loses the history (half-committed):
-        the session starts again at chunk 0 with its next tick."""
-        if self.run is None and not self.lost:
-            raise InputError("this session is closed; open a new one")
+        the session starts again at chunk 0 with its next tick. `image` is refused: the first image opens a session
+        (as over HTTP, where only the opening tick carries one)."""
+        self._refuse_closed()
+        if image is not None:
+            raise InputError("a tick takes actions only: the first image belongs to the session, given when it opens "
+                             "(pipe.session(prompt, action=ActionRequest(image=...))); open a new session to start "
+                             "from another image")
         table = torch.as_tensor(actions, dtype=torch.float32).cpu()
         if table.shape != (self.rows, self.width):
             raise InputError(f"a tick takes {self.rows} actions of {self.width} values (one per frame), got "
                              f"{list(table.shape)}")
         self.plan.settings.rollout.embodiment.check(table)  # NaN and infinities refused before anything runs
         if self.lost:
-            self.reset()
+            self._start()
         pipe, s = self.pipe, self.plan.settings
         try:
             with torch.inference_mode(), modelopt_fp8.for_text(s.fp8_policy), cancel.checking(interrupt):
@@ -89,9 +99,13 @@ class Session:
         return frames
 
     def close(self) -> None:
-        """Free the history and the decoder's state; a closed session refuses ticks."""
+        """Free the history and the decoder's state; a closed session refuses ticks and resets."""
         self.run = self.decoder = None
-        self.lost = False
+        self.closed = True
+
+    def _refuse_closed(self) -> None:
+        if self.closed:
+            raise InputError("this session is closed; open a new one")
 
     def __enter__(self) -> "Session":
         return self

@@ -98,6 +98,10 @@ def resolve(variant: Variant, request: Request) -> Settings:
     r = request  # already checked for everything that does not depend on the variant
     if variant.causal is not None:
         return _report(_causal_settings(variant, r, notes), applied)
+    given = [f"{name} {value!r}" for name, value, unset in _causal_options(r) if value != unset]
+    if given:
+        notes.append(f"{', '.join(given)} ignored: this checkpoint is not causal (those options are for causal "
+                     "checkpoints such as Cosmos3-Nano-Sim-Transfer and Sim-Bimanual)")
     if r.control_videos is not None:
         return _report(_transfer_settings(variant, r, notes), applied)
     if r.action is not None:
@@ -178,6 +182,13 @@ def resolve(variant: Variant, request: Request) -> Settings:
         fp8_policy=_fp8_policy(variant, r, notes),
     )
     return _report(settings, applied)
+
+
+def _causal_options(r: Request) -> tuple[tuple[str, object, object], ...]:
+    """(name, value, value when unset) of the options only causal checkpoints read."""
+    return (("causal_cache", r.causal_cache, "kv"), ("causal_window", r.causal_window, None),
+            ("causal_history", r.causal_history, "device"), ("causal_seeds", r.causal_seeds, "auto"),
+            ("emphasize_control", r.emphasize_control, None))
 
 
 def _fp8_policy(variant: Variant, r: Request, notes: list[str]) -> StepPolicy | None:
@@ -365,6 +376,11 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
                          f"{', '.join(r.control_videos)}")
     steps = len(c.t_list)
     _causal_refusals(variant, r, (steps,))
+    history = r.causal_history
+    if r.causal_cache == "recompute" and history != "device":
+        notes.append(f"causal_history {history!r} ignored: causal_cache 'recompute' keeps no K/V history (each forward "
+                     "runs over the whole clip so far)")
+        history = "device"
     if r.negative_prompt:
         notes.append("causal checkpoint: negative prompt ignored (guidance 1)")
     (hint, clip), = r.control_videos.items()
@@ -394,7 +410,7 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
                      f"({pixel_frames(TRAINED_HORIZON)} frames); quality may degrade past it")
     emphasize = c.emphasize_control if r.emphasize_control is None else bool(r.emphasize_control)
     rollout = Rollout(c, hint, tuple(chunk_ranges(latents, c.chunk_size)), window, c.sink_frames, r.causal_cache,
-                      "framework" if r.causal_seeds == "auto" else r.causal_seeds, r.causal_history, emphasize)
+                      "framework" if r.causal_seeds == "auto" else r.causal_seeds, history, emphasize)
     return Settings(
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=steps,
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",

@@ -85,6 +85,9 @@ class SoundConfig:
         return config
 
 
+AUDIO_RATES = (8000, 768000)  # Hz: what audio files are sampled at, telephone speech to studio masters
+
+
 def samples_for(num_frames: int, fps: float, sample_rate: int) -> int:
     """Waveform samples covering a clip, as the reference derives the sound length from it."""
     return int(num_frames / fps * sample_rate)
@@ -135,6 +138,10 @@ def as_audio(value) -> Audio | None:
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate <= 0 \
             or rate != int(rate):
         raise InputError(f"the audio's sample rate must be a positive whole number of Hz, got {rate!r}")
+    if not AUDIO_RATES[0] <= rate <= AUDIO_RATES[1]:  # a rate written wrongly: 3 samples at 1 Hz would be 3 s
+        raise InputError(f"the audio's sample rate {int(rate)} Hz is outside what audio is sampled at "
+                         f"({AUDIO_RATES[0]} to {AUDIO_RATES[1]} Hz): check the file, or the rate given with the "
+                         "waveform")
     return Audio(waveform.detach().float().cpu(), int(rate))
 
 
@@ -182,24 +189,31 @@ def fit_soundtrack(audio: Audio, config: SoundConfig, samples: int) -> torch.Ten
     """A soundtrack as the sound encoder takes it, as NVIDIA's framework loads one: resampled to the tokenizer's rate,
     mono repeated to stereo or stereo averaged to mono, trimmed or padded with silence at the end to `samples` ->
     [channels, samples] float32."""
+    check_channels(audio, config)
     channels, wanted = audio.waveform.shape[0], config.encoder_channels
     waveform = audio.waveform
     if channels != wanted:
-        if channels == 1:
-            waveform = waveform.repeat(wanted, 1)
-        elif wanted == 1 and channels == 2:
-            waveform = waveform.mean(0, keepdim=True)
-        else:
-            raise InputError(f"the audio has {channels} channels and the sound tokenizer takes {wanted}: give a mono "
-                             "or stereo soundtrack (e.g. ffmpeg -i in.wav -ac 2 out.wav)")
+        waveform = waveform.repeat(wanted, 1) if channels == 1 else waveform.mean(0, keepdim=True)
     return resample(waveform, audio.sample_rate, config.sampling_rate, samples).float()
 
 
-def check_encoder(folder: Path) -> None:
-    """Refuse audio conditioning, before any weight is read, when the sound tokenizer's weight files (headers only)
-    have no `encoder.*` tensors: it can decode sound but not encode a soundtrack."""
+def check_channels(audio: Audio, config: SoundConfig) -> None:
+    """Refuse a soundtrack the encoder cannot take: mono fits any tokenizer, stereo a stereo or mono one."""
+    channels, wanted = audio.waveform.shape[0], config.encoder_channels
+    if channels != wanted and channels != 1 and not (wanted == 1 and channels == 2):
+        raise InputError(f"the audio has {channels} channels and the sound tokenizer takes {wanted}: give a mono "
+                         "or stereo soundtrack (e.g. ffmpeg -i in.wav -ac 2 out.wav)")
+
+
+def check_encoder(folder: Path, audio: Audio) -> None:
+    """Refuse audio conditioning before any weight is read: a soundtrack of more channels than the sound tokenizer's
+    config takes, or weight files (headers only) without `encoder.*` tensors (a tokenizer that can decode sound but
+    not encode a soundtrack)."""
     if not folder.is_dir():
         return  # not fetched yet (a repo id planned from its configs): loading reads the headers, encoding refuses
+    from .checkpoint import read_json
+
+    check_channels(audio, SoundConfig.from_dict(read_json(folder / "config.json"), str(folder / "config.json")))
     headers, missing = read_headers(folder)
     if missing:
         return

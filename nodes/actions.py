@@ -12,10 +12,10 @@ import torch
 
 from ..cosmos3_runtime import InputError
 from ..cosmos3_runtime.action import JOINT_WIDTH, MODES, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
+from ..cosmos3_runtime.media import TABLE_TYPES, read_array
 from . import services
 
 AUTO = "auto"
-ACTION_FILES = (".json", ".npy", ".csv")
 
 
 class Cosmos3Action:
@@ -111,23 +111,12 @@ class Cosmos3LoadActions:
     @classmethod
     def INPUT_TYPES(cls):
         folder = services.files.input_directory()
-        files = sorted(f for f in os.listdir(folder) if f.lower().endswith(ACTION_FILES)) if os.path.isdir(folder) else []
+        files = sorted(f for f in os.listdir(folder) if f.lower().endswith(TABLE_TYPES)) if os.path.isdir(folder) else []
         return {"required": {"file": (files or ["(no action files in input/)"],),
                              "domain": (sorted(WIDTHS), {"default": "droid_lerobot"})}}
 
     def load(self, file, domain):
-        path = input_file(file)
-        try:
-            if path.lower().endswith(".npy"):
-                actions = np.load(path, allow_pickle=False)
-            elif path.lower().endswith(".csv"):
-                actions = np.loadtxt(path, delimiter=",", ndmin=2)
-            else:
-                data = json.loads(open(path, encoding="utf-8").read())
-                actions = np.asarray(data["actions"] if isinstance(data, dict) else data)
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"cannot read actions from {file}: {exc}") from None
-        actions = torch.as_tensor(np.asarray(actions, dtype=np.float32))
+        actions = read_array(input_file(file), "actions")  # the CLI's --actions reads the same tables
         if actions.ndim != 2:
             raise InputError(f"{file}: actions must be a table [T, width], got shape {list(actions.shape)}")
         return ({"actions": actions, "domain": domain, "mode": "loaded", "preset": None, "fps": None,

@@ -202,10 +202,11 @@ class ModelHandle:
             self.holder.loaded = pipeline_for(self.spec)
         return self.holder.loaded
 
-    def plan(self, prompt, request):
+    def plan(self, prompt, request, session: bool = False):
         """The generation planned once (its notes and its memory estimate read before it runs), from the config files
-        unless the weights are loaded here; a request whose output cannot fit in host memory is refused now, before
-        any weight is read (the device's own check comes once ComfyUI has made room there)."""
+        unless the weights are loaded here; a request whose output cannot fit in host memory (or a Sim-Bimanual run
+        without its actions, unless it opens a `session`) is refused now, before any weight is read (the device's own
+        check comes once ComfyUI has made room there)."""
         pipe = self.holder.loaded or _loaded.get(self.spec)
         if pipe is not None and pipe.local:
             planning = pipe.planner
@@ -214,7 +215,7 @@ class ModelHandle:
             planning = self.holder.planner = self.holder.planner or planner(
                 self.spec.source, compute, load_dtype(self.spec, compute), local_files_only=self.spec.local_files_only)
         plan = planning.plan(prompt, request)
-        planning.check(plan, output_only=True)
+        planning.check(plan, output_only=True, session=session)
         return plan
 
     def memory_needed(self, plan) -> int:

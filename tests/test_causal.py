@@ -208,6 +208,13 @@ def test_checkpoints_the_pack_cannot_roll_out_are_refused_by_name(tmp_path, edit
         cosmos3_runtime.pipeline.planner(root)
 
 
+def test_a_history_setting_beside_the_recompute_is_noted_as_ignored(chunkwise):
+    s = chunkwise.plan("a cat", control_videos={"edge": clip(17)}, width=W, height=H, causal_cache="recompute",
+                       causal_history="fp8").settings
+    assert "causal_history 'fp8' ignored: causal_cache 'recompute' keeps no K/V history" in " ".join(s.notes)
+    assert s.rollout.history == "device"
+
+
 def test_the_plan_counts_the_history_it_keeps(chunkwise, framewise):
     big = chunkwise.plan("a cat", control_videos={"edge": clip(49)}, width=W, height=H)
     assert big.settings.rollout.history_frames() == 2 * 13 and big.estimate.parts["media K/V cache"] > 0

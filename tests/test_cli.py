@@ -300,12 +300,70 @@ def test_errors_name_the_flags_of_the_command_line(tiny_gated, tmp_path, capsys,
     assert code == 2 and words in err, err
 
 
-def test_an_unknown_flag_shows_the_subcommands_usage(capsys):
+@pytest.mark.parametrize("argv, words", [
+    (["reason", "--prompt", "what?", "--video-fps", "4"], "unrecognized arguments: --video-fps 4; see python -m "
+                                                          "cosmos3_runtime reason --help"),
+    (["generate", "--prompt", "a cat", "--output", "x.mp4", "--framez", "5"], "(did you mean --frames?); see"),
+    (["generate", "--prompt", "a cat", "--output", "x.mp4", "--schedule", "karras"],
+     "argument --schedule: invalid choice: 'karras' (choose from 'auto', 'unipc', 'checkpoint', 'distilled'); see "
+     "python -m cosmos3_runtime generate --help"),
+    (["generate", "--prompt", "a cat"], "the following arguments are required: --output; see"),
+])
+def test_a_mistake_in_the_flags_is_one_line_that_says_where_help_is(capsys, argv, words):
     with pytest.raises(SystemExit) as exit_:
-        main(["reason", "--prompt", "what?", "--video-fps", "4"])
+        main(argv)
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "usage: python -m cosmos3_runtime reason" in err and "--sample-fps" in err
-    assert "unrecognized arguments: --video-fps 4" in err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+
+
+def test_audio_on_the_default_tiny_checkpoint_and_refusals_of_audio_and_sound(tmp_path, capsys):
+    from cosmos3_runtime.media import save_wav
+
+    save_wav(torch.rand(1, 4000) - 0.5, tmp_path / "in.wav", 8000)
+    flags = ["--prompt", "a drummer", "--frames", "9", "--width", "64", "--height", "48", "--steps", "1", "--output",
+             str(tmp_path / "out.mp4")]
+    assert main(["generate", "--audio", str(tmp_path / "in.wav"), *flags]) == 0  # a gated tiny with a sound head
+    assert main(["generate", "--audio", str(tmp_path / "in.wav"), "--sound", *flags]) == 2
+    assert "audio (a soundtrack the video follows, which is then its sound) does not combine with sound" in \
+        capsys.readouterr().err
+    save_wav(torch.rand(1, 3) - 0.5, tmp_path / "1hz.wav", 1)  # 3 samples, taken as 3 s before
+    assert main(["generate", "--audio", str(tmp_path / "1hz.wav"), *flags]) == 2
+    assert "sample rate 1 Hz is outside what audio is sampled at (8000 to 768000 Hz)" in capsys.readouterr().err
+
+
+def test_the_fps_help_gives_each_default():
+    from cosmos3_runtime.request import help_of
+
+    assert "auto: 24; 30 for causal checkpoints and transfers" in help_of("fps")
+
+
+def test_sim_bimanual_without_actions_is_refused_before_any_weight_is_read(tiny_factory, tmp_path, capsys,
+                                                                          monkeypatch):
+    from cosmos3_runtime.tiny import sim_bimanual_block
+
+    from PIL import Image
+
+    root = tiny_factory(kind="gated", distilled=True, action=True, causal=sim_bimanual_block())
+    Image.new("RGB", (64, 48)).save(tmp_path / "first.png")
+    _no_weight_is_read(monkeypatch)
+    assert main(["generate", "--checkpoint", str(root), "--prompt", "a robot", "--action-mode", "forward_dynamics",
+                 "--image", str(tmp_path / "first.png"), "--domain", "agibotworld", "--output",
+                 str(tmp_path / "robot.mp4")]) == 2
+    err = capsys.readouterr().err
+    assert "needs the actions to roll out, a table [N, 29] for agibotworld" in err and "CLI --actions FILE" in err
+
+
+def test_actions_come_from_the_tables_the_load_actions_node_reads(tmp_path):
+    from cosmos3_runtime.media import read_array
+
+    example = read_array(str(ROOT / "workflows" / "agibot_actions.csv"), "actions")
+    assert example.shape == (32, 29) and example.dtype == torch.float32
+    np.save(tmp_path / "a.npy", example.numpy())
+    (tmp_path / "a.json").write_text(f'{{"actions": {example.tolist()}}}')
+    for name in ("a.npy", "a.json"):
+        torch.testing.assert_close(read_array(str(tmp_path / name), "actions"), example)
+    with pytest.raises(cosmos3_runtime.InputError, match="is neither a table file .* nor comma-separated numbers"):
+        read_array("moves.txt", "actions")
 
 
 def test_a_cpu_run_says_how_long_it_takes_and_shows_every_stage(tiny_edge, tmp_path, capsys):

@@ -211,7 +211,13 @@ def test_ticks_are_refused_by_name(pipe):
         bad[3, 4] = float("nan")
         with pytest.raises(InputError, match="NaN"):
             s.tick(bad)
+        with pytest.raises(InputError, match="a tick takes actions only: the first image belongs to the session"):
+            s.tick(actions(16), image=first_image(1))  # (HTTP: only the opening tick carries one)
         assert s.chunk_index == 0
+    with pytest.raises(InputError, match="this session is closed"):
+        s.tick(actions(16))
+    with pytest.raises(InputError, match="this session is closed"):
+        s.reset()  # (it reopened the closed session)
     with pytest.raises(InputError, match="this session is closed"):
         s.tick(actions(16))
 
@@ -256,7 +262,8 @@ def test_sessions_need_a_sim_bimanual_checkpoint(tiny_factory):
 def test_a_session_takes_its_actions_a_tick_at_a_time(pipe):
     with pytest.raises(InputError, match="leave the action request's actions unset"):
         Session(pipe, pipe.plan("a robot", **request(actions(16))))
-    with pytest.raises(InputError, match="to give them a chunk at a time, open a session"):
+    with pytest.raises(InputError, match=r"needs the actions to roll out, a table \[N, 29\] for agibotworld .* "
+                                          r"open a session \(pipe.session in Python"):
         pipe.generate("a robot", **request())
 
 

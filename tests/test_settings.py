@@ -62,6 +62,13 @@ def test_distilled_overrides_are_reported_not_silent():
         assert fragment in notes
 
 
+def test_causal_options_on_a_checkpoint_that_is_not_causal_are_noted():
+    notes = resolve(GATED, Request(causal_cache="recompute", causal_window=8)).notes
+    assert notes == ["causal_cache 'recompute', causal_window 8 ignored: this checkpoint is not causal (those options "
+                     "are for causal checkpoints such as Cosmos3-Nano-Sim-Transfer and Sim-Bimanual)"]
+    assert resolve(GATED, Request()).notes == []
+
+
 def test_frame_rounding_and_edge_sizes_are_reported():
     assert "rounded to 81" in resolve(GATED, Request(num_frames=83)).notes[0]
     settings = resolve(EDGE, Request(width=1024, height=576))

@@ -198,12 +198,15 @@ def test_audio_comes_as_a_file_comfyui_audio_or_a_waveform(tmp_path):
                     container.mux(packet)
         audio = as_audio(path)
         assert audio.waveform.shape[0] == 2 and abs(audio.seconds - 0.5) < 0.1 and audio.waveform.abs().max() > 0.3
+    save_wav(wave[:, :3], tmp_path / "1hz.wav", 1)
     for value, words in ((tmp_path / "missing.wav", "audio file .*missing.wav does not exist"),
                          (tmp_path / "a.wav.txt", "does not exist"),
                          ({"waveform": wave.expand(2, 2, -1), "sample_rate": 16000}, "a batch of 2 soundtracks"),
                          ((torch.zeros(2, 10, dtype=torch.int16), 16000), "must be floats"),
                          ((torch.full((1, 10), float("nan")), 16000), "NaN or infinite"),
                          ((wave, 0), "sample rate must be a positive whole number"),
+                         ((wave, 1), "sample rate 1 Hz is outside what audio is sampled at"),
+                         (tmp_path / "1hz.wav", "sample rate 1 Hz is outside"),  # 3 samples: were 3 s of sound
                          ((wave[:, :0], 16000), "empty"), (42, "audio must be a file path")):
         with pytest.raises(InputError, match=words):
             as_audio(value)
@@ -214,7 +217,7 @@ def test_audio_comes_as_a_file_comfyui_audio_or_a_waveform(tmp_path):
 
 @pytest.mark.parametrize(
     "frames, fps, source, channels, extra",
-    [(9, 24.0, 16000, 1, {}), (9, 25.0, 44100, 2, {"image": picture(3)})],
+    [(9, 24.0, 16000, 1, {}), pytest.param(9, 25.0, 44100, 2, {"image": picture(3)}, marks=pytest.mark.slow)],
     # 3000 samples at 8 kHz: 9 whole sound latents held, a 10th generated; 2880: all 9 held
     ids=["t2v-last-latent-generated", "i2v-all-held"],
 )
@@ -294,9 +297,13 @@ def test_audio_conditioning_is_refused_where_it_cannot_work(tiny_gated, tiny_fac
              (decoder_only, {}, r"sound_tokenizer \(diffusion_pytorch_model.safetensors\) has no encoder.\* weights"),
              (tiny_factory(kind="gated", distilled=True, sound=True), {}, r"do not generate sound \(audio conditioning"),
              (nano, {"num_frames": 1}, "audio conditioning needs a video"),
-             (nano, {"num_frames": 301}, "audio conditioning is made in one window: lower the frame count")]
+             (nano, {"audio": (torch.zeros(3, 4000), 8000)}, "has 3 channels and the sound tokenizer takes 2"),
+             (nano, {"audio": None, "sound": True, "num_frames": 301},
+              r"sound is made in one window: lower the frame count")]
     for root, options, words in cases:
         with pytest.raises(InputError, match=words):
-            planner(root, device="cpu").plan("a", audio=audio, **SIZE, **options)
+            planner(root, device="cpu").plan("a", **{"audio": audio, **SIZE, **options})
     with pytest.raises(InputError, match="transfer .* does not combine with audio"):
         cosmos3_runtime.Request(audio=audio, control_videos={"edge": torch.zeros(5, 48, 64, 3)})
+    with pytest.raises(InputError, match=r"audio \(a soundtrack the video follows, .*\) does not combine with sound"):
+        cosmos3_runtime.Request(audio=audio, sound=True)  # (the soundtrack won, silently)

@@ -388,7 +388,8 @@ class Cosmos3APISessionTick:
         guardrails = services.guardrails.server_wide()
         if call.opens and guardrails is not None:  # before any weights move (the route checked it before queueing)
             guardrails.check_prompts([s.binding["prompt"]])
-        plan = model.plan(s.binding["prompt"], Request.build(**s.request)) if call.opens else s.session.plan
+        plan = model.plan(s.binding["prompt"], Request.build(**s.request), session=True) if call.opens else \
+            s.session.plan
         # ComfyUI makes room for the tick; a session's history is already held (planned at open)
         needed = model.memory_needed(plan) - (0 if call.opens else plan.estimate.parts.get(HISTORY, 0))
         with model.use(memory_required=max(needed, 0)) as pipe:
@@ -396,7 +397,7 @@ class Cosmos3APISessionTick:
                 raise InputError("sessions run on one process: load the model with gpus 1")
             if call.opens:
                 s.close()
-                pipe.planner.check(plan)
+                pipe.planner.check(plan, session=True)
                 s.session = Session(pipe, plan, guardrails)
             elif s.session.pipe is not pipe:
                 raise InputError(f"the model was loaded again since session {s.session_id!r} opened (another "

@@ -26,6 +26,7 @@ from .parallel import Parallel
 from .request import Request
 from .schedulers import in_interval
 from .settings import Settings
+from .sound import Audio, fit_soundtrack, samples_for
 from .sources import held_for
 from .step_cache import StepCache
 from .tracks import TRACKS, Parts
@@ -46,7 +47,8 @@ class Generation:
     sound: torch.Tensor | None = None  # [channels, samples] float32 in [-1, 1], CPU (sound=True, output="frames"; or
     # the soundtrack an audio-conditioned run held)
     sample_rate: int | None = None  # of `sound`
-    sound_latents: torch.Tensor | None = None  # [sound_dim, T_s] float32, CPU
+    sound_latents: torch.Tensor | None = None  # [sound_dim, T_s] float32, CPU (None: a long video, its soundtrack held
+    # chunk by chunk)
     actions: torch.Tensor | None = None  # [chunk, width] float32, CPU (policy and inverse dynamics)
     cache: str | None = None  # what the step cache did ("SeaCache: N forwards run, M skipped"); None: off
 
@@ -88,6 +90,7 @@ class Window:
     noise: torch.Generator | None = None  # its first latents' (None: the run's one generator)
     step_noise: Callable[[int], torch.Generator] | None = None  # step i's re-noising (None: the run's generator)
     forward: Callable | None = None  # the transformer's call (None: the transformer itself)
+    k: int = 0  # its place among the run's windows
 
 
 class Run:
@@ -95,7 +98,8 @@ class Run:
 
     count, chunked = 1, False
 
-    def tracks(self, generator: torch.Generator) -> list:
+    def tracks(self, w: Window, generator: torch.Generator) -> list:
+        """The tracks window `w` denoises beside its video, their noise drawn from `generator` after the video's."""
         return []
 
     def steps(self, callback: StepCallback | None, k: int) -> StepCallback | None:
@@ -117,9 +121,8 @@ class Single(Run):
         held = held_for(self.parts.codec, self.s, self.r, self.parts.denoiser.latent_shape(self.s))
         return Window(self.s, held, self.guidance)
 
-    def tracks(self, generator: torch.Generator) -> list:
-        """Each asked-for track, its noise drawn from `generator` after the video's, in TRACKS order."""
-        return [t for kind in TRACKS if (t := kind.for_request(self.parts, self.s, self.r, generator)) is not None]
+    def tracks(self, w: Window, generator: torch.Generator) -> list:
+        return tracks_for(self.parts, self.s, self.r, generator)
 
     def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
         frames = None
@@ -156,7 +159,11 @@ class Continued(Chunked):
     """A long video: the first chunk as a one-window run of its length (its conditioning from the request), each later
     one a video-to-video window on the last frames of the one before; each chunk's own prompt where one per chunk was
     given. Its latents are the chunks' latents without those the overlap held (decoding them at once gives the same
-    length); both they and the frames fill host tensors of the clip's size (`budget.output` counts them)."""
+    length); both they and the frames fill host tensors of the clip's size (`budget.output` counts them).
+
+    With a soundtrack (audio conditioning) each chunk holds its slice of it, cut at the chunk's own frames (so the
+    frames a chunk takes from the one before hold the same sound there), and the run's sound is the soundtrack fitted
+    to the clip."""
 
     def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int]):
         super().__init__(parts, s, r, s.chunks, "a long video (it decodes each chunk to start the next from its last "
@@ -164,6 +171,12 @@ class Continued(Chunked):
         self.prompts = s.chunk_ids or [cond_ids] * self.count
         self.uncond_ids = uncond_ids
         self.latents, self.filled = torch.empty(parts.denoiser.latent_shape(s)), 0
+        self.soundtrack = None  # [channels, samples] at the sound tokenizer's rate, as far as the last chunk reaches
+        if r.audio is not None:
+            config = parts.codec.sound_for(r.sound_use).config
+            p, self.rate = self.chunks, config.sampling_rate
+            reach = (p.count - 1) * p.stride + p.chunk  # the last chunk is generated whole, past the clip's end
+            self.soundtrack = fit_soundtrack(r.audio, config, samples_for(reach, s.fps, self.rate)).clamp(-1.0, 1.0)
 
     def window(self, k: int) -> Window:
         s, p = self.s, self.chunks
@@ -171,7 +184,15 @@ class Continued(Chunked):
         chunk = replace(s, num_frames=p.chunk, chunks=None, chunk_ids=None, condition_frames=frames)
         held = held_for(self.parts.codec, chunk, self.r, self.parts.denoiser.latent_shape(chunk)) if k == 0 else \
             self.seeded(k, chunk)
-        return Window(chunk, held, CFG(self.prompts[k], self.uncond_ids, s.guidance_scale, s.guidance_interval))
+        return Window(chunk, held, CFG(self.prompts[k], self.uncond_ids, s.guidance_scale, s.guidance_interval), k=k)
+
+    def tracks(self, w: Window, generator: torch.Generator) -> list:
+        """A chunk's soundtrack: the slice of the run's from the chunk's first frame, as long as one window holds."""
+        if self.soundtrack is None:
+            return []
+        start = samples_for(w.k * self.chunks.stride, self.s.fps, self.rate)
+        piece = self.soundtrack[:, start : start + samples_for(self.chunks.chunk, self.s.fps, self.rate)]
+        return tracks_for(self.parts, w.settings, replace(self.r, audio=Audio(piece, self.rate)), generator)
 
     def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
         carried = latent_frames(self.chunks.seed_frames(k))
@@ -182,7 +203,11 @@ class Continued(Chunked):
 
     @property
     def result(self) -> Generation:
-        return Generation(self.latents, None if self.frames is None else self.frames.frames, self.s)
+        frames = None if self.frames is None else self.frames.frames
+        if self.soundtrack is None:
+            return Generation(self.latents, frames, self.s)
+        sound = self.soundtrack[:, : samples_for(self.s.num_frames, self.s.fps, self.rate)]
+        return Generation(self.latents, frames, self.s, sound=sound, sample_rate=self.rate)
 
 
 class Controlled(Chunked):
@@ -406,6 +431,12 @@ def for_plan(parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_
     return Single(parts, s, r, cond_ids, uncond_ids)
 
 
+def tracks_for(parts: Parts, s: Settings, r: Request, generator: torch.Generator) -> list:
+    """Each track a window of settings `s` running request `r` asks for, its noise drawn from `generator` after the
+    video's, in TRACKS order."""
+    return [t for kind in TRACKS if (t := kind.for_request(parts, s, r, generator)) is not None]
+
+
 def execute(run: Run, parts: Parts, seed: int, callback: StepCallback | None,
             parallel: Parallel | None, progress: StageCallback | None, cache: StepCache | None) -> Generation:
     """The window loop: each window from noise drawn from one generator (held frames in place), its tracks' noise
@@ -418,7 +449,7 @@ def execute(run: Run, parts: Parts, seed: int, callback: StepCallback | None,
         w = run.window(k)
         shape = parts.denoiser.latent_shape(w.settings) if w.held is None else tuple(w.held.clean.shape)
         latents = parts.denoiser.start_latents(shape, w.noise or generator, w.held)
-        tracks = run.tracks(generator)
+        tracks = run.tracks(w, generator)
         parts.denoiser.encode_prompts(w.guidance.cond, w.guidance.uncond, w.settings, parallel, progress)
         latents = parts.denoiser.denoise(latents, w.settings, w.guidance, w.held, generator, run.steps(callback, k),
                                          parallel, tracks, cache, w.forward, w.step_noise)

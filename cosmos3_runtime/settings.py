@@ -205,11 +205,12 @@ def _long_video(r: Request, num_frames: int, notes: list[str], applied: list[str
     plan = chunks.split(num_frames, r.chunk_frames, r.chunk_overlap_frames, DEFAULT_CHUNK, 1, notes, "long video")
     if plan.count == 1:
         return None
-    refused = [what for what, given in ((r.sound_use, r.sound_use), ("keyframes", r.keyframes is not None),
+    refused = [what for what, given in (("sound", r.sound), ("keyframes", r.keyframes is not None),
                                         ("an action", r.action is not None)) if given]
     if refused:
         raise InputError(f"{num_frames} frames run in {plan.count} chunks of {plan.chunk}, and {refused[0]} is made "
-                         f"in one window: lower the frame count to {plan.chunk} or less (or raise chunk_frames)")
+                         f"in one window: lower the frame count to {plan.chunk} or less (or raise chunk_frames)"
+                         + (" (a soundtrack given as audio runs in chunks)" if r.sound else ""))
     if (plan.overlap - 1) % TEMPORAL_FACTOR:
         raise InputError(f"a long video's chunk_overlap_frames must be 1 + 4k (whole latent frames carried from chunk to "
                          f"chunk), got {plan.overlap}: use {round_down_frames(max(1, plan.overlap))}")
@@ -469,8 +470,8 @@ def _audio_notes(r: Request, num_frames: int, fps: float, applied: list[str], no
     seconds, given = num_frames / fps, r.audio.seconds
     applied.append(f"audio conditioning: the video follows the soundtrack, its {seconds:.2f} s held as the sound")
     if given > seconds + 1e-6:
-        notes.append(f"audio: the soundtrack's {given:.2f} s trimmed to the video's {seconds:.2f} s (more frames, up to "
-                     f"{LONGEST_WINDOW}, cover more of it)")
+        notes.append(f"audio: the soundtrack's {given:.2f} s trimmed to the video's {seconds:.2f} s (more frames cover "
+                     "more of it)")
     elif given < seconds - 1e-6:
         notes.append(f"audio: the soundtrack's {given:.2f} s padded with silence to the video's {seconds:.2f} s")
 

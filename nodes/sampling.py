@@ -313,11 +313,12 @@ class Cosmos3Sampler:
                   + (f", flow shift {s.flow_shift:g}" if s.flow_shift is not None else ""),
                   *([result.cache] if result.cache else []), *(reworded(note, SAMPLER_WORDS) for note in s.notes)]
         latent = {"samples": raw, "cosmos3": {"fps": s.fps, "num_frames": s.num_frames, "mode": s.mode}}
-        if result.sound_latents is not None:
+        if result.sound is not None or result.sound_latents is not None:
             latent["cosmos3"].update(sound_latents=result.sound_latents, sample_rate=result.sample_rate)
             if result.sound is not None:  # an audio-conditioned run: its sound is the soundtrack it held
                 latent["cosmos3"]["soundtrack"] = result.sound
-            report.append(f"sound: {result.sound_latents.shape[1]} latent frames at {result.sample_rate} Hz"
+            held = "" if result.sound_latents is None else f"{result.sound_latents.shape[1]} latent frames "
+            report.append(f"sound: {held}at {result.sample_rate} Hz"
                           + (", the soundtrack held" if result.sound is not None else ""))
         actions = None
         if result.actions is not None:

@@ -91,11 +91,11 @@ class Cosmos3SoundDecode:
 
     def decode(self, vae, samples, trim):
         meta = samples.get("cosmos3", {})
+        if meta.get("soundtrack") is not None:  # already the video's duration, at the tokenizer's rate
+            return ({"waveform": meta["soundtrack"].unsqueeze(0), "sample_rate": int(meta["sample_rate"])},)
         if meta.get("sound_latents") is None:
             raise InputError("this LATENT carries no sound: turn on 'sound' in the Cosmos3 Sampler (a checkpoint "
                              "with a sound head, such as Nano)")
-        if meta.get("soundtrack") is not None:  # already the video's duration, at the tokenizer's rate
-            return ({"waveform": meta["soundtrack"].unsqueeze(0), "sample_rate": int(meta["sample_rate"])},)
         seconds = meta["num_frames"] / meta["fps"] if trim else None
         with vae.use() as pipe:
             waveform = pipe.decode_sound(meta["sound_latents"], seconds)

@@ -369,6 +369,10 @@ def test_audio_through_the_sampler_comes_out_of_sound_decode(nodes):
     assert "audio" in nodes.Cosmos3Sampler.INPUT_TYPES()["optional"]
     with pytest.raises(nodes.vae.InputError, match="a batch of 2 soundtracks"):
         sample(nodes, model, text(nodes), frames=9, audio={**audio, "waveform": audio["waveform"].expand(2, 1, -1)})
+    chunked, report = sample(nodes, model, text(nodes), frames=9, audio=audio, chunk_frames=5)  # a long video
+    assert any(line == "sound: at 8000 Hz, the soundtrack held" for line in report)
+    (long,) = nodes.Cosmos3SoundDecode().decode(vae, chunked, True)
+    assert torch.equal(long["waveform"], sound["waveform"])  # the same soundtrack, fitted to the same clip
 
 
 def test_latent_holds_raw_vae_latents_like_comfyui(nodes, models_dir):

@@ -286,6 +286,20 @@ def test_audio_conditioning_defaults_and_notes(nano):
     assert (s.num_frames, s.guidance_scale) == (49, 3.0) and "trimmed to the video's 2.04 s" in s.notes[1]
 
 
+def test_a_long_video_holds_each_chunks_slice_of_the_soundtrack_and_its_sound_is_the_soundtrack(pipe, monkeypatch):
+    """Two chunks of 5 frames (the second starts on the first's last frame): each holds the soundtrack from its own
+    first frame, so the overlap's sound is the first chunk's there; the run's sound is the input soundtrack."""
+    wave = sweep(8000, 0.5, channels=2)  # at the tokenizer's rate and channels: fitted, it is these samples
+    encoded, encode = [], pipe.codec.encode_sound
+    monkeypatch.setattr(pipe.codec, "encode_sound", lambda soundtrack: encoded.append(soundtrack) or encode(soundtrack))
+    out = pipe.generate("a drummer", audio=(wave, 8000), num_frames=9, chunk_frames=5, steps=1, cache="off", **SIZE)
+    assert out.settings.chunks.count == 2 and out.sample_rate == 8000
+    assert torch.equal(out.sound, wave[:, : samples_for(9, 24.0, 8000)])
+    chunk, second = samples_for(5, 24.0, 8000), samples_for(4, 24.0, 8000)  # the second chunk starts at frame 4
+    assert [s.shape[1] for s in encoded] == [chunk, chunk]
+    assert torch.equal(encoded[0], wave[:, :chunk]) and torch.equal(encoded[1], wave[:, second : second + chunk])
+
+
 def test_audio_conditioning_is_refused_where_it_cannot_work(tiny_gated, tiny_factory, nano, monkeypatch):
     from cosmos3_runtime import weights
     from cosmos3_runtime.pipeline import planner
@@ -299,7 +313,7 @@ def test_audio_conditioning_is_refused_where_it_cannot_work(tiny_gated, tiny_fac
              (nano, {"num_frames": 1}, "audio conditioning needs a video"),
              (nano, {"audio": (torch.zeros(3, 4000), 8000)}, "has 3 channels and the sound tokenizer takes 2"),
              (nano, {"audio": None, "sound": True, "num_frames": 301},
-              r"sound is made in one window: lower the frame count")]
+              r"sound is made in one window: .* \(a soundtrack given as audio runs in chunks\)")]
     for root, options, words in cases:
         with pytest.raises(InputError, match=words):
             planner(root, device="cpu").plan("a", **{"audio": audio, **SIZE, **options})

@@ -51,6 +51,7 @@ def test_the_checkpoint_is_read_as_a_causal_sim_transfer(chunkwise, framewise):
     assert (f.chunk_size, f.window_frames, f.sink_frames) == (1, 4, 1)
 
 
+@pytest.mark.slow  # (the framewise rollout with eviction = the recompute runs by default)
 @pytest.mark.parametrize("frames", [49, 65])  # latent frame 0, then 3 and 4 chunks of 4
 def test_the_kv_rollout_equals_the_whole_sequence_recompute(chunkwise, frames):
     kv = rollout(chunkwise, frames)
@@ -71,13 +72,14 @@ def test_the_kv_rollout_with_eviction_equals_the_recompute_over_what_each_frame_
                                                       causal_cache="recompute").latents, atol=TOL, rtol=0)
 
 
+@pytest.mark.slow  # four rollouts
 def test_a_window_past_the_clip_is_bit_identical_to_keeping_everything(chunkwise, framewise):
     assert torch.equal(rollout(chunkwise, 49, causal_window=100).latents, rollout(chunkwise, 49).latents)
     kept = rollout(framewise, 25, causal_window=7)  # 7 latent frames: nothing to evict
     assert torch.equal(kept.latents, rollout(framewise, 25, causal_window=100).latents)
 
 
-@pytest.mark.parametrize("chunk", [2, 3])
+@pytest.mark.parametrize("chunk", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_changing_a_chunks_control_leaves_every_frame_before_it_bit_identical(chunkwise, chunk):
     control = clip(49)
     first = 1 + 16 * (chunk - 1)  # the chunk's first pixel frame (latent 1 + 4 (chunk - 1))
@@ -252,6 +254,7 @@ def test_a_rollout_that_does_not_fit_is_refused_naming_what_does(chunkwise, monk
     chunkwise.planner.check(plan(causal_history="fp8", causal_window=9))
 
 
+@pytest.mark.slow  # two 65-frame rollouts, one of them the recompute (eviction = recompute runs by default)
 def test_a_window_on_a_chunkwise_checkpoint_evicts_as_the_recompute_masks(chunkwise):
     kv = rollout(chunkwise, 65, causal_window=9)  # chunks of 4: each keeps 5 latent frames of history
     assert kv.settings.rollout.kept(13) == [8, 9, 10, 11, 12] and kv.settings.rollout.kept(9) == [4, 5, 6, 7, 8]

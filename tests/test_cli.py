@@ -19,6 +19,7 @@ def test_generate_an_image(tiny_gated, tmp_path, capsys):
     assert "t2i 64x48, 1 frames" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # whole CLI runs writing files (one writes an MP4 by default: the stages test)
 def test_generate_a_video(tiny_edge, tmp_path):
     av = pytest.importorskip("av")
     out = tmp_path / "clip.mp4"
@@ -154,6 +155,7 @@ def test_info_reads_config_files_only(tiny_gated, tmp_path, capsys):
     assert "bf16" in out and "weight file(s) missing" in out
 
 
+@pytest.mark.slow
 def test_generate_with_sound_writes_an_audio_track_and_a_wav(tiny_factory, tmp_path, capsys):
     import wave
 
@@ -206,6 +208,7 @@ def test_generate_with_audio_holds_the_soundtrack_and_writes_it(tiny_factory, tm
     assert "audio file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_generate_actions_writes_them_next_to_the_video(tiny_factory, tmp_path, capsys):
     import json
 
@@ -232,6 +235,7 @@ def test_generate_actions_writes_them_next_to_the_video(tiny_factory, tmp_path, 
     assert "inverse_dynamics needs a video" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_transfer_writes_a_clip_as_long_as_its_controls(tiny_factory, tmp_path, capsys):
     av = pytest.importorskip("av")
     import torch

@@ -55,7 +55,7 @@ def test_fp8_runs_the_action_head(tiny_factory, mode):
         assert (got.actions - expected.actions).abs().mean() < 0.2 * expected.actions.abs().mean()
 
 
-@pytest.mark.parametrize("quantize", ["fp8", pytest.param("fp8_scaled", marks=needs_cpu_scaled_fp8)])
+@pytest.mark.parametrize("quantize", ["fp8", pytest.param("fp8_scaled", marks=[needs_cpu_scaled_fp8, pytest.mark.slow])])
 def test_fp8_runs_the_sound_head(tiny_factory, quantize):
     root = tiny_factory(kind="gated", sound=True)
     request = dict(width=64, height=48, num_frames=9, steps=2, seed=1, sound=True)

@@ -290,6 +290,7 @@ def pack_guardrails(pack, face_filter=None):
     return module.Guardrails([module.Check("keyword blocklist", word_check)], face_filter=face_filter)
 
 
+@pytest.mark.slow  # four sampler and decode runs in graphs (the runtime's checks run by default)
 def test_nodes_check_the_prompt_before_the_model_loads_and_filter_the_decoded_frames(nodes, monkeypatch):
     model, vae, _ = nodes.Cosmos3ModelLoader().load("Cosmos3-Edge", "fp32", "default")["result"]
     text = nodes.Cosmos3TextEncode().encode(f"a {BLOCKED} at night", "", "auto", True, True, True)["result"][0]

@@ -80,7 +80,7 @@ def test_keyframes_refuse_other_conditioning_before_loading_anything():
         cosmos3_runtime.Request(keyframes={0: still(1)}, image=still(2))
 
 
-@pytest.mark.parametrize("schedule", ["checkpoint", "unipc"])
+@pytest.mark.parametrize("schedule", [pytest.param("checkpoint", marks=pytest.mark.slow), "unipc"])
 def test_a_keyframes_run_equals_diffusers_video_to_video_on_the_reference(tiny_gated, pipe, schedule):
     require("diffusers", minversion="0.42.1")
     import diffusers_reference as ref
@@ -102,6 +102,7 @@ def test_a_keyframes_run_equals_diffusers_video_to_video_on_the_reference(tiny_g
     torch.testing.assert_close(got.latents, expected.float(), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # three runs of a chunk's length and a long video of two
 def test_long_video_chunks_are_a_plain_run_then_continuations(pipe, monkeypatch):
     noises = []
     real = torch.randn

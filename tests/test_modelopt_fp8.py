@@ -513,7 +513,8 @@ RUNS = {  # every mode steps through the one loop that sets the precision: (chec
 }
 
 
-@pytest.mark.parametrize("mode", list(RUNS))
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m in ("action", "long video") else m
+                                  for m in RUNS])  # the two longest with the slow tests
 def test_every_mode_runs_the_policy(tiny_factory, tmp_path, monkeypatch, mode):
     """Sound, action, transfer and long videos on an FP8 checkpoint: W8A16 on each run's (each chunk's) first and last
     3 steps, W8A8 between, the text tower W8A16 throughout."""

@@ -29,6 +29,18 @@ def test_readme_test_command_is_what_ci_runs():
     assert command in (ROOT / ".ci" / "run").read_text()
 
 
+def test_the_default_run_leaves_the_slow_tests_to_a_run_of_their_own_on_every_torch():
+    """The README's command deselects the tests marked slow (pyproject.toml's addopts); .ci/run runs that command and
+    then `-m slow`, on each torch it tests, so no test is left out of CI."""
+    import shlex
+
+    addopts = re.search(r'^addopts = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert " ".join(shlex.split(addopts)).endswith("-m not slow")
+    ci = (ROOT / ".ci" / "run").read_text()
+    for python in (".venv/bin/python", ".venv-torch27/bin/python"):
+        assert f"\n{python} -m pytest tests -q\n{python} -m pytest tests -q -m slow\n" in ci + "\n"
+
+
 def test_a_missing_reference_fails_under_ci_and_skips_locally():
     script = f"""
 import os, sys

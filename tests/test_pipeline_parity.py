@@ -33,6 +33,8 @@ MODES = {
     "i2v": (9, {"image": picture(1, 40, 72)}),  # not the target size: exercises resize and crop
     "v2v": (13, {"video": [picture(10 + i) for i in range(6)]}),  # 6 frames for 5 needed: keep first 5
 }
+# the modes as parameters, video-to-video (the longest) with the slow tests
+MODE_PARAMS = [pytest.param(mode, marks=pytest.mark.slow) if mode == "v2v" else mode for mode in MODES]
 
 
 @pytest.fixture(scope="module", params=["gated", "edge"])
@@ -46,7 +48,7 @@ def ours(checkpoint):
 
 
 @pytest.mark.parametrize("schedule", ["checkpoint", "unipc"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_PARAMS)
 def test_generation_matches_diffusers(checkpoint, ours, mode, schedule):
     frames, extra = MODES[mode]
     common = dict(prompt="A robot arm stacks two cubes.", negative_prompt="blurry, static", num_frames=frames,
@@ -75,7 +77,7 @@ def test_decoded_frames_match_diffusers(checkpoint, ours):
     torch.testing.assert_close(got.frames, torch.from_numpy(expected), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_PARAMS)
 def test_distilled_matches_the_distilled_modular_pipeline(tiny_factory, mode):
     root = tiny_factory(kind="gated", distilled=True)
     frames, extra = MODES[mode]

@@ -86,8 +86,7 @@ def ask(pipe, case: dict, **options):
                        max_new_tokens=MAX_NEW, temperature=0.0, **options)
 
 
-@pytest.mark.slow  # the reference runs in a subprocess (transformers)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)  # (the default run's Reasoner parity: the reference's subprocess once)
 def test_greedy_answers_equal_transformers(reference, family):
     root, expected = reference[family]
     pipe = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32)

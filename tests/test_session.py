@@ -76,6 +76,7 @@ def test_legacy_cosmos_dreams_metadata_for_actions_is_refused_by_name():
         causal.read_config(raw, "Cosmos3NanoSimBimanualPipeline", "config.json")
 
 
+@pytest.mark.slow  # (ticks = batch, by default, runs a batch too)
 def test_a_batch_run_makes_one_frame_and_one_per_action(pipe):
     out = batch(pipe, actions(32))
     assert out.frames.shape == (33, H, W, 3) and out.latents.shape[2] == 9
@@ -93,6 +94,7 @@ def test_ticks_give_exactly_the_frames_of_one_batch_run_with_eviction(pipe):
     assert torch.equal(torch.cat(ticks), whole)
 
 
+@pytest.mark.slow  # two sessions of ticks
 def test_later_actions_never_change_earlier_frames(pipe):
     table = actions(48)
     changed = table.clone()
@@ -135,6 +137,7 @@ def test_each_frames_last_action_token_sits_at_the_frames_own_time(pipe, monkeyp
     assert torch.allclose(acts[3::4], video)
 
 
+@pytest.mark.slow  # three windows of ticks
 def test_memory_stays_flat_over_three_windows_of_ticks(pipe):
     with session(pipe) as s:
         rows, kept = s.run.cache.keys.shape, []
@@ -148,6 +151,7 @@ def test_memory_stays_flat_over_three_windows_of_ticks(pipe):
     assert {a for _, a, _ in kept[1:]} == {16} and {t for _, _, t in kept[1:]} == {4}
 
 
+@pytest.mark.slow
 def test_a_reset_starts_again_from_the_first_image(pipe):
     with session(pipe) as s:
         first = s.tick(actions(16))
@@ -177,6 +181,7 @@ def test_a_camera_pose_session_takes_nine_values_a_row(pipe):
         assert s.tick(torch.zeros(16, 9)).shape[0] == 17 and s.tick(torch.zeros(16, 9)).shape[0] == 16
 
 
+@pytest.mark.slow  # two sessions of ticks
 def test_bad_actions_mid_session_leave_it_where_it_was(pipe):
     table = actions(48)
     whole = batch(pipe, table).frames
@@ -275,6 +280,7 @@ def test_the_block_round_trips_through_the_checkpoint_files(tmp_path):
     assert c.window_frames == 96 and c.embodiment("camera_pose").domain_id == 2
 
 
+@pytest.mark.slow  # two sessions of ticks (a guarded run's checks run by default in test_guardrails.py)
 def test_a_guarded_session_checks_its_prompt_at_open_and_filters_every_tick(pipe):
     from cosmos3_runtime.guardrails import Check, GuardrailBlocked, Guardrails
 

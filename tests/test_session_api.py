@@ -121,6 +121,7 @@ def test_bad_ticks_are_refused_by_field(ticks, bimanual, payload, field, status)
     assert (refused.value.field, refused.value.status) == (field, status)
 
 
+@pytest.mark.slow  # a session's ticks run between the refusals
 def test_ticks_against_the_open_session_are_refused_by_field(ticks, pack, bimanual):
     run(ticks, pack, body(0))
     for payload, field, status, text in [
@@ -136,6 +137,7 @@ def test_ticks_against_the_open_session_are_refused_by_field(ticks, pack, bimanu
     assert run(ticks, pack, body(1)).shape[0] == 16  # the session is still there, at chunk 1
 
 
+@pytest.mark.slow
 def test_a_later_tick_takes_the_width_of_the_sessions_embodiment(ticks, pack, bimanual):
     camera = {"controls": [{"track": "robot_action", "schema": "robot_action.v1",
                             "data": {"values": np.zeros((16, 9)).tolist()}}]}
@@ -161,6 +163,7 @@ def test_a_claimed_session_refuses_a_second_tick_until_it_finishes(ticks, pack, 
     assert MODEL not in ticks.SESSIONS
 
 
+@pytest.mark.slow
 def test_a_retried_tick_gets_the_same_answer_and_runs_nothing(ticks, pack, bimanual):
     run(ticks, pack, body(0))
     first = run(ticks, pack, body(1))

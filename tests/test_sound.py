@@ -83,7 +83,8 @@ def picture(seed):
 @pytest.mark.parametrize(
     "frames, fps, extra",
     [(9, 24.0, {}), (13, 16.0, {}), (9, 25.0, {"image": picture(3)}),
-     (13, 24.0, {"video": [picture(10 + i) for i in range(6)]})],  # 3000 / 6500 / 2880 / 4333 samples at 8 kHz
+     pytest.param(13, 24.0, {"video": [picture(10 + i) for i in range(6)]}, marks=pytest.mark.slow)],
+    # 3000 / 6500 / 2880 / 4333 samples at 8 kHz
     ids=["t2v-partial-sound-frame", "t2v-16fps", "i2v", "v2v"],  # 3000 samples: 9.375 sound frames of 320
 )
 def test_generation_with_sound_matches_diffusers(nano, pipe, frames, fps, extra):

@@ -152,6 +152,7 @@ def test_reasoner_workflows_answer_in_the_node_and_pass_text_on(registry, path):
             assert caption == node["inputs"]["prompt"] and "no JSON caption" in results[node_id][1]["text"][0]
 
 
+@pytest.mark.slow  # two chunked transfers (the runtime's transfer parity runs by default)
 @pytest.mark.parametrize("path", TRANSFER, ids=lambda p: p.stem)
 def test_transfer_workflow_runs_and_saves_a_clip_as_long_as_the_controls(registry, path):
     prompt = small(load_json(path))
@@ -165,6 +166,7 @@ def test_transfer_workflow_runs_and_saves_a_clip_as_long_as_the_controls(registr
     assert ("depth" in report) == ("Cosmos3DepthControl" in hints) and "(edge" in report
 
 
+@pytest.mark.slow  # a causal rollout with its control clip encoded and the clip decoded
 @pytest.mark.parametrize("path", SIM_TRANSFER, ids=lambda p: p.stem)
 def test_sim_transfer_workflow_rolls_out_whole_chunks_of_the_control(registry, path):
     LoadVideo.clips = {name: Video(torch.rand(21, 48, 80, 3, generator=torch.Generator().manual_seed(0)), 16.0)
@@ -189,6 +191,7 @@ def test_sim_bimanual_workflow_rolls_out_the_actions_file(registry, path):
     assert "causal actions: 64x48, 13 frames" in report and "the first 12 of 32 actions used" in report
 
 
+@pytest.mark.slow  # three action runs with their plots (the runtime's action parity runs by default)
 @pytest.mark.parametrize("path", ACTION, ids=lambda p: p.stem)
 def test_action_workflow_runs(registry, path, tmp_path, monkeypatch):
     monkeypatch.setenv("COSMOS3_OUTPUT_DIR", str(tmp_path / "output"))

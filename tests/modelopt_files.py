@@ -115,3 +115,17 @@ def w8a16_on_the_cpu(layer, inputs, name):
     wrapper's `.to(dtype)` keeps float8, which the CPU cannot multiply. The definition is diffusers' own."""
     scale = layer.weight_quantizer._scale.to(device=layer.weight.device, dtype=inputs.dtype)
     return torch.nn.functional.linear(inputs, layer.weight.data.to(dtype=inputs.dtype) * scale, layer.bias)
+
+
+if __name__ == "__main__":  # a tiny official-FP8 checkpoint to try (docs/python-api.md)
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Copy a tiny checkpoint with its transformer in NVIDIA's official FP8 "
+                                                 "layout, written by nvidia-modelopt (random weights: for trying)")
+    parser.add_argument("source", type=Path, help="a tiny checkpoint folder (python -m cosmos3_runtime make-tiny)")
+    parser.add_argument("destination", type=Path)
+    parser.add_argument("--layout", choices=("unified", "saved"), default="unified", help="unified: NVIDIA's FP8 "
+                        "exporter's (weight_scale / input_scale); saved: ModelOpt's save_pretrained buffers")
+    args = parser.parse_args()
+    make_fp8(args.source, args.destination, layout=args.layout)
+    print(f"wrote {args.destination}: its transformer in ModelOpt FP8 ({args.layout} layout) with the step policy")

@@ -163,12 +163,14 @@ class StepCache:
         p = self.pathways[pass_index]
 
         def stack(hidden: torch.Tensor, run) -> torch.Tensor:
-            if not full and p.history[-1][1].shape == hidden.shape:
+            if p.history and p.history[-1][1].shape != hidden.shape:
+                # the pass's tokens changed (a transfer's pass outside its control interval): start over, as the
+                # framework does, whatever the decision; a skip would extrapolate across two shapes
+                p.accumulated, p.history = 0.0, []
+            if not full and p.history:
                 self.skipped += 1
                 p.consecutive += 1
                 return hidden + extrapolate(p.history, self.index, self.config.residual_order).to(hidden.dtype)
-            if not full:  # a history of another shape: run in full and start over, as the framework does
-                p.accumulated, p.history = 0.0, []
             self.full += 1
             p.consecutive = 0
             out = run(hidden)

@@ -242,6 +242,24 @@ MODES = {
 }
 
 
+def test_a_pass_whose_tokens_change_starts_over():
+    """A transfer's second pass is the prompt without controls inside the control-guidance interval and the negative
+    with them outside it: its token count changes. A step run in full at the new size (here forced by the cap) starts
+    the pass's history over; before, its residual joined one of the old size and the next skip extrapolated across the
+    two shapes (a size mismatch in the middle of a run)."""
+    cache = StepCache(CacheConfig(threshold=1e9))
+    run = noisy_run(steps=8)
+    cache.begin(len(run))
+    outputs = []
+    for i, (latents, t) in enumerate(run):
+        cache.step(i, latents, t)
+        hidden = torch.full((4 if i < 3 else 6, 2), float(i))
+        outputs.append(cache.layers(0)(hidden, lambda h, i=i: h + i + 1.0))  # a full run's residual: i + 1
+    assert torch.equal(outputs[3], torch.full((6, 2), 7.0))  # step 3 ran in full (the cap) at the new size
+    assert torch.equal(outputs[4], torch.full((6, 2), 4.0 + 4.0))  # then reused step 3's residual alone
+    assert cache.report() == "SeaCache: 4 forwards run, 4 skipped"
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_threshold_zero_is_bit_identical_to_the_cache_off(tiny_factory, mode):
     kind, heads, request = MODES[mode]

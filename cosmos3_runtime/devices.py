@@ -32,7 +32,8 @@ class DeviceFacts:
     fp8_tensorwise: bool = False  # torch._scaled_mm with tensorwise scales runs here (an fp8 GEMM)
     fp8_rowwise: bool = False  # torch._scaled_mm with row-wise scales runs here (refused on compute capability 12.x;
     # on the CPU from torch 2.8 on, slowly: for checking the arithmetic)
-    triton: bool = False  # torch.compile can make this device's kernels (Triton is installed: often not on Windows)
+    triton: bool = False  # torch.compile can make this device's kernels (Triton installed, often not on Windows; on
+    # CUDA a card of compute capability 7.0 or newer, as torch's own has_triton asks)
 
     @property
     def cuda(self) -> bool:
@@ -106,6 +107,7 @@ def _probe(device: torch.device) -> DeviceFacts:
     properties = torch.cuda.get_device_properties(device)
     capability = (properties.major, properties.minor)
     rocm = torch.version.hip is not None
+    triton = triton and (rocm or capability >= (7, 0))
     record = DeviceFacts("cuda", capability, rocm, torch._C._get_flash_sdp_enabled(), triton=triton)
     if rocm or capability < (8, 9):  # no e4m3fn GEMMs (ROCm's fp8 is e4m3fnuz)
         return record

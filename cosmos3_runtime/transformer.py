@@ -828,25 +828,51 @@ def compiled_media_block(backend: str = "inductor"):
 
 
 _eager_reasons_said: set[str] = set()
+NO_TRITON = ("torch.compile cannot make kernels for this GPU: Triton is not installed (pip install triton; on Windows, "
+             "triton-windows) or the card is older than compute capability 7.0")
 
 
 def media_block(compile: bool | None, device: torch.device, eager_because: str | None = None) -> Callable:
     """The block a run's media layers run: compiled (`compiled_media_block`) or eager. `compile` None is auto:
-    compiled on a CUDA GPU where torch.compile can make kernels (Triton is installed: on many Windows installs it is
-    not), unless `eager_because` names what rules it out for this run (a causal rollout, sequence parallelism);
-    eager otherwise, which a GPU without Triton is told once per process."""
+    compiled on a CUDA GPU where torch.compile can make kernels (Triton installed and a card it serves), unless
+    `eager_because` names what rules it out for this run (a causal rollout, sequence parallelism); eager otherwise,
+    said once per reason on a GPU (a warning where Triton is missing: the user can change that). Auto never fails
+    a run for compiling: a block that cannot be compiled after all runs eagerly (`EagerIfCompileFails`)."""
     if compile is not None:
         return compiled_media_block() if compile else DecoderLayer.media
     device_facts = facts(device)
-    if eager_because is None and device_facts.type == "cuda" and not device_facts.triton:
-        eager_because = ("Triton is not installed, so torch.compile cannot make GPU kernels (pip install triton; on "
-                         "Windows, triton-windows)")
     if eager_because is None and device_facts.type == "cuda":
-        return compiled_media_block()
+        if device_facts.triton:
+            return EagerIfCompileFails(compiled_media_block())
+        eager_because = NO_TRITON
     if device_facts.type == "cuda" and eager_because not in _eager_reasons_said:
         _eager_reasons_said.add(eager_because)
-        log.warning("compile auto: the media block runs eagerly: %s", eager_because)
+        log.log(logging.WARNING if eager_because == NO_TRITON else logging.INFO,
+                "compile auto: the media block runs eagerly: %s", eager_because)
     return DecoderLayer.media
+
+
+class EagerIfCompileFails:
+    """Auto's compiled block: where torch.compile fails to compile it after all (no C compiler for Triton, a setup
+    only a try finds), that call and every later one run the eager block, said once per process."""
+
+    failed = False
+
+    def __init__(self, compiled: Callable):
+        self.compiled = compiled
+
+    def __call__(self, layer: DecoderLayer, *args):
+        from torch._dynamo.exc import BackendCompilerFailed
+
+        if not EagerIfCompileFails.failed:
+            try:
+                return self.compiled(layer, *args)
+            except BackendCompilerFailed as exc:
+                EagerIfCompileFails.failed = True
+                cause = getattr(exc, "inner_exception", exc)
+                log.warning("compile auto: torch.compile could not compile the media block here, so it runs eagerly "
+                            "from now on (compile off skips the attempt): %s: %s", type(cause).__name__, cause)
+        return DecoderLayer.media(layer, *args)
 
 
 def pathway_of(name: str) -> str | None:

@@ -300,23 +300,53 @@ def test_nothing_recompiles_between_steps_or_runs_of_one_shape(pipe, monkeypatch
 
 def test_compile_auto_compiles_on_a_cuda_gpu_with_triton_only(monkeypatch, caplog):
     """compile's default (None, auto): the compiled block on a CUDA GPU where torch.compile can make kernels; eager on
-    the CPU (silently), on a GPU without Triton (said once, with what to install), and where the run rules it out."""
+    the CPU (silently), on a GPU without Triton (a warning, once, with what to install), and where the run rules it
+    out (said at INFO: the user asked for nothing)."""
     from cosmos3_runtime import devices, transformer
     from cosmos3_runtime.devices import DeviceFacts
-    from cosmos3_runtime.transformer import DecoderLayer, media_block
+    from cosmos3_runtime.transformer import DecoderLayer, EagerIfCompileFails, media_block
 
     monkeypatch.setattr(transformer, "compiled_media_block", lambda: "compiled")
     monkeypatch.setattr(transformer, "_eager_reasons_said", set())
     cpu = torch.device("cpu")
     assert media_block(None, cpu) is DecoderLayer.media and media_block(True, cpu) == "compiled"
     monkeypatch.setitem(devices._FACTS, ("cpu", None), DeviceFacts("cuda", (9, 0), triton=True))
-    assert media_block(None, cpu) == "compiled" and media_block(False, cpu) is DecoderLayer.media
-    assert media_block(None, cpu, "sequence parallelism") is DecoderLayer.media
+    auto = media_block(None, cpu)
+    assert isinstance(auto, EagerIfCompileFails) and auto.compiled == "compiled"
+    assert media_block(False, cpu) is DecoderLayer.media and media_block(True, cpu) == "compiled"
     monkeypatch.setitem(devices._FACTS, ("cpu", None), DeviceFacts("cuda", (8, 6), triton=False))
     with caplog.at_level("WARNING"):
+        assert media_block(None, cpu, "sequence parallelism") is DecoderLayer.media
         assert media_block(None, cpu) is DecoderLayer.media and media_block(None, cpu) is DecoderLayer.media
-    said = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
-    assert len(said) == 1 and "triton-windows" in said[0]  # once per process
+    said = [r.getMessage() for r in caplog.records if "compile auto" in r.getMessage()]
+    assert len(said) == 1 and "triton-windows" in said[0]  # once per process; the run's own reason not a warning
+
+
+def test_a_block_auto_cannot_compile_runs_eagerly(pipe, monkeypatch, caplog):
+    """Where torch.compile fails after all (no C compiler for Triton, a card it cannot serve), auto runs the eager
+    block from that call on and says so once: a default run never fails for compiling. Here the CPU answers like a
+    GPU with Triton and the backend fails as inductor would without a compiler."""
+    from cosmos3_runtime import devices, transformer
+    from cosmos3_runtime.devices import DeviceFacts
+    from cosmos3_runtime.transformer import DecoderLayer, EagerIfCompileFails
+
+    def no_compiler(graph, example_inputs):
+        raise RuntimeError("Failed to find C compiler")
+
+    torch._dynamo.reset()
+    monkeypatch.setitem(devices._FACTS, ("cpu", None), DeviceFacts("cuda", (9, 0), triton=True))
+    monkeypatch.setattr(transformer, "compiled_media_block",
+                        lambda: torch.compile(DecoderLayer.media, backend=no_compiler))
+    monkeypatch.setattr(EagerIfCompileFails, "failed", False)
+    request = dict(width=64, height=48, num_frames=5, steps=2, seed=1, output="latents", guidance_scale=1.0)
+    eager = pipe.generate("a cat", **request, compile=False).latents
+    with caplog.at_level("WARNING"):
+        first = pipe.generate("a cat", **request).latents
+        second = pipe.generate("a cat", **request).latents
+    assert torch.equal(first, eager) and torch.equal(second, eager)
+    said = [r.getMessage() for r in caplog.records if "could not compile" in r.getMessage()]
+    assert len(said) == 1 and "RuntimeError: Failed to find C compiler" in said[0]
+    torch._dynamo.reset()
 
 
 class HostReads(TorchDispatchMode):

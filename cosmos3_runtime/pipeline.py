@@ -494,7 +494,7 @@ class Cosmos3Pipeline:
             plan = prompt
         else:
             plan = self.plan(prompt, request, **options)
-        guardrails = self._guardrails(guardrails)
+        guardrails = self._guardrails(guardrails, plan)
         plan = self._guarded(plan, guardrails)
         log_notes(plan.settings)
         self.planner.check(plan)
@@ -538,16 +538,19 @@ class Cosmos3Pipeline:
         Refused at open, before anything runs, when a full history window would not fit (the plan's run fills it).
         `guardrails`: the prompt checked at open, every tick's faces pixelated (a tick it blocks fails)."""
         check_session_checkpoint(self.variant)
-        guardrails = self._guardrails(guardrails)
-        plan = self._guarded(self.plan(prompt, request, **options), guardrails)
+        plan = self.plan(prompt, request, **options)
+        guardrails = self._guardrails(guardrails, plan, session=True)
+        plan = self._guarded(plan, guardrails)
         self.planner.check(plan, session=True)
         return Session(self, plan, guardrails)
 
-    def _guardrails(self, guardrails: Guardrails | bool | None) -> Guardrails | None:
+    def _guardrails(self, guardrails: Guardrails | bool | None, plan: Plan, **check) -> Guardrails | None:
         """The guardrail a run asked for: its own, or for True NVIDIA's (`guardrails.load`, on the CPU, its files
-        fetched once if missing, as the CLI's --guardrails does), loaded on first use and kept for the next runs."""
+        fetched once if missing, as the CLI's --guardrails does), loaded on first use and kept for the next runs; what
+        the planner refuses of `plan` is refused before that load (or download)."""
         if guardrails is True:
             if self._default_guardrails is None:
+                self.planner.check(plan, **check)  # (NVIDIA's stays on the CPU: it adds nothing to the device's plan)
                 self._default_guardrails = load_guardrails(allow_download=True)
             return self._default_guardrails
         if guardrails is not None and guardrails is not False and not isinstance(guardrails, Guardrails):

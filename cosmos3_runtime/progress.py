@@ -10,7 +10,7 @@ import time
 
 from . import timing
 
-# Every stage `generate` reports, with its words (a stage missing here would crash a report after the whole run)
+# Every stage `generate` reports, with its words (a stage missing here shows as its own name)
 STAGES = {"text": "text tower, prompt", "chunk": "chunk", "decode": "VAE decode, latent frame",
           "guardrail": "guardrail, frames checked"}
 BAR = 20  # characters of the steps' bar
@@ -29,7 +29,7 @@ class Report:
         return cls(lambda *a, **k: print(*a, file=sys.stderr, **k), sys.stderr.isatty())
 
     def stage(self, name: str, done: int, total: int) -> None:
-        self._show(name, f"{STAGES[name]} {done}/{total}", done == total or name == "chunk")
+        self._show(name, f"{STAGES.get(name, name)} {done}/{total}", done == total or name == "chunk")
 
     def step(self, done: int, total: int, _latents) -> None:
         self.steps_began = self.steps_began or self.last  # over every chunk of a chunked run

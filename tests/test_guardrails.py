@@ -242,6 +242,9 @@ def test_guardrails_true_loads_nvidias_once_per_pipeline(package, tiny_edge, mon
 
     monkeypatch.setattr(checker, "Blocklist", Blocklist)
     pipe = cosmos3_runtime.load(tiny_edge, dtype=torch.float32)
+    with pytest.raises(cosmos3_runtime.InputError, match="needs at least"):  # refused before the load (a download)
+        pipe.generate("a cat", guardrails=True, **{**SIZE, "num_frames": 4097, "width": 8192, "height": 8192})
+    assert built == []
     with pytest.raises(GuardrailBlocked, match="keyword blocklist"):  # (was AttributeError: 'bool' object ...)
         pipe.generate(f"a {stand_ins.WORDS['custom'][0]}", guardrails=True, **SIZE)
     guarded = pipe.generate("a cat", guardrails=True, **{**SIZE, "width": 128, "height": 96})

@@ -343,9 +343,8 @@ def speed_widgets() -> dict:
     it)."""
     return {"cache": (list(CACHES), {"default": "seacache", "tooltip": help_of("cache") + " (residual order 1, as "
                       "NVIDIA's framework runs it)"}),
-            "compile": ("BOOLEAN", {"default": True, "tooltip": "compile the media block with torch.compile where it "
-                        "can (a CUDA GPU with Triton installed; eager elsewhere, and for causal rollouts): one compile "
-                        "serves every layer, the first run pays it (and once more at a new size); off: always eager"})}
+            "compile": ("BOOLEAN", {"default": True, "tooltip": help_of("compile") + ". This switch: on is auto, off "
+                        "is off"})}
 
 
 def cache_widgets() -> dict:

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -27,6 +29,7 @@ def test_the_counted_flops_are_the_layers_arithmetic():
     assert counts.bytes["the rest"] > counts.bytes["linears"]  # eager: the elementwise traffic outweighs the GEMMs'
 
 
+@pytest.mark.slow  # a process of its own
 def test_it_prints_the_floors():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_roofline.py"), "--variant", "edge",
                            "--size", "832x480x121"], capture_output=True, text=True, timeout=120)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -14,6 +16,7 @@ import bench_workloads as bench  # noqa: E402
 PASSES = {"t2v": 2, "i2v": 2, "transfer": 3}  # forward passes a step: CFG; the transfer's control guidance too
 
 
+@pytest.mark.slow  # a process of its own
 def test_every_workload_precision_and_cache_is_timed_by_stage(tmp_path):
     path = tmp_path / "workloads.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_workloads.py"), "--tiny", "--device", "cpu",

@@ -16,6 +16,7 @@ Importing this module imports ComfyUI: only nodes that run inside ComfyUI import
 """
 
 import logging
+from dataclasses import replace
 
 import comfy.conds
 import comfy.latent_formats
@@ -24,8 +25,6 @@ import comfy.model_patcher
 import comfy.patcher_extension
 import comfy.supported_models_base
 import torch
-
-from dataclasses import replace
 
 from ...cosmos3_runtime import InputError, Request, TextKV, cancel, modelopt_fp8
 from ...cosmos3_runtime.budget import estimate

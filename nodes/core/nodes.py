@@ -29,10 +29,9 @@ class Cosmos3CoreModel:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"model": ("COSMOS3_MODEL", {"tooltip": "from Cosmos3 Model Loader"})},
-                "optional": {"compile": ("BOOLEAN", {"default": True, "tooltip": "compile the media block with "
-                             "torch.compile where it can (a CUDA GPU with Triton installed; eager elsewhere): one "
-                             "compile serves every layer, the first run pays it; off: eager (TorchCompileModel "
-                             "compiles the whole network instead)"})}}
+                "optional": {"compile": ("BOOLEAN", {"default": True, "tooltip": help_of("compile") + ". This "
+                             "switch: on is auto, off is off (for TorchCompileModel, which compiles the whole "
+                             "network)"})}}
 
     def build(self, model, compile=True):
         spec = model.spec

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
-from cosmos3_runtime.quantize import Fp8Linear, scaled_layer  # noqa: E402
+from cosmos3_runtime.weights.local_fp8 import Fp8Linear, scaled_layer  # noqa: E402
 from cosmos3_runtime.tiny import make_tiny_checkpoint  # noqa: E402
 from cosmos3_runtime.transformer import tower_of  # noqa: E402
 

@@ -5,10 +5,12 @@
     python benchmarks/bench_memory.py --released-sizes        # the generator's weights per download format
 
 Options compared: default, offload_text, blocks_to_swap, fp8 (and fp8_scaled), GGUF Q8_0 and Q4_0 (random blocks: the
-speed of a GGUF layer depends on its type and shape, not its values) and text + swap + fp8 combined.
-- Computed (any machine, nothing allocated): weight bytes each option leaves on the compute device,
-  counted from the model's parameters on the meta device under that option's placement, plus the
-  activations of the request from the runtime's own estimate (`budget.estimate`).
+speed of a GGUF layer depends on its type and shape, not its values), NVFP4 (random packed values) and text + swap +
+fp8 combined.
+- Computed (any machine, nothing allocated): weight bytes each option leaves on the compute device, the memory plan
+  of each weight format (`weights.format.planned_bytes`: what its layers keep, scales included) over the model's
+  parameters on the meta device under that option's placement, plus the activations of the request from the
+  runtime's own estimate (`budget.estimate`, the format's layers at work included).
 - Measured (`--measure`, CUDA): peak `torch.cuda.max_memory_allocated` (and `max_memory_reserved`, what the
   caching allocator holds: what other programs cannot use) and time per step (both CFG forwards) with random bf16
   weights in the released shapes, each option against the default from
@@ -29,19 +31,29 @@ import torch  # noqa: E402
 
 from cosmos3_runtime import budget  # noqa: E402
 from cosmos3_runtime.geometry import RunGeometry  # noqa: E402
-from cosmos3_runtime.gguf_dequant import BLOCKS  # noqa: E402
-from cosmos3_runtime.gguf_weights import BLOCK_LINEARS, GGUFLinear  # noqa: E402
 from cosmos3_runtime.offload import BlockSwap, TextOffload  # noqa: E402
-from cosmos3_runtime.quantize import quantize_fp8  # noqa: E402
 from cosmos3_runtime.tiny import RELEASED  # noqa: E402
 from cosmos3_runtime.transformer import Cosmos3Transformer, TransformerConfig, tower_of  # noqa: E402
 from cosmos3_runtime.vae import VAEConfig  # noqa: E402
+from cosmos3_runtime.weights.files import Dense  # noqa: E402
+from cosmos3_runtime.weights.format import planned_bytes, replace_linears  # noqa: E402
+from cosmos3_runtime.weights.gguf import BLOCK_LINEARS, GGUF, GGUFLinear  # noqa: E402
+from cosmos3_runtime.weights.gguf_dequant import BLOCKS  # noqa: E402
+from cosmos3_runtime.weights.local_fp8 import LocalFp8, quantize_fp8  # noqa: E402
+from cosmos3_runtime.weights.modelopt import Quantization  # noqa: E402
+from cosmos3_runtime.weights.modelopt_fp8 import ModelOptFp8  # noqa: E402
+from cosmos3_runtime.weights.nvfp4 import NVFP4, NVFP4Linear  # noqa: E402
 
 REQUESTS = {"edge": (832, 480, 81), "nano": (1280, 720, 81), "super": (1280, 720, 81)}
 GIB = 2**30
 
 
 GGUF_SCALES = {"Q8_0": 0.02 / 74, "Q4_0": 0.02 / 4.6}  # block scale for weights of std ~0.02 from random bytes
+EXPORT_IGNORE = ("embed_tokens", "lm_head", "proj_out", "time_embedder*")  # what ModelOpt's export leaves unquantized
+FORMATS = {"bf16": Dense(None), "official FP8 (ModelOpt)": ModelOptFp8(None, {}, Quantization("FP8", None,
+                                                                                             EXPORT_IGNORE)),
+           "NVFP4 (ModelOpt)": NVFP4(None, {}, Quantization("NVFP4", None, EXPORT_IGNORE)),
+           "GGUF Q8_0": GGUF(None, "Q8_0"), "GGUF Q4_0": GGUF(None, "Q4_0")}  # the download formats
 
 
 def options(swap: int) -> dict[str, dict]:
@@ -49,33 +61,26 @@ def options(swap: int) -> dict[str, dict]:
         "default": {},
         "offload_text": dict(offload_text=True),
         f"blocks_to_swap={swap}": dict(blocks_to_swap=swap),
-        "fp8": dict(fp8=True),
-        "fp8_scaled": dict(fp8="fp8_scaled"),
-        "gguf Q8_0": dict(gguf="Q8_0"),
-        "gguf Q4_0": dict(gguf="Q4_0"),
-        f"combined (text, {swap} blocks, fp8)": dict(offload_text=True, blocks_to_swap=swap, fp8=True),
+        "fp8": dict(weights=LocalFp8(None, "fp8")),
+        "fp8_scaled": dict(weights=LocalFp8(None, "fp8_scaled")),
+        "gguf Q8_0": dict(weights=FORMATS["GGUF Q8_0"]),
+        "gguf Q4_0": dict(weights=FORMATS["GGUF Q4_0"]),
+        "NVFP4": dict(weights=FORMATS["NVFP4 (ModelOpt)"]),
+        f"combined (text, {swap} blocks, fp8)": dict(offload_text=True, blocks_to_swap=swap,
+                                                     weights=LocalFp8(None, "fp8")),
     }
 
 
 def computed_weights(config: TransformerConfig, option: dict) -> int:
-    """Bytes of weights on the compute device under an option (bf16; fp8 weights one byte plus a scale per row)."""
+    """Bytes of weights on the compute device under an option (bf16, or the option's weight format's memory plan)."""
     with torch.device("meta"):
         model = Cosmos3Transformer(config)
     swapped = set(range(option.get("blocks_to_swap", 0)))
     total, swapped_bytes = 0, {}
-    for name, p in model.named_parameters():
+    for name, size in planned_bytes(model, option.get("weights", FORMATS["bf16"]), torch.bfloat16).items():
         tower = tower_of(name)
         if option.get("offload_text") and tower == "text tower":
             continue
-        size = p.numel() * (4 if name.startswith("time_embedder") else 2)
-        if option.get("fp8") and p.ndim == 2 and not name.startswith("time_embedder"):
-            size = p.numel() + p.shape[0] * 4  # fp8 values and a float32 scale per row
-        if option.get("modelopt") and name.endswith(".weight") and not name.startswith("time_embedder") and \
-                isinstance(model.get_submodule(name.removesuffix(".weight")), torch.nn.Linear):
-            size = p.numel() + 3 * 2  # fp8 values; weight scale, weight range and input range (bf16 scalars)
-        if option.get("gguf") and p.ndim == 2 and name.startswith(BLOCK_LINEARS):
-            values, block = BLOCKS[option["gguf"]]
-            size = p.numel() // values * block
         layer = int(name.split(".")[1]) if name.startswith("layers.") else None
         if tower == "media tower" and layer in swapped:
             swapped_bytes[layer] = swapped_bytes.get(layer, 0) + size
@@ -85,11 +90,11 @@ def computed_weights(config: TransformerConfig, option: dict) -> int:
     return total + sum(resident)
 
 
-def activations(config: TransformerConfig, size: tuple[int, int, int], text_tokens: int = 300) -> int:
+def activations(config: TransformerConfig, size: tuple[int, int, int], option: dict, text_tokens: int = 300) -> int:
     width, height, frames = size
     geometry = RunGeometry(height, width, frames, frames, guided=True)  # the default request: guidance 4
     return budget.estimate(config, VAEConfig(latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48), geometry,
-                           text_tokens, text_tokens, torch.bfloat16, tile=None).total
+                           text_tokens, text_tokens, torch.bfloat16, tile=None, weights=option.get("weights")).total
 
 
 def computed_table(swap: int) -> None:
@@ -97,40 +102,49 @@ def computed_table(swap: int) -> None:
     print("(activations include the VAE decode of the whole clip untiled; tiled decoding lowers them further)\n")
     for variant, raw in RELEASED.items():
         config = TransformerConfig(**raw)
-        act = activations(config, REQUESTS[variant])
         w, h, f = REQUESTS[variant]
-        print(f"{variant}: {w}x{h}x{f}, activations {act / GIB:.1f} GiB")
+        print(f"{variant}: {w}x{h}x{f}, activations {activations(config, REQUESTS[variant], {}) / GIB:.1f} GiB")
         print("| option | weights GiB | total GiB | fits in |")
         print("|---|---|---|---|")
         for label, option in options(swap).items():
             if label == "fp8_scaled":  # the same bytes as fp8
                 continue
             weights = computed_weights(config, option)
-            total = weights + act
+            total = weights + activations(config, REQUESTS[variant], option)
             fits = [f"{g} GB" for g in (8, 12, 16, 24) if total <= g * 1e9 * 0.92]  # leave the CUDA context room
             print(f"| {label} | {weights / GIB:.1f} | {total / GIB:.1f} | {', '.join(fits) or 'none of 8-24 GB'} |")
         print()
 
 
-def random_model(config: TransformerConfig, device: str, gguf: str | None = None) -> Cosmos3Transformer:
-    """Random bf16 weights (made on `device`: fast on a GPU); `gguf`: the blocks' linears as random blocks."""
+def random_model(config: TransformerConfig, device: str, weights=None) -> Cosmos3Transformer:
+    """Random bf16 weights (made on `device`: fast on a GPU); GGUF `weights`: the blocks' linears as random blocks;
+    NVFP4: the linears its export quantizes as random packed values, block scales 1 and a global scale for a std
+    about 0.02."""
     with torch.device("meta"):
         model = Cosmos3Transformer(config)
-        if gguf is not None:
-            for name, module in list(model.named_modules()):
-                for child_name, child in list(module.named_children()):
-                    if f"{name}.".startswith(BLOCK_LINEARS) and isinstance(child, torch.nn.Linear):
-                        setattr(module, child_name, GGUFLinear(child, gguf))
+        if isinstance(weights, GGUF):
+            replace_linears(model, lambda name, linear: GGUFLinear(linear, weights.qtype) if
+                            name.startswith(BLOCK_LINEARS) else None)
+        if isinstance(weights, NVFP4):
+            replace_linears(model, lambda name, linear: None if weights.quantization.ignores(name) else
+                            NVFP4Linear(linear))
         for name, p in model.named_parameters():  # bf16 before any memory is taken: no float32 copy to cache
-            if p.is_floating_point() and not name.startswith("time_embedder."):
+            if p.is_floating_point() and p.dtype != torch.float8_e4m3fn and not name.startswith("time_embedder."):
                 p.data = p.data.to(torch.bfloat16)
     model = model.to_empty(device=device)
     generator = torch.Generator(device).manual_seed(0)
-    for p in model.parameters():
-        if p.dtype == torch.uint8:  # random quantized values, then a sane fp16 scale at each block's start
-            blocks = p.data.view(-1, BLOCKS[gguf][1])
+    for name, p in model.named_parameters():
+        if p.dtype == torch.uint8 and isinstance(weights, GGUF):  # random values, a sane fp16 scale at block starts
+            blocks = p.data.view(-1, BLOCKS[weights.qtype][1])
             blocks.random_(0, 256, generator=generator)
-            blocks[:, :2] = torch.full((len(blocks), 1), GGUF_SCALES[gguf], dtype=torch.float16, device=device).view(torch.uint8)
+            blocks[:, :2] = torch.full((len(blocks), 1), GGUF_SCALES[weights.qtype], dtype=torch.float16,
+                                       device=device).view(torch.uint8)
+        elif p.dtype == torch.uint8:
+            p.data.random_(0, 256, generator=generator)
+        elif p.dtype == torch.float8_e4m3fn:
+            p.data.fill_(1.0)
+        elif name.endswith("weight_scale_2"):
+            p.data.fill_(0.02 / 3)  # E2M1 values of random bytes have a std about 3
         else:
             p.data.normal_(0, 0.02, generator=generator)
     return model.eval()
@@ -150,9 +164,10 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
     results = {}
     chosen = {label: option for label, option in options(swap).items() if not only or label in only}
     for label, option in chosen.items():
-        model = random_model(config, device, option.get("gguf"))
-        if option.get("fp8"):
-            quantize_fp8(model, "fp8" if option["fp8"] is True else option["fp8"])
+        weights = option.get("weights")
+        model = random_model(config, device, weights)
+        if isinstance(weights, LocalFp8):
+            quantize_fp8(model, weights.mode)
         text_offload = TextOffload(model, torch.device("cpu")) if option.get("offload_text") else None
         if option.get("blocks_to_swap"):
             model.hooks = replace(model.hooks, layer=BlockSwap(model, option["blocks_to_swap"]))
@@ -196,13 +211,11 @@ def measure(variant: str, device: str, swap: int, layers: int | None, size, step
 def released_sizes() -> None:
     """The generator's weights in each download format, computed from the released shapes (the files also hold the
     Reasoner's output head and last text layer, which generation does not read)."""
-    formats = {"bf16": {}, "official FP8 (ModelOpt)": dict(modelopt=True), "GGUF Q8_0": dict(gguf="Q8_0"),
-               "GGUF Q4_0": dict(gguf="Q4_0")}
-    print("| variant | " + " | ".join(formats) + " |")
-    print("|---" * (len(formats) + 1) + "|")
+    print("| variant | " + " | ".join(FORMATS) + " |")
+    print("|---" * (len(FORMATS) + 1) + "|")
     for variant, raw in RELEASED.items():
         config = TransformerConfig(**raw)
-        sizes = [computed_weights(config, option) for option in formats.values()]
+        sizes = [computed_weights(config, dict(weights=weights)) for weights in FORMATS.values()]
         print(f"| {variant} | " + " | ".join(f"{size / GIB:.1f} GiB" for size in sizes) + " |")
 
 

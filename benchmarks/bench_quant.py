@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
-from cosmos3_runtime.gguf_convert import WRITABLE, convert  # noqa: E402
-from cosmos3_runtime.gguf_weights import GGUFFile  # noqa: E402
 from cosmos3_runtime.tiny import make_tiny_checkpoint  # noqa: E402
-from cosmos3_runtime.weights import read_headers  # noqa: E402
+from cosmos3_runtime.weights.files import read_headers  # noqa: E402
+from cosmos3_runtime.weights.gguf import GGUFFile  # noqa: E402
+from cosmos3_runtime.weights.gguf_convert import WRITABLE, convert  # noqa: E402
 
 RELEASED = {  # transformer widths of the released checkpoints (bench_memory.py has the same table)
     "nano": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -55,7 +55,7 @@ PEAK = "import re, sys; print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/sel
 def peak_rss(code: str) -> tuple[int, int]:
     """(peak RSS after the imports, peak RSS at the end) of `code` run in a fresh process, in bytes."""
     script = f"import sys; sys.path.insert(0, {str(ROOT)!r})\nimport torch, gguf, cosmos3_runtime, " \
-             f"cosmos3_runtime.gguf_convert\n{PEAK}\n{code}\n{PEAK}"
+             f"cosmos3_runtime.weights.gguf_convert\n{PEAK}\n{code}\n{PEAK}"
     err = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
     numbers = [int(line) for line in err.split() if line.isdigit()]
     return numbers[0], numbers[-1]
@@ -81,7 +81,7 @@ def released(name: str, tmp: Path) -> None:
     sizes = {}
     for qtype in WRITABLE:
         out = tmp / f"{name}-{qtype}.gguf"
-        base, peak = peak_rss(f"cosmos3_runtime.gguf_convert.convert({str(root)!r}, {str(out)!r}, {qtype!r})")
+        base, peak = peak_rss(f"cosmos3_runtime.weights.gguf_convert.convert({str(root)!r}, {str(out)!r}, {qtype!r})")
         file = GGUFFile(out)
         sizes[qtype] = ({t.name: int(t.n_bytes) for t in file.reader.tensors}, peak - base)
         if qtype != WRITABLE[-1]:
@@ -161,7 +161,7 @@ def dequant_per_forward() -> None:
     from gguf_files import random_blocks
     from virtual_device import VirtualDevice
 
-    from cosmos3_runtime.gguf_dequant import dequantize
+    from cosmos3_runtime.weights.gguf_dequant import dequantize
 
     c = RELEASED["nano"]
     H, I, A, K, D = (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"],

@@ -69,8 +69,9 @@ from gpu_check import random_pipeline  # noqa: E402
 from torch import nn  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
-from cosmos3_runtime.modelopt_fp8 import FP8, FP8_MAX  # noqa: E402
-from cosmos3_runtime.quantize import expect_stored_fp8, remember_input_ranges, weight_bytes  # noqa: E402
+from cosmos3_runtime.weights.format import weight_bytes  # noqa: E402
+from cosmos3_runtime.weights.fp8 import FP8, FP8_MAX  # noqa: E402
+from cosmos3_runtime.weights.modelopt_fp8 import ModelOptFp8, remember_input_ranges  # noqa: E402
 from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint  # noqa: E402
 from cosmos3_runtime.transformer import DecoderLayer, TransformerConfig, pathway_of  # noqa: E402
 
@@ -197,9 +198,9 @@ def forwards(report: str | None, passes: int) -> tuple[int, int]:
 
 
 def official_fp8(pipe, calibration: dict) -> None:
-    """The transformer as a loaded official FP8 checkpoint holds it, from its bf16 weights: the loader's own shells
-    (`expect_stored_fp8`, given the headers such a checkpoint has) for every linear inside the layers, each filled as
-    `load_weights` fills it (fp8 weight, its one tensorwise scale broadcast to the rows, a static input scale), then
+    """The transformer as a loaded official FP8 checkpoint holds it, from its bf16 weights: the format's own shells
+    (`ModelOptFp8.build`, given the headers such a checkpoint has) for every linear inside the layers, each filled as
+    `load_weights` fills it (fp8 weight, its one tensorwise scale, a static input scale), then
     `remember_input_ranges`. Input scales are calibrated as ModelOpt's max calibration does (amax / 448), on one
     eager generation of `calibration`, so linears reading one activation (q, k, v; gate, up) share its range."""
     model = pipe.transformer
@@ -224,13 +225,13 @@ def official_fp8(pipe, calibration: dict) -> None:
     for name, m in linears.items():
         headers.update({f"{name}.weight": {"dtype": "F8_E4M3", "shape": list(m.weight.shape)},
                         f"{name}.weight_scale": scalar, f"{name}.input_scale": scalar})
-    expect_stored_fp8(model, headers, lambda key: key, pathway_of)
+    ModelOptFp8(None, headers).build(model, lambda key: key, pathway_of)
     with torch.no_grad():
         for name in list(linears):
             weight = linears.pop(name).weight.float()  # its bf16 copy goes as its shell is filled
             scale = weight.abs().amax() / FP8_MAX
             model.get_submodule(name).load_state_dict(
-                {"weight": (weight / scale).to(FP8), "scale": scale.expand(weight.shape[0]),
+                {"weight": (weight / scale).to(FP8), "scale": scale,
                  "input_scale": ranges[name].clone() / FP8_MAX}, strict=False, assign=True)  # (out of inference mode)
     remember_input_ranges(model)
 

@@ -61,7 +61,7 @@ from bench_memory import random_model  # noqa: E402
 from virtual_device import place_like_a_host  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
-from cosmos3_runtime.quantize import Fp8Linear, scaled_fp8_available  # noqa: E402
+from cosmos3_runtime.weights.local_fp8 import Fp8Linear, scaled_fp8_available  # noqa: E402
 from cosmos3_runtime.action import ActionRequest  # noqa: E402
 from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block  # noqa: E402
 from cosmos3_runtime.transformer import TrackTokens, TransformerConfig, attention  # noqa: E402
@@ -219,8 +219,8 @@ def check_fp8_scaled(c: Check) -> None:
 def check_gguf(c: Check) -> None:
     if importlib.util.find_spec("gguf") is None:
         raise Skip("the gguf package is not installed (carry its wheel: see benchmarks/gpu_check.sh)")
-    from cosmos3_runtime.gguf_convert import convert
-    from cosmos3_runtime.gguf_weights import GGUFLinear
+    from cosmos3_runtime.weights.gguf_convert import convert
+    from cosmos3_runtime.weights.gguf import GGUFLinear
 
     for qtype in ("q8_0", "q4_0"):
         path = c.folder / f"{qtype}.gguf"
@@ -685,7 +685,7 @@ def check_gguf_dequant(c: Check) -> None:
         raise Skip("the gguf package is not installed")
     from gguf_files import random_blocks
 
-    from cosmos3_runtime.gguf_dequant import dequantize, slice_values
+    from cosmos3_runtime.weights.gguf_dequant import dequantize, slice_values
 
     r = RELEASED["nano"]
     H, I, A, K, D = (r["hidden_size"], r["intermediate_size"], r["num_attention_heads"], r["num_key_value_heads"],
@@ -721,7 +721,8 @@ def w8a8_against_w8a16(c: Check, hidden: int, intermediate: int, tokens: int) ->
     """One media layer's linears ([H, H], [I, H], [H, I]) on a `tokens` batch, W8A8 (`w8a8_linear`: fp8 activations
     by a static scale) against W8A16 (the fp8 weight upcast): W8A8's time as a multiple of W8A16's, and the relative
     mean difference of their outputs."""
-    from cosmos3_runtime.modelopt_fp8 import FP8, w8a8_linear
+    from cosmos3_runtime.weights.fp8 import FP8
+    from cosmos3_runtime.weights.modelopt_fp8 import w8a8_linear
 
     weights = [(torch.randn(o, i, device=c.device) * 0.02) for o, i in ((hidden, hidden), (intermediate, hidden),
                                                                          (hidden, intermediate))]
@@ -810,7 +811,7 @@ def check_reasoner_decoding(c: Check) -> None:
         parted = (f"; the first {n} tokens equal, then eager's pick led the compiled one's by {gap:.3f} (the runs' "
                   f"logits differ by up to {moved:.3f} there)")
     if importlib.util.find_spec("gguf") is not None:
-        from cosmos3_runtime.gguf_convert import convert
+        from cosmos3_runtime.weights.gguf_convert import convert
 
         path = c.folder / "reasoner-q8_0.gguf"
         convert(root, path, "q8_0")

@@ -16,20 +16,23 @@ from .checkpoint import Checkpoint, read_json, resolve
 from . import timing
 from .errors import Cosmos3Error, InputError, reworded
 from .geometry import latent_frames, latent_size
-from .gguf_convert import WRITABLE, convert, describe_types
 from .controls import derive
 from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions,
                     save_wav, video_header)
 from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, read_clip
 from .parallel import init_from_env
 from .guardrails import load as load_guardrails
-from .pipeline import load, open_gguf, planner, prompt_list
+from .pipeline import load, planner, prompt_list
 from .progress import Report
 from .request import Request, add_arguments, cli_flag, options_from_args
 from .tiny import KINDS, SIZES, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
 from .transfer import HINTS, check_hints, summary as transfer_summary
 from .transformer import Cosmos3Transformer, tower_of
-from .weights import stored_bytes
+from .weights import detect
+from .weights.files import stored_bytes
+from .weights.format import planned_bytes
+from .weights.gguf import GGUF
+from .weights.gguf_convert import WRITABLE, convert, describe_types
 
 
 def cmd_make_tiny(args) -> None:
@@ -220,8 +223,11 @@ def cmd_info(args) -> None:
           + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in towers.items()) + ")")
     print("in memory:  " + ", ".join(f"{name} {total * size / 2**30:,.2f} GiB"
                                      for name, size in (("bf16", 2), ("fp8", 1), ("fp32", 4))))
-    gguf = open_gguf(checkpoint, args.transformer_file)
-    if gguf is not None:
+    weights = detect(checkpoint, args.transformer_file)
+    resident = sum(planned_bytes(model, weights, torch.bfloat16).values())
+    print(f"weights:    {weights.name}, {resident / 2**30:,.2f} GiB in memory as loaded (what it leaves dense in bf16)")
+    if isinstance(weights, GGUF):
+        gguf = weights.file
         print(f"on disk:    transformer GGUF {gguf.path.name}: {describe_types(gguf.types())}")
         print(f"gguf:       quantization {gguf.field('cosmos3.quantization') or 'not recorded'}, other tensors in "
               f"{gguf.field('cosmos3.kept_type') or 'their stored types'}; converted from a "

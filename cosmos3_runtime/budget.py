@@ -5,7 +5,7 @@ per-prompt text K/V caches, SeaCache's stored residuals, a long run's overlap fr
 forwards (`RunGeometry.history_frames`) throughout, plus the largest
 of its phases: the VAE encode of its conditioning frames (or a transfer chunk's controls), the text tower over the
 prompt, the media tower over the media tokens during the steps (attention runs in memory-efficient kernels, so no
-L x L score matrix; an official FP8 checkpoint's W8A8 products on a GPU without fp8 matmuls), or the VAE decode
+L x L score matrix; what a quantized format's layers hold at work, `WeightFormat.step_bytes`), or the VAE decode
 (working sets measured on the virtual device, and the output frames). Whole runs on the virtual device at the
 released shapes (a long video, a transfer with SeaCache, an FP8 run) peak within 10 % of it (tests/test_gpu_faults.py);
 one it passes can still run out of memory if other programs take the device in the meantime.
@@ -41,23 +41,30 @@ ENCODE_PEAK_FRAMES, ENCODE_PEAK_ONE = 12.5, 3.1
 # Parts held only during one phase of a run, which never overlap: the conditioning through the VAE encoder, the
 # prompt through the text tower, the steps, the decode. The others (the sampling state, the text K/V, SeaCache's
 # residuals, the frames a later chunk starts from) are held throughout.
-PHASES = ({"VAE encode"}, {"text tower"}, {"media tower", "rotary tables", "W8A8 products"}, {"VAE decode"})
+PHASES = ({"VAE encode"}, {"text tower"}, {"media tower", "rotary tables"}, {"VAE decode"})
+STEPS = 2  # the phase of the steps, which also holds the weight format's parts (`Estimate.weights_at_work`)
 
 
 @dataclass(frozen=True)
 class Estimate:
     """Bytes a request needs beyond the weights, by part: on its device (`parts`), and in host memory for its output
-    (`host`)."""
+    (`host`); `weights_at_work` names the parts the weight format's layers hold during the steps."""
 
     parts: dict[str, int]
     host: dict[str, int] = field(default_factory=dict)
+    weights_at_work: tuple[str, ...] = ()
+
+    @property
+    def phases(self) -> list[set[str]]:
+        return [phase | set(self.weights_at_work) if i == STEPS else phase for i, phase in enumerate(PHASES)]
 
     @property
     def total(self) -> int:
         """The device's peak: what is held throughout, plus the largest phase."""
-        phased = set().union(*PHASES)
+        phases = self.phases
+        phased = set().union(*phases)
         held = sum(n for name, n in self.parts.items() if name not in phased)
-        return held + max(sum(self.parts.get(name, 0) for name in phase) for phase in PHASES)
+        return held + max(sum(self.parts.get(name, 0) for name in phase) for phase in phases)
 
     @property
     def host_total(self) -> int:
@@ -76,11 +83,11 @@ def gib(num_bytes: float) -> str:
 
 def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens: int, dtype: torch.dtype, tile=None,
              device: torch.device | None = None, *, decode: bool = True, frames_out: bool = False,
-             encoded_frames: int = 0, w8a8: bool = False, cache: CacheConfig | None = None) -> Estimate:
+             encoded_frames: int = 0, weights=None, cache: CacheConfig | None = None) -> Estimate:
     """The memory of a generation of geometry `g` on `device` (None: as on a CPU); `vae_config` None: no VAE work;
     `tile` a TileSpec or None; `decode`: frames are decoded (a long video decodes every chunk); `frames_out`: the
     run hands back its frames; `encoded_frames`: the most pixel frames one encode takes (see `encoded_frames`);
-    `w8a8`: an official FP8 checkpoint (its activations quantized to fp8); `cache`: its step cache (None: off)."""
+    `weights`: the transformer's `WeightFormat` (None: dense); `cache`: its step cache (None: off)."""
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
                      config.num_key_value_heads, config.head_dim)
@@ -112,10 +119,8 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
     kept = {"media K/V cache": int(config.num_hidden_layers * history * 2 * K * D * per_value)} if history else {}
     if g.history_memory != "cpu":  # held throughout, every layer's keys and values
         parts.update(kept)
-    if w8a8:  # an MLP down projection's input quantized to fp8 through two float32 copies (4.2-4.5 bytes per N x I
-        # measured on the virtual device); one fused kernel on a GPU with fp8 matmuls and Triton leaves its fp8 copy
-        fused = device is not None and facts(device).fp8_tensorwise and facts(device).triton
-        parts["W8A8 products"] = int(media_tokens * I * (1 if fused else 4.5))
+    at_work = {} if weights is None else weights.step_bytes(config, media_tokens, dtype, device)
+    parts.update(at_work)
     if cache is not None:  # each guidance pass keeps its last full runs' residuals (the control-free one: the video's)
         tokens = media_tokens * (1 + g.guided) + video_tokens * g.control_guided
         parts["SeaCache residuals"] = tokens * (cache.residual_order + 1) * H * b
@@ -131,7 +136,7 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
         out = 3 * (g.decoded_frames or g.window_frames) * g.height * g.width  # as it grows, then float32 in 0..1
         parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
     host = output(config, g, frames_out, latents_out=not controls, on_cpu=device is None or device.type == "cpu")
-    return Estimate(parts, {**host, **(kept if g.history_memory == "cpu" else {})})
+    return Estimate(parts, {**host, **(kept if g.history_memory == "cpu" else {})}, tuple(at_work))
 
 
 def output(config, g: RunGeometry, frames_out: bool, latents_out: bool, on_cpu: bool) -> dict[str, int]:

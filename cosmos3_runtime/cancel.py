@@ -5,7 +5,7 @@ going that long. A host installs its check for the duration of a run (`checking`
 between layers (of the text tower and of the media stack) and the VAE after every latent frame of every tile, so a
 Cancel ends a run within about one layer's (or one frame's) time.
 
-The check is held on a plain class attribute, not a ContextVar (as `modelopt_fp8`'s precision is): compiled code
+The check is held on a plain class attribute, not a ContextVar (as `weights.precision`'s step is): compiled code
 reads no ContextVar without a graph break, and a process runs one generation at a time. Inside a compiled region
 `check` does nothing: a call out to the host would break the graph, so a compiled forward is cancelled at its edges.
 

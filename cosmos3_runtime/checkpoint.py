@@ -20,9 +20,10 @@ from pathlib import Path
 from .action import default_preset
 from .causal import CausalConfig, read_config as read_causal
 from .errors import CheckpointError
-from .modelopt_fp8 import HF_QUANT_CONFIG, Quantization, StepPolicy, read_quantization
 from .schedulers import FLOW_MATCH_EULER
 from .transformer import EDGE_BACKBONE, TransformerConfig
+from .weights.modelopt import HF_QUANT_CONFIG, Quantization, read_quantization
+from .weights.precision import Policy
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,12 @@ class Variant:
     pipeline_class: str
     scheduler_class: str  # scheduler/scheduler_config.json _class_name (the 'checkpoint' schedule runs it)
     default_action_preset: str = "framework"  # droid-server when the folder or repo id names Policy-DROID
-    quantization: Quantization | None = None  # an official FP8 checkpoint's (transformer config's quantization_config)
+    quantization: Quantization | None = None  # a ModelOpt checkpoint's (transformer config's quantization_config)
     causal: CausalConfig | None = None  # a causal checkpoint's rollout (distilled: its fixed SDE sigmas)
 
     @property
-    def fp8_policy(self) -> StepPolicy | None:
-        """The step policy an official FP8 checkpoint declares (None: W8A8 throughout, or not FP8)."""
+    def precision(self) -> Policy | None:
+        """The step policy a quantized checkpoint declares (None: its own arithmetic throughout, or none declared)."""
         return None if self.quantization is None else self.quantization.policy
 
     def describe(self) -> str:

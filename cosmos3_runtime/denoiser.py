@@ -11,7 +11,6 @@ from dataclasses import replace
 
 import torch
 
-from . import modelopt_fp8
 from .checkpoint import Checkpoint
 from .conditioning import Held
 from .geometry import latent_size
@@ -21,6 +20,7 @@ from .schedulers import Schedule, checkpoint_schedule, distilled_schedule, stepp
 from .settings import Settings
 from .step_cache import StepCache
 from .transformer import Cosmos3Transformer, TextKV
+from .weights import precision
 
 TEXT_CACHE_SIZE = 2  # the cond and uncond prompts of the latest request
 
@@ -52,7 +52,7 @@ class Denoiser:
 
     @staticmethod
     def text_key(ids: list[int]) -> tuple:
-        return tuple(ids), modelopt_fp8.runs_w8a8("text")  # an FP8 text tower's K/V depend on its precision
+        return tuple(ids), precision.runs_native("text")  # a quantized text tower's K/V depend on its precision
 
     def encode_prompts(self, cond_ids, uncond_ids, s: Settings, parallel, progress) -> None:
         """The prompts' text K/V made before the first step (they are cached for it), each reported as "text". A
@@ -112,7 +112,7 @@ class Denoiser:
             # Each pass runs at its own text length: padding one to the other's would leave zero keys that the
             # (unmasked) media attention still weights.
             passes = guidance.passes(t)
-            with modelopt_fp8.for_step(s.fp8_policy, i, len(schedule)):
+            with precision.for_step(s.precision, i, len(schedule)):
                 if cfg is not None and len(passes) == 2:  # one pass per rank group, exchanged (no tracks)
                     outputs = [[v] for v in exchange_branches(cfg, velocities(cfg.rank, *passes[cfg.rank])[0])]
                 else:

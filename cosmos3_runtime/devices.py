@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 FP8 = torch.float8_e4m3fn
+FP4 = getattr(torch, "float4_e2m1fn_x2", None)  # two E2M1 values a byte: torch 2.8 and newer
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -34,6 +35,8 @@ class DeviceFacts:
     # on the CPU from torch 2.8 on, slowly: for checking the arithmetic)
     triton: bool = False  # torch.compile can make this device's kernels (Triton installed, often not on Windows; on
     # CUDA a card of compute capability 7.0 or newer, as torch's own has_triton asks)
+    fp4: bool = False  # torch._scaled_mm with NVFP4 operands (E2M1 values, e4m3 scales per 16) runs here (compute
+    # capability 10.x and 12.x with a torch that has float4_e2m1fn_x2)
 
     @property
     def cuda(self) -> bool:
@@ -111,11 +114,13 @@ def _probe(device: torch.device) -> DeviceFacts:
     record = DeviceFacts("cuda", capability, rocm, torch._C._get_flash_sdp_enabled(), triton=triton)
     if rocm or capability < (8, 9):  # no e4m3fn GEMMs (ROCm's fp8 is e4m3fnuz)
         return record
+    fp4_card = capability[0] in (10, 12) and FP4 is not None
     if torch.compiler.is_compiling():  # the documented rule until an eager call probes
         return DeviceFacts("cuda", capability, rocm, record.flash_sdp, fp8_tensorwise=True,
-                           fp8_rowwise=capability >= (9, 0) and capability[0] != 12, triton=triton)
+                           fp8_rowwise=capability >= (9, 0) and capability[0] != 12, triton=triton, fp4=fp4_card)
     return DeviceFacts("cuda", capability, rocm, record.flash_sdp, fp8_tensorwise=_scaled_mm_runs(device, False),
-                       fp8_rowwise=_scaled_mm_runs(device, True), triton=triton)
+                       fp8_rowwise=_scaled_mm_runs(device, True), triton=triton,
+                       fp4=fp4_card and _fp4_mm_runs(device))
 
 
 def _sdp_takes_groups(device: torch.device, masked: bool = False) -> bool:
@@ -143,6 +148,18 @@ def _scaled_mm_runs(device: torch.device, rowwise: bool) -> bool:
         torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
         return True
     except (RuntimeError, NotImplementedError):  # (a torch without a CPU kernel raises NotImplementedError)
+        return False
+
+
+def _fp4_mm_runs(device: torch.device) -> bool:
+    """One tiny NVFP4 matmul (128 x 64 by 64 x 128, its scales in cuBLAS's 128 x 4 tiles): torch builds and cards
+    differ in which block-scaled kernels they ship, which the capability alone does not tell."""
+    a = torch.zeros(128, 32, dtype=torch.uint8, device=device).view(FP4)
+    scales = torch.ones(128 * 4, device=device).to(FP8)
+    try:
+        torch._scaled_mm(a, a.t(), scales, scales, out_dtype=torch.bfloat16)
+        return True
+    except (RuntimeError, NotImplementedError, ValueError):
         return False
 
 

@@ -11,18 +11,16 @@ from typing import Any
 
 import torch
 
-from . import budget, cancel, causal, modelopt_fp8, runs, timing, transfer
+from . import budget, cancel, causal, runs, timing, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .codec import Codec
 from .denoiser import Denoiser
 from .errors import CheckpointError, InputError, NumericalError
-from .gguf_weights import GGUFFile, expect_gguf_linears, gguf_file, load_gguf_weights
 from .guardrails import Guardrails, load as load_guardrails
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel
 from .progress import Report
 from .prompts import PromptOptions, negative_text, positive_text
-from .quantize import check_mode, expect_stored_fp8, quantize_fp8, remember_input_ranges
 from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
 from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
 from .action import action_prompt
@@ -36,7 +34,11 @@ from .transformer import (Cosmos3Transformer, checkpoint_key_mapper, linear_laye
                           pathway_of, split_dtypes)
 from . import reasoner as reasoning
 from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE
-from .weights import load_weights, read_headers
+from .weights import detect, folder_format, precision
+from .weights.files import load_weights
+from .weights.format import WeightFormat
+from .weights.gguf import GGUF
+from .weights.local_fp8 import check_mode
 
 log = logging.getLogger(__name__)
 
@@ -89,26 +91,17 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def load_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, linear_class: type | None = None,
-                     gguf: GGUFFile | None = None, media: bool = True) -> Cosmos3Transformer:
-    """The transformer from the folder's safetensors, or from `gguf` (its block-type linears stay quantized);
-    `media=False`: the text tower alone."""
+                     weights: WeightFormat | None = None, media: bool = True) -> Cosmos3Transformer:
+    """The transformer in its files' format (`weights.detect` unless given: a quantized format's layers keep their
+    weights quantized); `media=False`: the text tower alone."""
+    weights = weights or detect(checkpoint)
     config = checkpoint.transformer_config()
     rename = checkpoint_key_mapper(config, media)
     requested, dtype = dtype, load_dtype(dtype)
-    if gguf is not None:
-        with torch.device("meta"), linear_layers(linear_class):
-            model = Cosmos3Transformer(config, media)
-            expect_gguf_linears(model, gguf, rename)
-        load_gguf_weights(model, gguf, dtype, device, rename, keep_fp32=("time_embedder.",))
-        split_dtypes(model, requested)
-        return model
-    headers, _ = read_headers(checkpoint.path("transformer"))
     with torch.device("meta"), linear_layers(linear_class):
         model = Cosmos3Transformer(config, media)
-        scales = expect_stored_fp8(model, headers, rename, pathway_of, checkpoint.variant.quantization)  # official FP8
-    load_weights(model, checkpoint.path("transformer"), dtype, device, rename=scales.rename,
-                 keep_fp32=("time_embedder.",), convert=scales.convert)
-    remember_input_ranges(model)
+        weights.build(model, rename, pathway_of)
+    weights.read(model, dtype, device, rename, keep_fp32=("time_embedder.",))
     split_dtypes(model, requested)
     return model
 
@@ -141,8 +134,10 @@ class Planner:
     settings, token ids, and the memory a generation takes on `device`. `planner(path)` makes one; a loaded
     `Cosmos3Pipeline` plans with its own (`pipe.planner`)."""
 
-    def __init__(self, checkpoint: Checkpoint, tokenizer, transformer_config, vae_config, device, dtype):
+    def __init__(self, checkpoint: Checkpoint, tokenizer, transformer_config, vae_config, device, dtype,
+                 weights: WeightFormat):
         self.checkpoint = checkpoint
+        self.weights = weights  # the transformer's format (its layers' memory at work is part of the plan)
         self.tokenizer = tokenizer
         self.transformer_config = transformer_config
         self.vae_config = vae_config  # None: no VAE (latents only)
@@ -270,7 +265,7 @@ class Planner:
         return budget.estimate(self.transformer_config, self.vae_config, s.geometry, cond_tokens, uncond_tokens,
                                self.dtype, r.vae_tile, self.device, decode=decoded, frames_out=frames_out,
                                encoded_frames=budget.encoded_frames(s, r.condition_latents is not None),
-                               w8a8=self.variant.quantization is not None, cache=s.cache)
+                               weights=self.weights, cache=s.cache)
 
 
 def counting(plan: Plan, part: str, num_bytes: int) -> Plan:
@@ -332,18 +327,18 @@ class Cosmos3Pipeline:
 
     local = True
 
-    def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None):
+    def __init__(self, checkpoint: Checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer=None, *,
+                 weights: WeightFormat):
         self.codec = Codec(vae, sound_tokenizer, device)
         self.denoiser = Denoiser(transformer, checkpoint, device)
         self.parts = runs.Parts(self.denoiser, self.codec)  # what a run works with
-        self.checkpoint, self.dtype = checkpoint, dtype
+        self.checkpoint, self.dtype, self.weights = checkpoint, dtype, weights
         self.planner = Planner(checkpoint, tokenizer, transformer.config, None if vae is None else vae.config, device,
-                               dtype)
+                               dtype, weights)
         self.block_swap: BlockSwap | None = None
         self.transformer_file: Path | None = None  # the GGUF file the transformer came from, if any
         self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
         self.linear_class: type | None = None  # how the transformer was built: the Reasoner's parts are built alike
-        self.quantize: str | None = None
         self._reasoner: reasoning.Reasoner | None = None
         self._finite: FiniteCheck | None = None  # the running generation's (one at a time per pipeline)
         self._default_guardrails: Guardrails | None = None  # NVIDIA's, once a run asked for guardrails=True
@@ -425,8 +420,9 @@ class Cosmos3Pipeline:
 
     def load_reasoner(self) -> reasoning.Reasoner:
         """Read the Reasoner's own parts (head, vision tower) onto this pipeline's device, built like the transformer."""
+        weights = self.weights if self.transformer_file is None else folder_format(self.checkpoint)  # (not in a GGUF)
         self._reasoner = reasoning.Reasoner.load(self.checkpoint, self.transformer, self.device,
-                                                 self.transformer.text_dtype, self.linear_class, self.quantize)
+                                                 self.transformer.text_dtype, self.linear_class, weights)
         self._reasoner.text_offload = self.denoiser.text_offload
         return self._reasoner
 
@@ -511,7 +507,7 @@ class Cosmos3Pipeline:
         self.codec.observe = self.denoiser.observe = self._finite.note
         try:
             # each step sets the media pathway's own precision
-            with modelopt_fp8.for_text(plan.settings.fp8_policy), cancel.checking(interrupt):
+            with precision.for_text(plan.settings.precision), cancel.checking(interrupt):
                 result = self._generate(plan, callback, parallel, progress)
                 if guardrails is not None and result.frames is not None:
                     stage = None if progress is None else lambda done, total: progress("guardrail", done, total)
@@ -606,7 +602,8 @@ def load(
     is moved there. `linear_class`: a host's nn.Linear subclass for the transformer's linear layers
     (ComfyUI passes its cast-weight layers, so its memory manager can stream them per layer).
     GGUF: a single .gguf file in transformer/, or `transformer_file` (a .gguf anywhere), replaces the
-    safetensors shards; its quantized linear weights stay quantized in memory.
+    safetensors shards; its quantized linear weights stay quantized in memory, as NVIDIA's official FP8 and ModelOpt's
+    NVFP4 folders' do (`weights.detect` finds the format; `quantize` applies to dense files only).
     `parts="reasoner"` loads only what `reason` needs (the text tower, the Reasoner's head and vision tower): no
     media tower, no VAE. The default, "all", serves both; its Reasoner parts are read on the first question.
     """
@@ -626,12 +623,10 @@ def load(
     components = ("transformer", "tokenizer", "reasoner") + (("vae",) if load_vae_weights else ())
     checkpoint = Checkpoint(resolve(path, components=components, local_files_only=local_files_only))
     tokenizer = PromptTokenizer(checkpoint.tokenizer_dir())
-    gguf = open_gguf(checkpoint, transformer_file, quantize)
+    weights = detect(checkpoint, transformer_file, quantize)
     low_vram = offload_text or blocks_to_swap or quantize
-    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class, gguf,
-                                   media=not reasoner_only)
-    if quantize:
-        quantize_fp8(transformer, quantize)
+    transformer = load_transformer(checkpoint, torch.device("cpu") if low_vram else device, dtype, linear_class,
+                                   weights, media=not reasoner_only)
     vae = load_vae(checkpoint.path("vae"), device, vae_dtype) if load_vae_weights else None
     if vae is not None:
         check_geometry(vae.config, transformer.config, checkpoint.path("vae", "config.json"))
@@ -642,9 +637,9 @@ def load(
             raise CheckpointError(f"model_index.json declares a sound_tokenizer but {folder} is missing; download "
                                   "the checkpoint's sound_tokenizer/ folder again")
         sound_tokenizer = load_sound_tokenizer(folder, device, SOUND_DTYPE)
-    pipe = Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer)
-    pipe.transformer_file = None if gguf is None else gguf.path
-    pipe.linear_class, pipe.quantize = linear_class, quantize
+    pipe = Cosmos3Pipeline(checkpoint, transformer, vae, tokenizer, device, dtype, sound_tokenizer, weights=weights)
+    pipe.transformer_file = weights.file.path if isinstance(weights, GGUF) else None
+    pipe.linear_class = linear_class
     if low_vram:
         pipe.use_low_vram(offload_text, blocks_to_swap)  # swapped and offloaded parts stay in CPU memory
         pipe.to(device)  # the rest goes to the device
@@ -662,26 +657,13 @@ def planner(path: str | os.PathLike, device: str | torch.device | None = None, d
     variant's refusals, prompt length, memory) before minutes of loading."""
     device = resolve_device(device)
     checkpoint = Checkpoint(resolve(path, components=("tokenizer",), local_files_only=local_files_only))
-    open_gguf(checkpoint, transformer_file, quantize)
+    weights = detect(checkpoint, transformer_file, quantize, headers=False)  # (configs and a GGUF header only)
     vae_config = None
     if load_vae_weights:
         source = checkpoint.path("vae", "config.json")
         vae_config = VAEConfig.from_dict(read_json(source), source=str(source))
     return Planner(checkpoint, PromptTokenizer(checkpoint.tokenizer_dir()), checkpoint.transformer_config(), vae_config,
-                   device, resolve_dtype(dtype, device))
-
-
-def open_gguf(checkpoint: Checkpoint, transformer_file=None, quantize: str | None = None) -> GGUFFile | None:
-    """The checked header of the GGUF file the transformer loads from, or None for safetensors; `quantize` cannot
-    apply to one."""
-    path = gguf_file(checkpoint.path("transformer"), transformer_file)
-    if path is None:
-        return None
-    gguf = GGUFFile(path)
-    if quantize:
-        raise InputError(f"quantize={quantize!r} cannot apply to {path.name}: a GGUF file is already quantized; load "
-                         "it without quantize")
-    return gguf
+                   device, resolve_dtype(dtype, device), weights)
 
 
 def check_geometry(vae: VAEConfig, transformer, source: Path) -> None:

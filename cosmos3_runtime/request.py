@@ -21,7 +21,7 @@ from .vae import TileSpec
 
 SCHEDULES = ("auto", "unipc", "checkpoint", "distilled")
 CACHES = ("seacache", "off")
-FP8_POLICIES = ("checkpoint", "on", "off")
+PRECISION_POLICIES = ("checkpoint", "on", "off")
 OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
 CAUSAL_CACHES = ("kv", "recompute")
@@ -32,12 +32,15 @@ DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens
 MAX_SIZE = 8192  # pixels per side: far above anything Cosmos3 was trained on, below int32 index trouble
 
 
-def option(default, help: str, flag: str | None = None, cli: bool = True, tri_state: bool = False, **argparse_options):
+def option(default, help: str, flag: str | None = None, cli: bool = True, tri_state: bool = False,
+           alias: str | None = None, **argparse_options):
     """A Request field: its default, help text, and its command-line flag (default --field-name).
 
-    cli=False: no flag. tri_state: a bool-or-None field spelled auto/on/off.
+    cli=False: no flag. tri_state: a bool-or-None field spelled auto/on/off. alias: an earlier name, still taken as a
+    keyword option and a flag.
     """
-    metadata = {"help": help, "flag": flag, "cli": cli, "tri_state": tri_state, "argparse": argparse_options}
+    metadata = {"help": help, "flag": flag, "cli": cli, "tri_state": tri_state, "alias": alias,
+                "argparse": argparse_options}
     return field(default=default, metadata=metadata)
 
 
@@ -198,13 +201,16 @@ class Request:
                                         "it runs in full (0: no cap)", type=int)
     cache_residual_order: int = option(1, "SeaCache: how a skipped pass extrapolates the stored residuals: 0 reuses "
                                        "the last, 1 linear, 2 quadratic", type=int)
-    fp8_policy: str = option("checkpoint", "official FP8 checkpoints: checkpoint (its step policy: W8A16 on the first "
-                             "and last 3 steps, W8A8 between; distilled ones W8A8 throughout), off (W8A8 throughout), "
-                             "on (the first/last policy even where the checkpoint declares none)", choices=FP8_POLICIES)
-    fp8_first_steps: int | None = option(None, "official FP8 checkpoints: W8A16 steps at the start (auto: the "
-                                         "checkpoint's, 3)", type=int)
-    fp8_last_steps: int | None = option(None, "official FP8 checkpoints: W8A16 steps at the end (auto: the "
-                                        "checkpoint's, 3)", type=int)
+    precision_policy: str = option("checkpoint", "quantized checkpoints whose files calibrate the activations too "
+                                   "(official FP8, NVFP4): checkpoint (its step policy: 16-bit activations, W8A16 "
+                                   "or W4A16, on the first and last 3 steps, its own arithmetic between, W8A8 or "
+                                   "W4A4 where FP4 matmuls run; distilled ones their own throughout), off (its own "
+                                   "throughout), on (the first/last policy even where the checkpoint declares none)",
+                                   choices=PRECISION_POLICIES, alias="fp8_policy")
+    precision_first_steps: int | None = option(None, "quantized checkpoints: steps with 16-bit activations at the "
+                                               "start (auto: the checkpoint's, 3)", type=int, alias="fp8_first_steps")
+    precision_last_steps: int | None = option(None, "quantized checkpoints: steps with 16-bit activations at the end "
+                                              "(auto: the checkpoint's, 3)", type=int, alias="fp8_last_steps")
     compile: bool | None = option(None, "compile the transformer's media block with torch.compile (one compile "
                                   "serves every layer; the first run pays it, and once more at a new size): auto (on "
                                   "a CUDA GPU where torch.compile can make kernels, i.e. Triton is installed; eager "
@@ -250,9 +256,10 @@ class Request:
                              f"{self.cache_max_consecutive!r}")
         if self.cache_residual_order not in (0, 1, 2):
             raise InputError(f"cache_residual_order must be 0, 1 or 2, got {self.cache_residual_order}")
-        if self.fp8_policy not in FP8_POLICIES:
-            raise InputError(f"fp8_policy must be one of {', '.join(FP8_POLICIES)}, got {self.fp8_policy!r}")
-        for name in ("fp8_first_steps", "fp8_last_steps"):
+        if self.precision_policy not in PRECISION_POLICIES:
+            raise InputError(f"precision_policy must be one of {', '.join(PRECISION_POLICIES)}, got "
+                             f"{self.precision_policy!r}")
+        for name in ("precision_first_steps", "precision_last_steps"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise InputError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if sum(x is not None for x in (self.image, self.video, self.condition_latents)) > 1:
@@ -306,7 +313,12 @@ class Request:
 
     @classmethod
     def build(cls, base: "Request | None" = None, **options) -> "Request":
-        """A Request from keyword options (over `base` if given); unknown names are an error listing the valid ones."""
+        """A Request from keyword options (over `base` if given; earlier names of options, `ALIASES`, taken too);
+        unknown names are an error listing the valid ones."""
+        for old in set(options) & set(ALIASES):
+            if ALIASES[old] in options:
+                raise InputError(f"{old} is {ALIASES[old]}'s earlier name: give one of them")
+            options[ALIASES[old]] = options.pop(old)
         unknown = sorted(set(options) - OPTION_NAMES)
         if unknown:
             raise InputError(f"unknown generation option(s) {', '.join(unknown)}; options are "
@@ -327,6 +339,7 @@ class Request:
 
 
 OPTION_NAMES = frozenset(f.name for f in fields(Request))
+ALIASES = {f.metadata["alias"]: f.name for f in fields(Request) if f.metadata["alias"]}  # earlier name -> option
 HELP = {f.name: f.metadata["help"] for f in fields(Request)}
 
 
@@ -348,11 +361,10 @@ def cli_flag(f) -> str:
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per Request field (except those marked cli=False), with its help text and default."""
-    for f in fields(Request):
-        if not f.metadata["cli"]:
-            continue
+def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One flag per Request field (except those marked cli=False; `only`: those named), with its help text and
+    default."""
+    for f in cli_fields(only):
         options = dict(f.metadata["argparse"])
         default = f.default if f.default is not MISSING else None
         if f.metadata["tri_state"]:
@@ -364,11 +376,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f.metadata["help"]
         if options["default"] is not None:
             help_text += f" [default: {options['default']}]"
-        parser.add_argument(cli_flag(f), dest=f.name, help=help_text, **options)
+        aliases = ["--" + f.metadata["alias"].replace("_", "-")] if f.metadata["alias"] else []
+        parser.add_argument(cli_flag(f), *aliases, dest=f.name, help=help_text, **options)
 
 
-def options_from_args(args: argparse.Namespace) -> dict:
-    """Request keyword options from parsed flags (files for image/video are read by the caller)."""
-    cli_fields = [f for f in fields(Request) if f.metadata["cli"]]
+def cli_fields(only: tuple[str, ...] | None = None) -> list:
+    """The Request fields the command line sets (`only`: those named)."""
+    return [f for f in fields(Request) if f.metadata["cli"] and (only is None or f.name in only)]
+
+
+def options_from_args(args: argparse.Namespace, only: tuple[str, ...] | None = None) -> dict:
+    """Request keyword options from parsed flags (files for image/video are read by the caller; `only`: the fields
+    `add_arguments` was given)."""
     return {f.name: TRI_STATE[getattr(args, f.name)] if f.metadata["tri_state"] else getattr(args, f.name)
-            for f in cli_fields}
+            for f in cli_fields(only)}

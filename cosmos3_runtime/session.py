@@ -16,10 +16,11 @@ from dataclasses import replace
 
 import torch
 
-from . import cancel, causal, modelopt_fp8, runs
+from . import cancel, causal, runs
 from .errors import InputError
 from .transformer import DecoderLayer
 from .vae import image_frames
+from .weights import precision
 
 
 def check_checkpoint(variant) -> None:
@@ -84,7 +85,7 @@ class Session:
             self._start()
         pipe, s = self.pipe, self.plan.settings
         try:
-            with torch.inference_mode(), modelopt_fp8.for_text(s.fp8_policy), cancel.checking(interrupt):
+            with torch.inference_mode(), precision.for_text(s.precision), cancel.checking(interrupt):
                 self.run.extend(table)
                 pipe.denoiser.hooks = replace(pipe.transformer.hooks, block=DecoderLayer.media)
                 runs.execute(self.run, pipe.parts, int(self.plan.request.seed), callback, None, progress, None)

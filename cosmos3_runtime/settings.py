@@ -26,12 +26,12 @@ from .chunks import Chunks
 from .conditioning import frame_count, frame_size
 from .errors import InputError
 from .action import FRAMEWORK_FPS, ActionRequest, canvas_size, vision_condition_frames
-from .modelopt_fp8 import StepPolicy, resolve_policy
 from .geometry import TEMPORAL_FACTOR, RunGeometry, latent_frames, pixel_frames, round_down_frames
 from .request import LONGEST_WINDOW, Request
 from .schedulers import FLOW_MATCH_EULER
 from .step_cache import CacheConfig
 from .transfer import Controls
+from .weights.precision import Policy, resolve as resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,8 @@ class Settings:
     chunk_ids: tuple[list[int], ...] | None = None  # a long video's prompt per chunk: each one's token ids
     applied: int = 0  # the first `applied` notes say what was applied (INFO), the rest what changed (warnings)
     cache: CacheConfig | None = None  # the step cache (None: off)
-    fp8_policy: StepPolicy | None = None  # an official FP8 checkpoint's W8A16 steps (None: W8A8 throughout, or not FP8)
+    precision: Policy | None = None  # a quantized checkpoint's steps with 16-bit activations (None: its own
+    # arithmetic throughout, or not quantized so)
     rollout: Rollout | None = None  # a causal checkpoint's rollout: its chunks, history and noise
     sigmas: tuple[float, ...] | None = None  # a fixed schedule's sigmas (None: the checkpoint's)
 
@@ -179,7 +180,7 @@ def resolve(variant: Variant, request: Request) -> Settings:
         action=r.action,
         cache=_cache(r, len(condition_frames) < latent_frames(num_frames), notes),
         chunks=_long_video(r, num_frames, notes, applied),
-        fp8_policy=_fp8_policy(variant, r, notes),
+        precision=_precision(variant, r, notes),
     )
     return _report(settings, applied)
 
@@ -191,8 +192,9 @@ def _causal_options(r: Request) -> tuple[tuple[str, object, object], ...]:
             ("emphasize_control", r.emphasize_control, None))
 
 
-def _fp8_policy(variant: Variant, r: Request, notes: list[str]) -> StepPolicy | None:
-    return resolve_policy(variant.quantization, r.fp8_policy, r.fp8_first_steps, r.fp8_last_steps, notes)
+def _precision(variant: Variant, r: Request, notes: list[str]) -> Policy | None:
+    return resolve_precision(variant.quantization, r.precision_policy, r.precision_first_steps, r.precision_last_steps,
+                             notes)
 
 
 DEFAULT_CHUNK = 93  # frames per chunk of a long video (the chunk NVIDIA's servers make transfers in)
@@ -267,7 +269,7 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         schedule=schedule, guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
         negative_prompt=r.negative_prompt or "", use_system_prompt=r.use_system_prompt is not False,
         mode="transfer", condition_frames=(), notes=notes, transfer=plan, chunks=plan, cache=_cache(r, True, notes),
-        fp8_policy=_fp8_policy(variant, r, notes),
+        precision=_precision(variant, r, notes),
     )
 
 
@@ -359,7 +361,7 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=len(sigmas),
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",
         use_system_prompt=False, mode="causal actions", condition_frames=(), notes=notes, rollout=rollout,
-        fp8_policy=_fp8_policy(variant, r, notes), sigmas=tuple(sigmas),
+        precision=_precision(variant, r, notes), sigmas=tuple(sigmas),
     )
 
 
@@ -416,7 +418,7 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=steps,
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",
         use_system_prompt=r.use_system_prompt is not False, mode="causal transfer", condition_frames=(), notes=notes,
-        rollout=rollout, fp8_policy=_fp8_policy(variant, r, notes),
+        rollout=rollout, precision=_precision(variant, r, notes),
     )
 
 

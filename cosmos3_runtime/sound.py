@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import CheckpointError, InputError
-from .weights import read_headers
+from .weights.files import read_headers
 
 
 TOKENIZER_CLASS = "Cosmos3AVAEAudioTokenizer"
@@ -401,7 +401,7 @@ class SoundTokenizer(nn.Module):
 def load_sound_tokenizer(folder: Path, device: torch.device, dtype: torch.dtype) -> SoundTokenizer:
     """The tokenizer from its folder; the encoder is built only when the weights have `encoder.*` tensors."""
     from .checkpoint import read_json
-    from .weights import load_weights
+    from .weights.files import load_weights
 
     source = folder / "config.json"
     config = SoundConfig.from_dict(read_json(source), str(source))

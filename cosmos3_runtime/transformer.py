@@ -35,9 +35,9 @@ from . import cancel
 from .devices import facts
 from .errors import CheckpointError, InputError
 from .geometry import TEMPORAL_FACTOR
-from .modelopt_fp8 import FP8, FP8_MAX
 from .parallel import Group, SequenceShards, check_heads
 from .rope import apply_rope, inverse_frequencies, media_positions, mrope_cos_sin, text_positions
+from .weights.fp8 import FP8, FP8_MAX
 
 log = logging.getLogger(__name__)
 

@@ -136,7 +136,7 @@ GGUF_WORKFLOW_FILE = "Cosmos3-Nano-Q4_0.gguf"  # the transformer file cosmos3_na
 @pytest.fixture(scope="session")
 def tiny_gguf(tiny_factory, tmp_path_factory):
     """The tiny Nano checkpoint's transformer converted to Q4_0 (what the GGUF workflow loads)."""
-    from cosmos3_runtime.gguf_convert import convert
+    from cosmos3_runtime.weights.gguf_convert import convert
 
     path = tmp_path_factory.mktemp("gguf") / GGUF_WORKFLOW_FILE
     convert(tiny_factory(kind="gated", sound=True), path, "q4_0")

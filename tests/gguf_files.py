@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cosmos3_runtime.gguf_dequant import BLOCKS
+from cosmos3_runtime.weights.gguf_dequant import BLOCKS
 
 FP16_FIELDS = {  # byte offsets of each block's fp16 scales (random bytes there could be inf / nan)
     "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),

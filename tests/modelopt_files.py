@@ -1,6 +1,8 @@
-"""Tiny checkpoints in NVIDIA's official FP8 layouts, written by NVIDIA's own tool: nvidia-modelopt quantizes
-diffusers' transformer with its FP8 config (tensorwise fp8 weights and activations; the fp32 time embedder left as
-it is), calibrates the activation ranges on diffusers' own forward, and writes the weights in one of two layouts:
+"""Tiny checkpoints in NVIDIA's official FP8 layouts, and in ModelOpt's NVFP4 export, written by NVIDIA's own tool:
+nvidia-modelopt quantizes diffusers' transformer with its FP8 config (tensorwise fp8 weights and activations) or its
+NVFP4 config (packed 4-bit weights, e4m3 scales per 16 values and a global scale; activations calibrated alike), the
+fp32 time embedder left as it is, calibrates the activation ranges on diffusers' own forward, and writes the weights
+in one of two layouts (NVFP4: the unified one, `make_nvfp4`):
 
 - "saved": compressed to float8_e4m3fn and saved with `save_pretrained` (the quantizer buffers `_scale` / `_amax`);
   the transformer config then gets the `quantization_config` block the Hub's revision "fp8" carries: quant_method
@@ -70,11 +72,20 @@ def make_fp8(root: Path, dst: Path, policy: dict | None = POLICY, dtype=torch.fl
     return dst, model
 
 
-def quantized(root: Path, dtype=torch.float32, time_embedder: bool = False):
-    """diffusers' transformer of `root` quantized by ModelOpt's FP8 config and calibrated (not yet written)."""
+def make_nvfp4(root: Path, dst: Path, policy: dict | None = None):
+    """A copy of the tiny checkpoint `root` at `dst` with its transformer in ModelOpt's NVFP4 export (`unified`
+    layout, its `config_groups` config and ignore list, a root hf_quant_config.json); returns (dst, the ModelOpt
+    model that wrote it). ModelOpt's export runs on the CPU: no GPU is needed to write it."""
+    return make_fp8(root, dst, policy, layout="unified", model=quantized(root, algorithm="NVFP4"))
+
+
+def quantized(root: Path, dtype=torch.float32, time_embedder: bool = False, algorithm: str = "FP8"):
+    """diffusers' transformer of `root` quantized by ModelOpt's FP8 (or NVFP4) config and calibrated (not yet
+    written)."""
     model = ref.load_transformer(root, dtype)
     excluded = [] if time_embedder else [{"quantizer_name": "*time_embedder*", "enable": False}]
-    config = {"quant_cfg": list(mtq.FP8_DEFAULT_CFG["quant_cfg"]) + excluded, "algorithm": "max"}
+    preset = {"FP8": mtq.FP8_DEFAULT_CFG, "NVFP4": mtq.NVFP4_DEFAULT_CFG}[algorithm]
+    config = {"quant_cfg": list(preset["quant_cfg"]) + excluded, "algorithm": "max"}
     mtq.quantize(model, config, forward_loop=calibrate)
     return model
 
@@ -98,6 +109,30 @@ def export_unified(model, folder: Path) -> None:
         unified_export_hf.generate_diffusion_dummy_forward_fn = original
 
 
+def shard_tensors(folder: Path) -> dict:
+    """Every tensor of a checkpoint's transformer files."""
+    from safetensors.torch import load_file
+
+    return {k: v for shard in sorted((folder / "transformer").glob("*.safetensors")) for k, v in
+            load_file(str(shard)).items()}
+
+
+def write_shards(folder: Path, shards: list[dict]) -> None:
+    """The transformer's weights rewritten as these shards, with their index."""
+    from safetensors.torch import save_file
+
+    transformer = folder / "transformer"
+    for old in transformer.glob("diffusion_pytorch_model*"):
+        old.unlink()
+    weight_map = {}
+    for i, tensors in enumerate(shards):
+        name = f"diffusion_pytorch_model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(tensors, str(transformer / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+    (transformer / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
 def policy_labels(name: str) -> str | None:
     """diffusers' classifier with the attention projections labelled by their real pathway: the media tower's
     `add_*` / `to_add_out` switch per step with its MLP (`mlp_moe_gen`), the text tower's `to_q/k/v/out` follow the
@@ -117,15 +152,21 @@ def w8a16_on_the_cpu(layer, inputs, name):
     return torch.nn.functional.linear(inputs, layer.weight.data.to(dtype=inputs.dtype) * scale, layer.bias)
 
 
-if __name__ == "__main__":  # a tiny official-FP8 checkpoint to try (docs/python-api.md)
+if __name__ == "__main__":  # a tiny official-FP8 (or NVFP4) checkpoint to try (docs/python-api.md)
     import argparse
 
     parser = argparse.ArgumentParser(description="Copy a tiny checkpoint with its transformer in NVIDIA's official FP8 "
-                                                 "layout, written by nvidia-modelopt (random weights: for trying)")
+                                                 "layout, or ModelOpt's NVFP4 export, written by nvidia-modelopt "
+                                                 "(random weights: for trying)")
     parser.add_argument("source", type=Path, help="a tiny checkpoint folder (python -m cosmos3_runtime make-tiny)")
     parser.add_argument("destination", type=Path)
-    parser.add_argument("--layout", choices=("unified", "saved"), default="unified", help="unified: NVIDIA's FP8 "
-                        "exporter's (weight_scale / input_scale); saved: ModelOpt's save_pretrained buffers")
+    parser.add_argument("--layout", choices=("unified", "saved", "nvfp4"), default="unified", help="unified: NVIDIA's "
+                        "FP8 exporter's (weight_scale / input_scale); saved: ModelOpt's save_pretrained buffers; "
+                        "nvfp4: ModelOpt's NVFP4 export (no step policy)")
     args = parser.parse_args()
-    make_fp8(args.source, args.destination, layout=args.layout)
-    print(f"wrote {args.destination}: its transformer in ModelOpt FP8 ({args.layout} layout) with the step policy")
+    if args.layout == "nvfp4":
+        make_nvfp4(args.source, args.destination)
+        print(f"wrote {args.destination}: its transformer in ModelOpt NVFP4")
+    else:
+        make_fp8(args.source, args.destination, layout=args.layout)
+        print(f"wrote {args.destination}: its transformer in ModelOpt FP8 ({args.layout} layout) with the step policy")

@@ -73,7 +73,7 @@ def test_the_sampler_refuses_it_before_a_run_with_the_clis_figures(pack, models_
     assert figures[0] == figures[1]
 
     pack.loader.release_all()
-    monkeypatch.setattr(runtime.weights, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
+    monkeypatch.setattr(runtime.weights.files, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
     with pytest.raises(runtime.InputError, match="output latents 48.05 GiB"):
         model.plan("a cat", runtime.Request(**HUGE, output="latents"))
     assert model.holder.loaded is None

@@ -380,10 +380,10 @@ def test_a_cpu_run_says_how_long_it_takes_and_shows_every_stage(tiny_edge, tmp_p
 
 
 def _no_weight_is_read(monkeypatch):
-    from cosmos3_runtime import gguf_weights, weights
+    from cosmos3_runtime.weights import files, gguf
 
-    monkeypatch.setattr(weights, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
-    monkeypatch.setattr(gguf_weights, "load_gguf_weights", lambda *a, **k: pytest.fail("a GGUF weight was read"))
+    monkeypatch.setattr(files, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
+    monkeypatch.setattr(gguf, "load_gguf_weights", lambda *a, **k: pytest.fail("a GGUF weight was read"))
 
 
 def test_quantize_with_a_gguf_file_is_refused_from_its_header_before_planning(tiny_factory, tiny_gguf, tmp_path,

@@ -531,7 +531,7 @@ def test_a_lora_on_the_core_model_leaves_the_pack_sampler_unchanged(core, models
 def test_a_gguf_transformer_from_diffusion_models_runs_on_the_core_path(core, models, loras, tmp_path):
     """A .gguf picked in the loader's transformer_file: ComfyUI's memory manager counts its quantized bytes, core
     sampling runs on the quantized weights (close to the safetensors run), and a LoRA is refused."""
-    from cosmos3_runtime.gguf_convert import convert
+    from cosmos3_runtime.weights.gguf_convert import convert
 
     convert(models / "Cosmos3-Edge", tmp_path / "cosmos3-edge-q8_0.gguf", "q8_0")
     core.folders.add_model_folder_path("diffusion_models", str(tmp_path))

@@ -187,7 +187,7 @@ def _write_loras(folder: Path, transformer: Path) -> None:
     """A LoRA for the tiny Edge checkpoint (diffusers' transformer.* keys) and one whose keys are Flux's."""
     from safetensors.torch import save_file
 
-    from cosmos3_runtime.weights import read_headers
+    from cosmos3_runtime.weights.files import read_headers
 
     folder.mkdir(parents=True)
     out_features, in_features = read_headers(transformer)[0]["layers.0.self_attn.add_q_proj.weight"]["shape"]
@@ -480,7 +480,7 @@ def test_free_releases_the_weights_and_the_next_run_gives_the_same_output(server
     its memory before the checkpoint was loaded, within 10 s, on the pack's path and on the core MODEL path; the next
     run reloads and gives the same output. Measured from before the load, not from after the run: under RAM
     pressure ComfyUI's cache may evict the loaded checkpoint during the run, and it is then gone before /free."""
-    from cosmos3_runtime.weights import stored_bytes
+    from cosmos3_runtime.weights.files import stored_bytes
 
     url, base = server
     prompt = small(json.loads((ROOT / "workflows" / "api" / f"{workflow}.json").read_text()))

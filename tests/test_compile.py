@@ -103,8 +103,9 @@ def test_the_scaled_fp8_block_compiles_whole(tiny_factory, monkeypatch):
 
 
 # Modules whose code runs inside compiled regions. Device questions there go through `devices.facts`.
-COMPILED = ["transformer.py", "rope.py", "quantize.py", "modelopt_fp8.py", "gguf_weights.py", "gguf_dequant.py",
-            "reasoner/language.py"]
+COMPILED = ["transformer.py", "rope.py", "weights/format.py", "weights/fp8.py", "weights/precision.py",
+            "weights/local_fp8.py", "weights/modelopt_fp8.py", "weights/nvfp4.py", "weights/gguf.py",
+            "weights/gguf_dequant.py", "reasoner/language.py"]
 
 
 @pytest.mark.parametrize("name", COMPILED)

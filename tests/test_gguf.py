@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import require
-from cosmos3_runtime.gguf_dequant import dequantize, slice_values
+from cosmos3_runtime.weights.gguf_dequant import dequantize, slice_values
 from gguf_files import QUANTIZED, random_blocks
 
 gguf = require("gguf")

@@ -14,10 +14,10 @@ import cosmos3_runtime
 from conftest import require
 from cosmos3_runtime import CheckpointError, InputError
 from cosmos3_runtime.__main__ import main as cli
-from cosmos3_runtime.gguf_convert import convert
-from cosmos3_runtime.gguf_dequant import BLOCKS
-from cosmos3_runtime.gguf_weights import GGUFFile, GGUFLinear
-from cosmos3_runtime.weights import weight_files
+from cosmos3_runtime.weights.files import weight_files
+from cosmos3_runtime.weights.gguf import GGUFFile, GGUFLinear
+from cosmos3_runtime.weights.gguf_convert import convert
+from cosmos3_runtime.weights.gguf_dequant import BLOCKS
 from gguf_files import random_blocks, write_gguf
 
 gguf = require("gguf")

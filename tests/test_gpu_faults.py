@@ -15,7 +15,7 @@ from virtual_device import DeviceMix, VirtualDevice, place_like_a_host
 import cosmos3_runtime
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.geometry import RunGeometry
-from cosmos3_runtime.quantize import Fp8Linear, per_row_fp8, scaled_fp8_linear
+from cosmos3_runtime.weights.local_fp8 import Fp8Linear, per_row_fp8, scaled_fp8_linear
 from cosmos3_runtime.tiny import RELEASED
 from cosmos3_runtime import devices
 from cosmos3_runtime.devices import DeviceFacts
@@ -253,7 +253,7 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
     """A whole forward at a released size on the virtual device, weights there too: no device or dtype mix, and the
     activations' peak within the runtime's estimate (the planner refuses from it) plus a quarter."""
     from cosmos3_runtime import budget
-    from cosmos3_runtime.quantize import quantize_fp8
+    from cosmos3_runtime.weights.local_fp8 import quantize_fp8
 
     config = TransformerConfig(**RELEASED[variant], **HEADS[variant])
     dtype = FP32 if precision == "fp32" else BF16
@@ -308,6 +308,7 @@ def released_pipeline(tiny_factory, variant: str, tmp_path=None, official_fp8: b
     from cosmos3_runtime.tiny import vae_config
     from cosmos3_runtime.transformer import pathway_of
     from cosmos3_runtime.vae import VAEConfig, WanVAE
+    from cosmos3_runtime.weights.modelopt_fp8 import ModelOptFp8Linear
 
     root = tiny_factory(kind="edge" if variant == "edge" else "gated")
     if official_fp8:
@@ -326,7 +327,7 @@ def released_pipeline(tiny_factory, variant: str, tmp_path=None, official_fp8: b
             for child, linear in list(module.named_children()):
                 full = f"{name}.{child}" if name else child
                 if isinstance(linear, torch.nn.Linear) and full.startswith("layers."):
-                    shell = Fp8Linear(linear, stored=True, calibrated=True, pathway=pathway_of(full))
+                    shell = ModelOptFp8Linear(linear, calibrated=True, pathway=pathway_of(full))
                     shell.input_key = 1.0
                     setattr(module, child, shell)
     pipe.device = pipe.planner.device = torch.device("meta")
@@ -374,8 +375,8 @@ def test_a_whole_run_peaks_where_the_plan_says(tiny_factory, tmp_path, monkeypat
     with torch.inference_mode(), VirtualDevice(readable=True) as virtual:
         pipe.generate(plan)
     estimate = plan.estimate
-    planned_steps = estimate.total - max(sum(estimate.parts.get(n, 0) for n in phase) for phase in budget.PHASES) + \
-        sum(estimate.parts.get(n, 0) for n in budget.PHASES[2])  # held throughout, and the steps' own parts
+    planned_steps = estimate.total - max(sum(estimate.parts.get(n, 0) for n in phase) for phase in estimate.phases) + \
+        sum(estimate.parts.get(n, 0) for n in estimate.phases[budget.STEPS])  # held throughout, and the steps' own parts
     for measured, planned in ((virtual.peak, estimate.total), (max(steps), planned_steps)):
         assert 0.9 * planned <= measured <= 1.1 * planned, (measured / 2**30, planned / 2**30, estimate.describe())
     if run == "official FP8 without fp8 matmuls":

@@ -7,8 +7,10 @@ import torch
 
 import cosmos3_runtime
 from conftest import needs_cpu_scaled_fp8
-from cosmos3_runtime.quantize import Fp8Linear, weight_bytes
 from cosmos3_runtime.transformer import tower_of
+from cosmos3_runtime.weights.format import weight_bytes
+from cosmos3_runtime.weights.local_fp8 import Fp8Linear
+from cosmos3_runtime.weights.modelopt_fp8 import ModelOptFp8Linear
 
 REQUEST = dict(width=64, height=48, num_frames=9, steps=3, seed=1, output="latents", negative_prompt="blurry")
 
@@ -99,7 +101,7 @@ def test_bad_low_vram_options(tiny_gated):
 def test_modelopt_fp8_checkpoints_are_read_with_their_scales(tiny_gated, tmp_path):
     """A weight-only ModelOpt file (`*.weight_quantizer._scale` and `_amax`, no input range): the per-tensor scales
     applied, the model equals a bf16 checkpoint holding the dequantized weights. (Calibrated files, with input
-    ranges, run W8A8: tests/test_modelopt_fp8.py.)"""
+    ranges, run W8A8: tests/test_weights_modelopt_fp8.py.)"""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -120,7 +122,7 @@ def test_modelopt_fp8_checkpoints_are_read_with_their_scales(tiny_gated, tmp_pat
         original = load_file(str(dequantized / "transformer" / shard.name))
         save_file({**original, **plain}, str(dequantized / "transformer" / shard.name))
     ours = cosmos3_runtime.load(quantized, dtype="bf16", device="cpu")
-    assert any(isinstance(m, Fp8Linear) for m in ours.transformer.modules())
+    assert any(isinstance(m, ModelOptFp8Linear) for m in ours.transformer.modules())
     reference = cosmos3_runtime.load(dequantized, dtype="bf16", device="cpu")
     request = {**REQUEST, "steps": 2}
     assert torch.equal(ours.generate("a cat", **request).latents, reference.generate("a cat", **request).latents)
@@ -151,19 +153,19 @@ def test_the_scaled_fp8_matmul_path(tiny_factory):
 def test_linears_reading_one_input_quantize_it_once(tiny_factory, monkeypatch):
     """fp8_scaled: q, k and v (and an MLP's gate and up) read one tensor, quantized once; the result is bit-equal
     to quantizing it for each linear."""
-    from cosmos3_runtime import quantize
+    from cosmos3_runtime.weights import fp8
 
     root = tiny_factory(kind="gated", size="small")
     pipe = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8_scaled")
     calls = []
-    real = quantize.quantize_rows
-    monkeypatch.setattr(quantize.shared_quantized, "quantize", lambda rows: calls.append(rows.shape) or real(rows))
+    real = fp8.quantize_rows
+    monkeypatch.setattr(fp8.shared_quantized, "quantize", lambda rows: calls.append(rows.shape) or real(rows))
     latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
     text = pipe.transformer.encode_text(torch.arange(40) % 500)
     shared = pipe.transformer(latents, torch.tensor(900), text).vision
     scaled_layers = pipe.transformer.config.num_hidden_layers - 2
     assert len(calls) == 4 * scaled_layers  # q/k/v, out, gate/up, down: not 7 a layer
-    monkeypatch.setattr(quantize.SharedQuantized, "__call__", lambda self, x: real(x.reshape(-1, x.shape[-1])))
+    monkeypatch.setattr(fp8.SharedQuantized, "__call__", lambda self, x: real(x.reshape(-1, x.shape[-1])))
     assert torch.equal(pipe.transformer(latents, torch.tensor(900), text).vision, shared)
 
 
@@ -186,7 +188,7 @@ def test_fp8_scaled_runs_weight_only_where_row_wise_fp8_matmuls_are_refused(tiny
     root = tiny_factory(kind="edge", size="small")
     with caplog.at_level("WARNING"):
         pipe = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8_scaled")
-    assert pipe.quantize == "fp8" and "needs row-wise scaled fp8 matmuls" in caplog.text
+    assert pipe.weights.name == "fp8" and "needs row-wise scaled fp8 matmuls" in caplog.text
     assert not any(isinstance(m, Fp8Linear) and m.scaled for m in pipe.transformer.modules())
     weight_only = cosmos3_runtime.load(root, dtype="bf16", device="cpu", quantize="fp8")
     latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
@@ -201,15 +203,15 @@ def test_fp8_scaled_runs_weight_only_where_row_wise_fp8_matmuls_are_refused(tiny
 def test_the_fused_quantization_needs_triton(tiny_factory, monkeypatch, triton):
     """On a GPU fp8_scaled quantizes each activation in one compiled kernel, which needs Triton (often missing on
     Windows): without it the same quantization runs eagerly."""
-    from cosmos3_runtime import devices, quantize
+    from cosmos3_runtime import devices
+    from cosmos3_runtime.weights import fp8
 
     pipe = cosmos3_runtime.load(tiny_factory(kind="gated", size="small"), dtype="bf16", device="cpu",
                                 quantize="fp8_scaled")
     monkeypatch.setitem(devices._FACTS, ("cpu", None), devices.DeviceFacts("cuda", (9, 0), fp8_rowwise=True,
                                                                            triton=triton))
     fused = []
-    monkeypatch.setattr(quantize, "fused_quantize_rows", lambda: lambda rows: fused.append(1) or
-                        quantize.quantize_rows(rows))
+    monkeypatch.setattr(fp8, "fused_quantize_rows", lambda: lambda rows: fused.append(1) or fp8.quantize_rows(rows))
     latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(0))
     out = pipe.transformer(latents, torch.tensor(900), pipe.transformer.encode_text(torch.arange(40) % 500)).vision
     assert torch.isfinite(out).all() and bool(fused) is triton

@@ -240,13 +240,13 @@ def test_low_vram_seams_apply_to_the_reasoner(tiny_factory):
     assert ask(offloaded, CASES["image"]).token_ids == plain
     fp8 = cosmos3_runtime.load(root, device="cpu", dtype=torch.float32, quantize="fp8")
     assert len(ask(fp8, CASES["image"]).token_ids) == MAX_NEW
-    from cosmos3_runtime.quantize import Fp8Linear
+    from cosmos3_runtime.weights.local_fp8 import Fp8Linear
 
     assert isinstance(fp8.reasoner.head.lm_head, Fp8Linear)
 
 
 def test_gguf_pipeline_reads_the_head_from_the_shards(tiny_factory, tmp_path):
-    from cosmos3_runtime.gguf_convert import convert
+    from cosmos3_runtime.weights.gguf_convert import convert
 
     root = tiny_factory(kind="gated", dtype="float32")
     path = tmp_path / "nano.gguf"
@@ -506,8 +506,8 @@ def test_a_gguf_text_tower_is_expanded_once_per_answer(tiny_factory, tmp_path, m
     """Each token would dequantize every quantized text-tower weight again; with memory to spare the Reasoner
     expands them once per answer, and otherwise per token: the same answer either way."""
     from cosmos3_runtime import budget
-    from cosmos3_runtime.gguf_convert import convert
-    from cosmos3_runtime.gguf_weights import GGUFLinear
+    from cosmos3_runtime.weights.gguf_convert import convert
+    from cosmos3_runtime.weights.gguf import GGUFLinear
 
     root = tiny_factory(kind="gated", dtype="float32")
     convert(root, tmp_path / "nano.gguf", "q8_0")

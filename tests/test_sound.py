@@ -302,11 +302,11 @@ def test_a_long_video_holds_each_chunks_slice_of_the_soundtrack_and_its_sound_is
 
 
 def test_audio_conditioning_is_refused_where_it_cannot_work(tiny_gated, tiny_factory, nano, monkeypatch):
-    from cosmos3_runtime import weights
     from cosmos3_runtime.pipeline import planner
+    from cosmos3_runtime.weights import files
 
     audio = (sweep(8000, 0.5), 8000)
-    monkeypatch.setattr(weights, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
+    monkeypatch.setattr(files, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
     decoder_only = tiny_factory(kind="gated", sound=True, sound_encoder=False)
     cases = [(tiny_gated, {}, "no sound head .*audio conditioning needs a sound-capable checkpoint"),
              (decoder_only, {}, r"sound_tokenizer \(diffusion_pytorch_model.safetensors\) has no encoder.\* weights"),

@@ -18,17 +18,16 @@ from pathlib import Path
 import torch
 
 from .. import budget
-from .. import modelopt_fp8
 from ..checkpoint import Checkpoint, Variant
 from ..errors import CheckpointError, InputError
-from ..gguf_weights import expanded_bytes, expanded_once, quantized_linears
 from ..offload import TextOffload
 from ..request import Request
 from ..settings import resolve as resolve_settings
 from ..tokenizer import PromptTokenizer
 from ..transformer import Cosmos3Transformer, linear_layers, tower_of
-from ..quantize import expect_stored_fp8, remember_input_ranges
-from ..weights import load_weights, read_headers
+from ..weights import folder_format, precision
+from ..weights.files import load_weights
+from ..weights.format import WeightFormat, expanded_bytes, expanded_once, expanding_linears
 from . import chat, processing, upsample
 from .chat import IMAGE, VIDEO, Prompt
 from .config import EDGE, OMNI, ProcessorConfig, ReasonerConfig, read_config, read_processor
@@ -175,8 +174,9 @@ class Reasoner:
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, tower: Cosmos3Transformer, device: torch.device, dtype: torch.dtype,
-             linear_class: type | None = None, quantize: str | None = None) -> "Reasoner":
-        """Read what the Reasoner adds to `tower` (the loaded text tower) from `checkpoint`."""
+             linear_class: type | None = None, weights: WeightFormat | None = None) -> "Reasoner":
+        """Read what the Reasoner adds to `tower` (the loaded text tower) from `checkpoint`, its head in the format of
+        the transformer folder's safetensors (`weights`: `folder_format`'s unless given)."""
         tc = tower.config
         family = EDGE if tc.is_dense else OMNI
         config = read_config(checkpoint.root, family, tc.hidden_size, tc.num_hidden_layers)
@@ -184,21 +184,15 @@ class Reasoner:
         tokenizer = PromptTokenizer(checkpoint.root if root_tokenizer else checkpoint.tokenizer_dir())
         rename = head_key_mapper(tc)
         try:
+            weights = weights or folder_format(checkpoint)
             with torch.device("meta"), linear_layers(linear_class):
                 head = ReasonerHead(tc)
-                scales = expect_stored_fp8(head, read_headers(checkpoint.path("transformer"))[0], rename,
-                                           lambda name: "text", checkpoint.variant.quantization)  # official FP8's
-            load_weights(head, checkpoint.path("transformer"), dtype, device, rename=scales.rename,
-                         convert=scales.convert)
-            remember_input_ranges(head)
+                weights.build(head, rename, lambda name: "text")  # (the text pathway's precision)
+            weights.read(head, dtype, device, rename)
         except CheckpointError as exc:
             raise CheckpointError(f"the Reasoner's output head and last text layer could not be read from "
                                   f"{checkpoint.path('transformer')} ({exc}); a GGUF transformer file does not hold "
                                   "them: keep the checkpoint's safetensors shards in transformer/ beside it") from None
-        if quantize:  # weight-only: the text side runs the reasoner pathway, which fp8_scaled leaves unscaled
-            from ..quantize import quantize_fp8
-
-            quantize_fp8(head)
         vision = None
         if config.vision is not None:
             with torch.device("meta"), linear_layers(linear_class):
@@ -284,7 +278,7 @@ class Reasoner:
         sampling = Sampling.resolve(thinking, temperature, top_p, top_k, presence_penalty)
         offload = self.text_offload
         on_device = offload.on(self.device) if offload is not None else nullcontext()
-        with on_device, modelopt_fp8.for_text(self.variant.fp8_policy):
+        with on_device, precision.for_text(self.variant.precision):
             return self.answer(messages, images, videos, sampling=sampling, thinking=thinking, **options)
 
     def _media(self, images, videos) -> list[VisionInput]:
@@ -352,15 +346,17 @@ class Reasoner:
                                 compile)
 
     def _expanded_tower(self, needed: budget.Estimate, dtype: torch.dtype) -> list:
-        """The GGUF layers of the text tower to expand once for this answer: all of them when their expanded size
-        fits beside the answer's other needs (each token would otherwise dequantize the whole tower again, about
-        the tower's bf16 size in memory traffic per token), else none (dequantized per token, in bounded slices)."""
-        layers = quantized_linears(self.language.tower, lambda name: tower_of(name) == "text tower")
+        """The quantized layers of the text tower and the head (GGUF, NVFP4) to expand once for this answer: all of
+        them when their expanded size fits beside the answer's other needs (each token would otherwise dequantize the
+        whole tower again, about the tower's bf16 size in memory traffic per token), else none (dequantized per token,
+        in bounded slices)."""
+        layers = expanding_linears(self.language.tower, lambda name: tower_of(name) == "text tower") + \
+            expanding_linears(self.head)
         extra = expanded_bytes(layers, dtype)
         available = budget.available_bytes(self.device)
         if not layers or (available is not None and needed.total + extra > available):
             return []
-        needed.parts["GGUF text tower expanded"] = extra
+        needed.parts["quantized text tower expanded"] = extra
         return layers
 
     def _answer(self, prompt, media, max_new_tokens, sampling, seed, thinking, callback, keep_logits, stop,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..checkpoint import read_json
 from ..errors import CheckpointError
-from ..weights import read_weight_map
+from ..weights.files import read_weight_map
 
 OMNI, EDGE = "omni", "edge"  # Nano/Super (Qwen3-VL vision, deepstack) and Edge (SigLIP2 vision, projector)
 ROOT_INDEX = "model.safetensors.index.json"

@@ -4,7 +4,7 @@ weight patches, whatever key prefix its trainer wrote."""
 import torch
 
 from ...cosmos3_runtime import InputError
-from ...cosmos3_runtime.quantize import FP8
+from ...cosmos3_runtime.weights.fp8 import FP8
 from .. import services
 
 NO_LORAS = "(no .safetensors LoRAs in models/loras)"
@@ -66,9 +66,10 @@ class Cosmos3LoraLoader:
         patches = comfy.lora.load_lora(lora, key_map, log_missing=False)
         weights = model.model.state_dict()
         for target, adapter in patches.items():
-            if weights[target].dtype in (torch.uint8, FP8):  # GGUF blocks or fp8 values, not the weight itself
-                raise InputError(f"{lora_name}: {target} is stored quantized ({weights[target].dtype}: a GGUF or fp8 "
-                                 "model), where a LoRA cannot be added; load the checkpoint's bf16 weights for LoRAs")
+            if weights[target].dtype in (torch.uint8, FP8):  # GGUF blocks, NVFP4 or fp8 values, not the weight
+                raise InputError(f"{lora_name}: {target} is stored quantized ({weights[target].dtype}: a GGUF, "
+                                 "NVFP4 or fp8 model), where a LoRA cannot be added; load the checkpoint's bf16 "
+                                 "weights for LoRAs")
             up, down = getattr(adapter, "weights", (None, None))[:2]
             shape = tuple(weights[target].shape)
             if up is not None and down is not None and (up.shape[0], down.shape[-1]) != shape[:1] + shape[-1:]:

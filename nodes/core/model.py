@@ -26,11 +26,12 @@ import comfy.patcher_extension
 import comfy.supported_models_base
 import torch
 
-from ...cosmos3_runtime import InputError, Request, TextKV, cancel, modelopt_fp8
+from ...cosmos3_runtime import InputError, Request, TextKV, cancel
 from ...cosmos3_runtime.budget import estimate
 from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, RunGeometry, pixel_frames
 from ...cosmos3_runtime.settings import default_flow_shift
 from ...cosmos3_runtime.transformer import media_block
+from ...cosmos3_runtime.weights import precision
 from .. import services
 from .prompt_marker import PROMPT_KEY, PromptMarker
 
@@ -87,14 +88,14 @@ class Cosmos3Config(comfy.supported_models_base.BASE):
 class Cosmos3Network(torch.nn.Module):
     """The pack's transformer as ComfyUI's diffusion_model: forward(x, timestep, ...) -> velocity like x."""
 
-    def __init__(self, transformer, distilled: bool = False, fp8_policy=None):
+    def __init__(self, transformer, distilled: bool = False, policy=None):
         super().__init__()
         for name, child in transformer.named_children():
             self.add_module(name, child)
         for name, parameter in transformer.named_parameters(recurse=False):
             self.register_parameter(name, parameter)
         self.runtime = (transformer,)  # a tuple: not registered twice
-        self.inner_forward = VelocityForward(transformer, distilled, fp8_policy)
+        self.inner_forward = VelocityForward(transformer, distilled, policy)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -114,9 +115,9 @@ class VelocityForward:
     Not a bound method of the network: that would be a reference cycle, and the weights would then wait for a
     garbage collection after ComfyUI lets go of them."""
 
-    def __init__(self, transformer, distilled: bool, fp8_policy=None):
+    def __init__(self, transformer, distilled: bool, policy=None):
         self.transformer, self.distilled, self.warned_cfg = transformer, distilled, False
-        self.fp8_policy = fp8_policy  # an official FP8 checkpoint's step policy: the step comes from the sigmas
+        self.policy = policy  # a quantized checkpoint's step policy (`weights.precision`): the step from the sigmas
 
     def __call__(self, x, timestep, context, control, transformer_options, **kwargs):
         if TEXT_KV not in kwargs:
@@ -130,9 +131,9 @@ class VelocityForward:
         hooks = self.transformer.hooks
         if not torch.compiler.is_compiling():  # (under TorchCompileModel the whole network is compiled already)
             hooks = replace(hooks, block=media_block(transformer_options.get(COMPILE), x.device))
-        if self.fp8_policy is None:  # no step policy: nothing to set (a context here would break a compiled graph)
+        if self.policy is None:  # no step policy: nothing to set (a context here would break a compiled graph)
             return self.velocities(x, timestep, text_kv, mask, fps, hooks)
-        with self.precision(transformer_options):
+        with self.step_precision(transformer_options):
             return self.velocities(x, timestep, text_kv, mask, fps, hooks)
 
     def velocities(self, x, timestep, text_kv, mask, fps, hooks) -> torch.Tensor:
@@ -143,13 +144,14 @@ class VelocityForward:
             velocities.append(out.vision)
         return torch.cat(velocities)
 
-    def precision(self, transformer_options):
-        """This call's FP8 precision: its step in the sampler's schedule (native W8A8 when the sampler says none)."""
+    def step_precision(self, transformer_options):
+        """This call's precision: its step in the sampler's schedule (the checkpoint's own arithmetic when the sampler
+        says none)."""
         sigmas, sigma = transformer_options.get("sample_sigmas"), transformer_options.get("sigmas")
         if sigmas is None or sigma is None:
-            return modelopt_fp8.for_step(None, 0, 1)
-        step, steps = modelopt_fp8.step_of_sigma(float(sigma.flatten()[0]), sigmas.flatten().tolist())
-        return modelopt_fp8.for_step(self.fp8_policy, step, steps)
+            return precision.for_step(None, 0, 1)
+        step, steps = precision.step_of_sigma(float(sigma.flatten()[0]), sigmas.flatten().tolist())
+        return precision.for_step(self.policy, step, steps)
 
 
 def noisy_frames(mask: torch.Tensor) -> list[int]:
@@ -160,8 +162,8 @@ def noisy_frames(mask: torch.Tensor) -> list[int]:
 class Cosmos3Model(comfy.model_base.BaseModel):
     def __init__(self, config: Cosmos3Config, pipeline, device=None):
         super().__init__(config, comfy.model_base.ModelType.FLOW, device=device)
-        self.fp8_policy = pipeline.variant.fp8_policy
-        self.diffusion_model = Cosmos3Network(pipeline.transformer, pipeline.variant.is_distilled, self.fp8_policy)
+        self.policy = pipeline.variant.precision
+        self.diffusion_model = Cosmos3Network(pipeline.transformer, pipeline.variant.is_distilled, self.policy)
         self.pipeline = pipeline  # the tokenizer and the variant (not a module: holds no second copy)
 
     def apply_model(self, *args, **kwargs):
@@ -189,7 +191,7 @@ class Cosmos3Model(comfy.model_base.BaseModel):
                              "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")
         ids = prompt_ids(self.pipeline, prompt, noise.shape)
         # once per run, on the device the sampler runs on (ComfyUI may leave small modules in CPU memory)
-        with modelopt_fp8.for_text(self.fp8_policy), cancel.checking(services.progress.check_interrupt):
+        with precision.for_text(self.policy), cancel.checking(services.progress.check_interrupt):
             text = self.diffusion_model.runtime[0].encode_text(torch.tensor(ids, dtype=torch.long),
                                                                kwargs.get("device"))
         out = {TEXT_KV: comfy.conds.CONDRegular(text.stacked().unsqueeze(0)), FPS: comfy.conds.CONDConstant(prompt.fps)}

@@ -11,7 +11,6 @@ file stores it in.
 """
 
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -19,14 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import CheckpointError
+from ..errors import CheckpointError, InputError
+from .format import ExpandingLinear, replace_linears
 from .gguf_dequant import BLOCKS, FLOAT_DTYPES, dequantize
 
 ARCHITECTURE = "cosmos3"
 BLOCK_LINEARS = "layers."  # linears under this prefix run quantized; any other quantized tensor is expanded at load
 
 
-class GGUFLinear(nn.Module):
+class GGUFLinear(ExpandingLinear):
     """A linear layer whose weight stays in a GGUF block type; it is dequantized per forward."""
 
     def __init__(self, linear: nn.Linear, qtype: str):
@@ -38,7 +38,6 @@ class GGUFLinear(nn.Module):
                                    requires_grad=False)
         self.bias = linear.bias
         self.qtype, self.in_features, self.out_features = qtype, in_features, out_features
-        self.expanded: torch.Tensor | None = None  # set inside `expanded_once`
 
     def dequantized(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The weight in `dtype` on `device`. Bytes held elsewhere (a host's memory manager that left this layer
@@ -48,35 +47,10 @@ class GGUFLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
-        weight = self.expanded
-        if weight is None or weight.device != x.device or weight.dtype != x.dtype:
-            weight = self.dequantized(x.dtype, x.device)
-        return F.linear(x, weight, bias)
+        return F.linear(x, self.expanded_weight(x), bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
-
-
-def quantized_linears(model: nn.Module, keep=lambda name: True) -> list[GGUFLinear]:
-    """The GGUFLinear layers of `model` whose weight's name `keep` accepts."""
-    return [m for name, m in model.named_modules() if isinstance(m, GGUFLinear) and keep(f"{name}.weight")]
-
-
-def expanded_bytes(layers: list[GGUFLinear], dtype: torch.dtype) -> int:
-    return sum(m.out_features * m.in_features for m in layers) * torch.finfo(dtype).bits // 8
-
-
-@contextmanager
-def expanded_once(layers: list[GGUFLinear], dtype: torch.dtype, device: torch.device):
-    """`layers` expanded to `dtype` on `device` for the block: a loop of many small forwards (the Reasoner's
-    tokens) then dequantizes each weight once, not once per call."""
-    for m in layers:
-        m.expanded = m.dequantized(dtype, device)
-    try:
-        yield
-    finally:
-        for m in layers:
-            m.expanded = None
 
 
 def gguf_file(folder: Path, transformer_file: str | Path | None = None) -> Path | None:
@@ -154,11 +128,12 @@ def expect_gguf_linears(model: nn.Module, file: GGUFFile, rename) -> None:
     """Make GGUFLinear shells (on the meta device) for the transformer blocks' linears whose weight the file stores
     in a block type."""
     quantized = {rename(name): qtype for name, (qtype, _) in file.tensors.items() if qtype not in FLOAT_DTYPES}
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if full.startswith(BLOCK_LINEARS) and isinstance(child, nn.Linear) and f"{full}.weight" in quantized:
-                setattr(module, child_name, GGUFLinear(child, quantized[f"{full}.weight"]))
+
+    def shell(name: str, linear: nn.Module) -> nn.Module | None:
+        qtype = quantized.get(f"{name}.weight")
+        return GGUFLinear(linear, qtype) if name.startswith(BLOCK_LINEARS) and qtype is not None else None
+
+    replace_linears(model, shell)
 
 
 def load_gguf_weights(model: nn.Module, file: GGUFFile, dtype: torch.dtype, device: torch.device, rename,
@@ -198,3 +173,45 @@ def load_gguf_weights(model: nn.Module, file: GGUFFile, dtype: torch.dtype, devi
     model.load_state_dict(state, strict=False, assign=True)
     model.requires_grad_(False)
     model.eval()
+
+
+class GGUF:
+    """The format of a GGUF transformer file (`file`), or, for a memory plan without one, of blocks of `qtype`."""
+
+    name = "GGUF"
+    quantization = None
+
+    def __init__(self, file: GGUFFile | None, qtype: str | None = None):
+        self.file, self.qtype = file, qtype
+
+    def describe(self) -> str:
+        return f"GGUF {self.file.path.name}" if self.file is not None else f"GGUF {self.qtype}"
+
+    def build(self, model: nn.Module, rename, pathway_of) -> None:
+        expect_gguf_linears(model, self.file, rename)
+
+    def read(self, model: nn.Module, dtype: torch.dtype, device: torch.device, rename, keep_fp32=()) -> None:
+        load_gguf_weights(model, self.file, dtype, device, rename, keep_fp32)
+
+    def resident_bytes(self, name: str, layer: nn.Module) -> int | None:
+        qtype = self.qtype or self.file.tensors.get(f"{name}.weight", (None,))[0]
+        if not name.startswith(BLOCK_LINEARS) or not isinstance(layer, nn.Linear) or qtype in (None, *FLOAT_DTYPES):
+            return None
+        values, size = BLOCKS[qtype]
+        return layer.weight.numel() // values * size
+
+    def step_bytes(self, config, tokens: int, dtype: torch.dtype, device) -> dict[str, int]:
+        return {}
+
+
+def open_file(folder: Path, transformer_file=None, quantize: str | None = None) -> GGUF | None:
+    """The format of the GGUF file the transformer loads from (its header checked), or None for safetensors;
+    `quantize` cannot apply to one."""
+    path = gguf_file(folder, transformer_file)
+    if path is None:
+        return None
+    file = GGUFFile(path)
+    if quantize:
+        raise InputError(f"quantize={quantize!r} cannot apply to {path.name}: a GGUF file is already quantized; load "
+                         "it without quantize")
+    return GGUF(file)

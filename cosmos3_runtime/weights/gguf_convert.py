@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from .checkpoint import Checkpoint, resolve
-from .errors import InputError
+from ..checkpoint import Checkpoint, resolve
+from ..errors import InputError
+from ..transformer import checkpoint_key_mapper
+from .files import weight_files
+from .gguf import ARCHITECTURE, BLOCK_LINEARS, gguf_file
 from .gguf_dequant import BLOCKS
-from .gguf_weights import ARCHITECTURE, BLOCK_LINEARS, gguf_file
-from .transformer import checkpoint_key_mapper
-from .weights import weight_files
 
 WRITABLE = ("q8_0", "q5_0", "q5_1", "q4_0", "q4_1")  # the block types the gguf package quantizes to
 KEPT = "BF16"

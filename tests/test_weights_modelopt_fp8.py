@@ -14,15 +14,15 @@ from PIL import Image
 from conftest import require
 
 import cosmos3_runtime
-from cosmos3_runtime import modelopt_fp8
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.errors import CheckpointError
-from cosmos3_runtime.quantize import Fp8Linear
+from cosmos3_runtime.weights import modelopt, modelopt_fp8, precision
+from cosmos3_runtime.weights.modelopt_fp8 import ModelOptFp8Linear
 
 require("diffusers", minversion="0.42.1")
 import diffusers_reference as ref  # noqa: E402
 import modelopt_files  # noqa: E402
-from modelopt_files import POLICY, make_fp8, mixed_precision  # noqa: E402
+from modelopt_files import POLICY, make_fp8, mixed_precision, shard_tensors, write_shards  # noqa: E402
 
 TOL = 2e-4  # fp32 activations: the same fp8 products, summed in another order (measured ≤ 3e-6 per linear)
 
@@ -38,7 +38,7 @@ def test_every_tensor_is_read_and_the_variant_says_fp8(fp8):
     pipe = cosmos3_runtime.load(path, dtype="fp32")
     assert "ModelOpt FP8 (W8A16 on the first 3 and last 3 steps, W8A8 between; text tower W8A16)" in \
         pipe.variant.describe()
-    ours = {name: m for name, m in pipe.transformer.named_modules() if isinstance(m, Fp8Linear)}
+    ours = {name: m for name, m in pipe.transformer.named_modules() if isinstance(m, ModelOptFp8Linear)}
     stored = {name for name, m in written.named_modules() if getattr(m, "weight", None) is not None
               and m.weight.dtype == torch.float8_e4m3fn}
     assert ours and set(ours) <= stored
@@ -47,7 +47,7 @@ def test_every_tensor_is_read_and_the_variant_says_fp8(fp8):
     for name, linear in ours.items():  # both ranges read: the weight's scale and the calibrated input range
         source = written.get_submodule(name)
         assert torch.equal(linear.input_scale, source.input_quantizer._amax.float() / 448)
-        assert torch.equal(linear.scale[0], source.weight_quantizer._scale.float())
+        assert torch.equal(linear.scale, source.weight_quantizer._scale.float())
         assert linear.pathway == ("media" if any(k in name for k in ("_moe_gen", ".add_", "to_add_out")) else
                                   None if not name.startswith("layers.") else "text")
 
@@ -66,9 +66,8 @@ def _velocity_pair(fp8, monkeypatch, step, steps):
     finally:
         mixed_precision.reset_cosmos3_mixed_precision(written, config)
     pipe = cosmos3_runtime.load(path, dtype="fp32")
-    policy = pipe.variant.quantization.policy
-    assert policy.precision_name(step, steps) == name
-    with modelopt_fp8.for_step(policy, step, steps):
+    assert pipe.variant.quantization.precision_name(step, steps) == name
+    with precision.for_step(pipe.variant.precision, step, steps):
         model = pipe.transformer
         ours = model(latents, torch.tensor(600), model.encode_text(torch.tensor(ids)), [1], 24.0).vision
     return ours, theirs
@@ -91,7 +90,7 @@ def test_a_quantized_time_embedder_is_read_and_runs_as_diffusers_does(tiny_facto
     # diffusers casts the embedder's input to its first parameter's dtype, here float8: give it an fp32 one first
     written.time_embedder.register_parameter("fp32_first", torch.nn.Parameter(torch.zeros(0)))
     pipe = cosmos3_runtime.load(fp8[0], dtype="fp32")
-    assert isinstance(pipe.transformer.time_embedder.linear_1, Fp8Linear)
+    assert isinstance(pipe.transformer.time_embedder.linear_1, ModelOptFp8Linear)
     ours, theirs = _velocity_pair(fp8, monkeypatch, 4, 8)
     torch.testing.assert_close(ours, theirs, atol=TOL, rtol=0)
 
@@ -109,7 +108,7 @@ def test_scales_and_input_ranges_stay_fp32_in_an_fp16_model(fp8, tmp_path):
     tensors[key] = torch.tensor(1e5)
     save_file(tensors, str(shard), metadata={"format": "pt"})
     pipe = cosmos3_runtime.load(path, dtype="fp16")
-    layers = [m for m in pipe.transformer.modules() if isinstance(m, Fp8Linear)]
+    layers = [m for m in pipe.transformer.modules() if isinstance(m, ModelOptFp8Linear)]
     assert all(m.scale.dtype == m.input_scale.dtype == torch.float32 for m in layers)
     wide = pipe.transformer.get_submodule(key.removesuffix(".input_quantizer._amax"))
     assert wide.input_scale.item() == (torch.tensor(1e5) / 448).item()
@@ -122,23 +121,23 @@ def test_linears_with_one_input_and_equal_ranges_quantize_it_once(fp8, monkeypat
     """At a W8A8 step q, k and v (and an MLP's gate and up) read one activation and, calibrated on the same inputs,
     hold equal input ranges: it is quantized once for them (4 quantizations a gated media layer, not 7); the result
     is bit-equal to quantizing it for each linear."""
-    from cosmos3_runtime import quantize
+    from cosmos3_runtime.weights.fp8 import static_quantized
 
     path, _ = fp8
     pipe = cosmos3_runtime.load(path, dtype="fp32")
     calls = []
-    real = quantize.static_quantized.quantize
-    monkeypatch.setattr(quantize.static_quantized, "quantize", lambda rows, scale: calls.append(1) or real(rows, scale))
+    real = static_quantized.quantize
+    monkeypatch.setattr(static_quantized, "quantize", lambda rows, scale: calls.append(1) or real(rows, scale))
     ids, latents = modelopt_files.calibration_inputs(seed=3)[0]
     model = pipe.transformer
-    with modelopt_fp8.precision(True, False):  # media W8A8, text W8A16 (its K/V: no quantization counted)
+    with precision.precision(True, False):  # media W8A8, text W8A16 (its K/V: no quantization counted)
         text = model.encode_text(torch.tensor(ids))
         shared = model(latents, torch.tensor(600), text, [1], 24.0).vision
-        outside = sum(isinstance(m, Fp8Linear) and m.input_scale is not None and not name.startswith("layers.")
+        outside = sum(isinstance(m, ModelOptFp8Linear) and m.input_scale is not None and not name.startswith("layers.")
                       for name, m in model.named_modules())  # the calibrated patch projection
         assert len(calls) == 4 * model.config.num_hidden_layers + outside  # q/k/v, out, gate/up (Edge: up), down
         for m in model.modules():
-            if isinstance(m, Fp8Linear):
+            if isinstance(m, ModelOptFp8Linear):
                 m.input_key = None  # nothing known to be equal: every linear quantizes for itself
         assert torch.equal(model(latents, torch.tensor(600), text, [1], 24.0).vision, shared)
 
@@ -191,7 +190,7 @@ def test_the_two_precisions_differ(fp8, monkeypatch):
 def test_step_names_equal_diffusers(steps, first, last, overlap):
     theirs = mixed_precision.Cosmos3MixedPrecisionConfig(format="fp8", first_steps=first, last_steps=last,
                                                           overlap=overlap)
-    ours = modelopt_fp8.StepPolicy(first, last, overlap == "a16")
+    ours = modelopt.Quantization("FP8", precision.Policy(first, last, overlap == "a16"))
     assert [ours.precision_name(i, steps) for i in range(steps)] == \
         [theirs.precision_name(i, steps) for i in range(steps)]
 
@@ -202,7 +201,7 @@ def record_precision(pipe, monkeypatch) -> list[tuple[bool, bool]]:
     original = type(pipe.transformer).forward
 
     def forward(model, *args, **kwargs):
-        seen.append((modelopt_fp8.runs_w8a8("media"), modelopt_fp8.runs_w8a8("text")))
+        seen.append((precision.runs_native("media"), precision.runs_native("text")))
         return original(model, *args, **kwargs)
 
     monkeypatch.setattr(type(pipe.transformer), "forward", forward)
@@ -233,14 +232,14 @@ def test_without_a_policy_it_runs_w8a8_throughout(tiny_factory, tmp_path):
     pipe = cosmos3_runtime.load(path, dtype="fp32")
     assert "ModelOpt FP8 (W8A8 throughout (no step policy))" in pipe.variant.describe()
     s = pipe.plan("a cat", num_frames=5, width=64, height=64).settings
-    assert s.fp8_policy is None
-    forced = pipe.plan("a cat", num_frames=5, width=64, height=64, fp8_policy="on").settings.fp8_policy
-    assert forced == modelopt_fp8.StepPolicy(3, 3, True, True)
+    assert s.precision is None
+    forced = pipe.plan("a cat", num_frames=5, width=64, height=64, fp8_policy="on").settings.precision
+    assert forced == precision.Policy(3, 3, True, True)
     counts = pipe.plan("a cat", num_frames=5, width=64, height=64, fp8_first_steps=1).settings
-    assert counts.fp8_policy is None and "declares no step policy" in counts.notes[-1]
+    assert counts.precision is None and "declares no step policy" in counts.notes[-1]
 
 
-@pytest.mark.parametrize("field", modelopt_fp8.POLICY_FIELDS)
+@pytest.mark.parametrize("field", modelopt.POLICY_FIELDS)
 def test_a_policy_missing_a_field_is_refused_by_name(fp8, tmp_path, field):
     """Missing fields fail closed, here and in diffusers, before any weight is read."""
     path = shutil.copytree(fp8[0], tmp_path / "broken")
@@ -266,7 +265,7 @@ def test_a_malformed_policy_is_refused_by_name(change, message):
     with pytest.raises((ValueError, TypeError)):
         mixed_precision.parse_diffusion_step_policy({**POLICY, **change})
     with pytest.raises(CheckpointError, match=message):
-        modelopt_fp8.parse_policy({**POLICY, **change}, "transformer/config.json")
+        modelopt.parse_policy({**POLICY, **change}, "transformer/config.json")
 
 
 def test_other_quantization_methods_and_unknown_buffers_are_refused(fp8, tmp_path):
@@ -308,29 +307,6 @@ def saved_latents(layouts):
     return cosmos3_runtime.load(layouts["saved"], dtype="fp32").generate("a cat", **RUN).latents
 
 
-def _shard_tensors(folder):
-    from safetensors.torch import load_file
-
-    return {k: v for shard in sorted((folder / "transformer").glob("*.safetensors")) for k, v in
-            load_file(str(shard)).items()}
-
-
-def _write_shards(folder, shards: list[dict]):
-    """The transformer's weights rewritten as these shards, with their index."""
-    from safetensors.torch import save_file
-
-    transformer = folder / "transformer"
-    for old in transformer.glob("diffusion_pytorch_model*"):
-        old.unlink()
-    weight_map = {}
-    for i, tensors in enumerate(shards):
-        name = f"diffusion_pytorch_model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(tensors, str(transformer / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-    (transformer / "diffusion_pytorch_model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map}))
-
-
 def test_the_unified_export_equals_the_saved_layout_and_runs_its_policy(layouts, saved_latents, monkeypatch):
     """NVIDIA's exporter's layout (`weight_scale` / `input_scale`, the `config_groups` config, a root
     hf_quant_config.json) loads, runs the step policy, and gives the same latents as ModelOpt's saved layout of the
@@ -338,7 +314,7 @@ def test_the_unified_export_equals_the_saved_layout_and_runs_its_policy(layouts,
     unified = layouts["unified"]
     block = json.loads((unified / "transformer" / "config.json").read_text())["quantization_config"]
     assert "config_groups" in block and "time_embedder*" in block["ignore"] and (unified / "hf_quant_config.json").is_file()
-    keys = _shard_tensors(unified)
+    keys = shard_tensors(unified)
     assert any(k.endswith(".input_scale") for k in keys) and not any("_quantizer." in k for k in keys)
     pipe = cosmos3_runtime.load(unified, dtype="fp32")
     assert "ModelOpt FP8 (W8A16 on the first 3 and last 3 steps" in pipe.variant.describe()
@@ -352,13 +328,13 @@ def test_both_layouts_in_one_folder_read_the_unified_scales_wherever_they_sit(la
     """A folder holding both kinds of scale keys reads the unified export's (the buffers, here made wrong, are
     skipped), and scales in another shard than their weight are found through the index."""
     path = shutil.copytree(layouts["saved"], tmp_path / "both")
-    saved = _shard_tensors(path)
+    saved = shard_tensors(path)
     for key in saved:
         if key.endswith(("_quantizer._scale", "_quantizer._amax")):
             saved[key] = saved[key] * 2  # read, these would change every result
-    unified = _shard_tensors(layouts["unified"])
+    unified = shard_tensors(layouts["unified"])
     scales = {k: v for k, v in unified.items() if k.endswith(("weight_scale", "input_scale"))}
-    _write_shards(path, [saved, scales])  # the scales in a shard of their own
+    write_shards(path, [saved, scales])  # the scales in a shard of their own
     assert torch.equal(cosmos3_runtime.load(path, dtype="fp32").generate("a cat", **RUN).latents, saved_latents)
 
 
@@ -373,7 +349,7 @@ def test_a_root_hf_quant_config_alone_declares_the_checkpoint(layouts, tmp_path)
     pipe = cosmos3_runtime.load(path, dtype="fp32")
     assert "ModelOpt FP8 (W8A8 throughout (no step policy))" in pipe.variant.describe()
     assert pipe.variant.quantization.ignores("time_embedder.linear_1")
-    assert isinstance(pipe.transformer.get_submodule("layers.0.self_attn.add_q_proj"), Fp8Linear)
+    assert isinstance(pipe.transformer.get_submodule("layers.0.self_attn.add_q_proj"), ModelOptFp8Linear)
 
 
 def _tensor_change(key, value):
@@ -412,17 +388,17 @@ def test_what_the_reader_does_not_know_is_refused_by_name_before_any_weight_is_r
                                                                                     tensors, config, message):
     path = shutil.copytree(layouts["unified"], tmp_path / "refused")
     if tensors is not None:
-        changed = _shard_tensors(path)
+        changed = shard_tensors(path)
         tensors(changed)
-        _write_shards(path, [changed])
+        write_shards(path, [changed])
     if config is not None:
         config_file = path / "transformer" / "config.json"
         raw = json.loads(config_file.read_text())
         config(raw)
         config_file.write_text(json.dumps(raw))
-    from cosmos3_runtime import weights
+    from cosmos3_runtime.weights import files
 
-    monkeypatch.setattr(weights, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
+    monkeypatch.setattr(files, "_tensors", lambda *a: pytest.fail("a weight was read before the refusal"))
     with pytest.raises(CheckpointError, match=message):
         cosmos3_runtime.load(path, dtype="fp32")
 
@@ -464,9 +440,9 @@ def test_w8a8_equals_modelopt_linear(dtype):
 
 def test_the_step_of_a_core_sampler_call_comes_from_its_sigmas():
     sigmas = [1.0, 0.9, 0.7, 0.4, 0.0]
-    assert [modelopt_fp8.step_of_sigma(s, sigmas) for s in sigmas[:4]] == [(0, 4), (1, 4), (2, 4), (3, 4)]
-    assert modelopt_fp8.step_of_sigma(0.8, sigmas) == (1, 4)  # a second evaluation inside step 1 (Heun)
-    assert modelopt_fp8.step_of_sigma(1.2, sigmas) == (0, 4)
+    assert [precision.step_of_sigma(s, sigmas) for s in sigmas[:4]] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert precision.step_of_sigma(0.8, sigmas) == (1, 4)  # a second evaluation inside step 1 (Heun)
+    assert precision.step_of_sigma(1.2, sigmas) == (0, 4)
 
 
 def test_the_reasoner_runs_on_an_fp8_text_tower_at_its_policy(fp8, monkeypatch):
@@ -474,7 +450,7 @@ def test_the_reasoner_runs_on_an_fp8_text_tower_at_its_policy(fp8, monkeypatch):
     pipe = cosmos3_runtime.load(path, dtype="fp32")
     seen = []
     original = modelopt_fp8.w8a8_linear
-    monkeypatch.setattr("cosmos3_runtime.quantize.w8a8_linear", lambda *a: seen.append(1) or original(*a))
+    monkeypatch.setattr("cosmos3_runtime.weights.modelopt_fp8.w8a8_linear", lambda *a: seen.append(1) or original(*a))
     answer = pipe.reason("What is in the picture?", max_new_tokens=2, temperature=0)
     assert answer.text is not None and not seen  # text tower "a16": W8A16, no W8A8 matmul
 

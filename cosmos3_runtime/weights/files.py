@@ -1,4 +1,4 @@
-"""Loading safetensors weights into a module built on the meta device.
+"""Safetensors weights: a component's files, their headers, and reading them into a module built on the meta device.
 
 The module is constructed without memory (`torch.device("meta")`), then each tensor is read from its
 shard straight onto the target device and cast to its final dtype, and assigned in place of the
@@ -16,13 +16,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
-STORED_AS_IS = (torch.float8_e4m3fn,)
-# Quantization scales stay float32 whatever the model's dtype: in fp16 an official FP8 file's activation scale
-# (`input_scale`, a range over 448) would round, or above 65504 become inf and its layer's output zeros.
-KEPT_FLOAT32 = (".scale", ".input_scale")
+STORED_AS_IS = (torch.float8_e4m3fn, torch.uint8)  # quantized values and packed bytes: never cast
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 
 
@@ -68,11 +65,14 @@ def load_weights(
 
     `rename` maps a file key to a parameter name, or to None for a tensor that is deliberately not
     used; `convert(key, tensor)` changes a tensor's value as read (an activation range into its scale). Parameters
-    whose name starts with a `keep_fp32` prefix stay float32. Missing, unexpected
-    and mis-shaped tensors are errors that name the tensors and the file.
+    whose name starts with a `keep_fp32` prefix stay float32, and so do those a quantized layer lists in its
+    `kept_float32` (its scales: in fp16 an activation scale above 65504 would become inf, a small one round); fp8
+    and packed integer values stay as stored. Missing, unexpected and mis-shaped tensors are errors that name the
+    tensors and the file.
     """
     expected = {name: p for name, p in module.named_parameters()}
     expected.update(module.named_buffers())
+    modules = dict(module.named_modules())
     loaded: set[str] = set()
     unexpected: list[str] = []
     for path in files or weight_files(folder):
@@ -85,17 +85,16 @@ def load_weights(
                 unexpected.append(key)
                 continue
             tensor = tensor_of() if convert is None else convert(key, tensor_of())
-            if tensor.ndim == 0 and expected[name].ndim == 1:  # a per-tensor scale for a per-row parameter
-                tensor = tensor.expand(expected[name].shape)
             if tuple(tensor.shape) != tuple(expected[name].shape):
                 raise CheckpointError(
                     f"{path}: tensor {key} has shape {list(tensor.shape)}, the config implies "
                     f"{list(expected[name].shape)}; the weights do not belong to this config.json"
                 )
+            owner, _, leaf = name.rpartition(".")
             target = torch.float32 if name.startswith(keep_fp32) else dtype if tensor.is_floating_point() else None
-            if expected[name].dtype in STORED_AS_IS:  # fp8 weights stay fp8 (their scale is a parameter of its own)
+            if expected[name].dtype in STORED_AS_IS:  # quantized values stay as stored (their scales are their own)
                 target = expected[name].dtype
-            elif expected[name].dtype == torch.float32 and name.endswith(KEPT_FLOAT32):
+            elif leaf in getattr(modules[owner], "kept_float32", ()):
                 target = torch.float32
             elif tensor.dtype in STORED_AS_IS:
                 raise CheckpointError(f"{path}: {key} is stored as {tensor.dtype}, which cannot be cast without its "
@@ -181,3 +180,31 @@ def stored_bytes(folder: Path) -> tuple[dict[str, int], list[str]]:
 def _names(keys: list[str], limit: int = 8) -> str:
     shown = ", ".join(sorted(keys)[:limit])
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+class Dense:
+    """Weights as the files store them (bf16, fp32): read, cast once into the model's dtype."""
+
+    name = "dense"
+    quantization = None
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def describe(self) -> str:
+        return "dense weights"
+
+    def build(self, model: nn.Module, rename, pathway_of) -> None:
+        pass  # the model's own linears read them
+
+    def read(self, model: nn.Module, dtype: torch.dtype, device: torch.device, rename, keep_fp32=()) -> None:
+        # ModelOpt's record of a weight's calibrated range may sit beside dense weights (a model saved calibrated but
+        # not compressed): nothing reads it
+        load_weights(model, self.folder, dtype, device, rename=lambda key: None if key.endswith(
+            ".weight_quantizer._amax") else rename(key), keep_fp32=keep_fp32)
+
+    def resident_bytes(self, name: str, layer: nn.Module) -> int | None:
+        return None
+
+    def step_bytes(self, config, tokens: int, dtype: torch.dtype, device) -> dict[str, int]:
+        return {}

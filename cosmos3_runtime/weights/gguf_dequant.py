@@ -26,6 +26,8 @@ from functools import cache
 
 import torch
 
+from .format import slice_values
+
 QK_K = 256
 BLOCKS = {  # type name -> (values per block, bytes per block)
     "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
@@ -128,12 +130,6 @@ def _k_quant(qtype: str, blocks: torch.Tensor) -> torch.Tensor:
     if qtype == "Q5_K":
         q = q | ((_shifted(qh, tuple(range(8)), (n, 1, 1, 32)) & 1).reshape(n, 8, 32) << 4)
     return (scale * q.float() - low).reshape(n, QK_K)
-
-
-def slice_values(device: torch.device) -> int:
-    """Values expanded in float32 at once on `device`: 2M on a CPU (8 MiB each temporary, cache-sized), 16M on a
-    GPU, where each slice is a dozen kernel launches and smaller slices are launch-bound."""
-    return 1 << 21 if device.type == "cpu" else 1 << 24
 
 
 def dequantize(data: torch.Tensor, qtype: str, shape, dtype: torch.dtype = torch.float32,

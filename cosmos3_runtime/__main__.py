@@ -1,4 +1,5 @@
-"""Command line: `python -m cosmos3_runtime {generate,reason,demo,info,quantize,make-tiny} ...`."""
+"""Command line: `python -m cosmos3_runtime {generate,reason,demo,info,quantize,make-tiny,serve-isaaclab,
+isaaclab-camera} ...`."""
 
 import argparse
 import difflib
@@ -9,14 +10,16 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from . import isaaclab
 from .action import MODES, PRESETS, TIERS, VIEW_POINTS, WIDTHS, ActionRequest
 from .checkpoint import Checkpoint, read_json, resolve
 from . import timing
 from .errors import Cosmos3Error, InputError, reworded
 from .geometry import latent_frames, latent_size
-from .controls import derive
+from .controls import derive, uint8_frames
 from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_image, read_video, save, save_actions,
                     save_wav, video_header)
 from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, read_clip
@@ -25,7 +28,7 @@ from .guardrails import load as load_guardrails
 from .pipeline import load, planner, prompt_list
 from .progress import Report
 from .request import Request, add_arguments, cli_flag, options_from_args
-from .tiny import KINDS, SIZES, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
+from .tiny import FRAMEWISE, KINDS, SIZES, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
 from .transfer import HINTS, check_hints, summary as transfer_summary
 from .transformer import Cosmos3Transformer, tower_of
 from .weights import detect
@@ -38,13 +41,61 @@ from .weights.gguf_convert import WRITABLE, convert, describe_types
 def cmd_make_tiny(args) -> None:
     if args.sim_transfer and args.sim_bimanual:
         raise InputError("give --sim-transfer or --sim-bimanual, not both")
-    causal = sim_transfer_block() if args.sim_transfer else sim_bimanual_block() if args.sim_bimanual else None
+    if args.framewise and not args.sim_transfer:
+        raise InputError("--framewise is a Sim-Transfer layout: give it with --sim-transfer")
+    causal = (sim_transfer_block(**FRAMEWISE) if args.framewise else sim_transfer_block()) if args.sim_transfer else \
+        sim_bimanual_block() if args.sim_bimanual else None
     root = make_tiny_checkpoint(args.folder, kind="gated" if causal else args.kind, size=args.size,
                                 distilled=args.distilled or bool(causal), sound=args.sound,
                                 action=args.action or args.sim_bimanual, causal=causal)
-    name = "Sim-Transfer (causal, gated)" if args.sim_transfer else "Sim-Bimanual (causal, gated, actions)" \
-        if args.sim_bimanual else args.kind
+    name = f"Sim-Transfer (causal, gated, {'framewise' if args.framewise else 'chunkwise'})" if args.sim_transfer else \
+        "Sim-Bimanual (causal, gated, actions)" if args.sim_bimanual else args.kind
     print(f"wrote a random {args.size} {name} checkpoint to {root}")
+
+
+SERVICE_OPTIONS = ("causal_history", "compile")  # the request options serve-isaaclab plans every episode with
+
+
+def cmd_serve_isaaclab(args) -> None:
+    options = options_from_args(args, SERVICE_OPTIONS)
+    with isaaclab.listening(args.endpoint, args.allow_remote) as listener:  # a busy or bad endpoint: before loading
+        isaaclab.probe(planner(args.checkpoint, args.device, args.dtype, local_files_only=True, quantize=args.quantize,
+                               transformer_file=args.transformer_file), options)  # before any weight is read
+        pipe = load(args.checkpoint, device=args.device, dtype=args.dtype, local_files_only=True,
+                    **low_vram_options(args))
+        print(f"{pipe.checkpoint.root}: {pipe.variant.describe()}", flush=True)
+        service = isaaclab.Service(pipe, args.max_episode_frames or None, **options)
+        if args.warmup:
+            print("warming up: one episode of blank controls at 832x480", flush=True)
+            service.warm_up()
+        print(f"serving Isaac Lab's Cosmos cameras at {isaaclab.endpoint_of(listener)} (episodes of at most "
+              f"{args.max_episode_frames or 'any number of'} frames; stop with Ctrl+C or a shutdown)", flush=True)
+        try:
+            service.serve(listener)
+        except KeyboardInterrupt:
+            print("stopped", flush=True)
+
+
+def cmd_isaaclab_camera(args) -> None:
+    """Play a clip through a running service as Isaac Lab's camera sends it: its first frame, then 4 an update."""
+    (hint, clip), = read_controls([args.control])[0].items()
+    frames = uint8_frames(clip)
+    count = 1 + (len(frames) - 1) // isaaclab.UPDATE_FRAMES * isaaclab.UPDATE_FRAMES
+    if count < 1 + isaaclab.UPDATE_FRAMES:
+        raise InputError(f"--control has {len(frames)} frame(s): an episode is its first frame and updates of "
+                         f"{isaaclab.UPDATE_FRAMES}; give at least {1 + isaaclab.UPDATE_FRAMES}")
+    check_output(args.output)
+    with isaaclab.Client(args.endpoint, wait=args.wait) as client:
+        fps = client.status()["capabilities"]["fps"]
+        client.open(args.prompt, hint, frames.shape[1], frames.shape[2], count, args.seed)
+        made = [client.step(frames[:1])]
+        made += [client.step(frames[i : i + isaaclab.UPDATE_FRAMES]) for i in range(1, count, isaaclab.UPDATE_FRAMES)]
+        client.close()
+        if args.shutdown:
+            client.shutdown()
+    print(f"{count} frames of {hint} control in, {sum(len(m) for m in made)} out")
+    for path in save(torch.from_numpy(np.concatenate(made)).float() / 255, args.output, fps):
+        print(f"wrote {path}")
 
 
 def cmd_generate(args) -> None:
@@ -369,7 +420,37 @@ def build_parser() -> argparse.ArgumentParser:
                    "weights; everything else stays BF16 [default: q8_0]")
     p.set_defaults(run=cmd_quantize)
 
-    for loading in (generate, reason, sub.choices["demo"]):
+    p = sub.add_parser("serve-isaaclab", help="serve Isaac Lab's Cosmos cameras: a resident framewise Sim-Transfer "
+                       "checkpoint speaking their protocol (docs/causal.md, Isaac Lab)")
+    p.add_argument("--checkpoint", required=True, help="a framewise Sim-Transfer checkpoint folder (or a Hugging Face "
+                   "repo id already in the local cache: nothing is downloaded)")
+    p.add_argument("--endpoint", default=isaaclab.DEFAULT_ENDPOINT, help="unix:///path (a socket only you can open) "
+                   "or tcp://127.0.0.1:PORT [default: %(default)s, where Isaac Lab's camera looks]")
+    p.add_argument("--allow-remote", action="store_true", help="let a TCP endpoint listen on a non-loopback address "
+                   "(the protocol has no authentication: only behind a trusted network or tunnel)")
+    p.add_argument("--max-episode-frames", type=int, default=isaaclab.DEFAULT_MAX_EPISODE_FRAMES, help="the longest "
+                   "episode a camera may open, 1 + 4k frames; 0: no cap [default: %(default)s, the trained horizon]")
+    p.add_argument("--warmup", action="store_true", help="run one episode of blank controls at 832x480 before "
+                   "serving, so the first camera does not pay for the first allocations")
+    add_arguments(p, SERVICE_OPTIONS)
+    p.set_defaults(run=cmd_serve_isaaclab)
+    serve = p
+
+    p = sub.add_parser("isaaclab-camera", help="play a control clip through a running serve-isaaclab as Isaac Lab's "
+                       "camera does (its first frame, then 4 an update) and save the frames it sends back")
+    p.add_argument("--endpoint", default=isaaclab.DEFAULT_ENDPOINT, help="[default: %(default)s]")
+    p.add_argument("--control", required=True, help="HINT=FILE: the control clip (edge, depth, seg; blur: the "
+                   "camera's RGB, which the service blurs), or HINT:PRESET=FILE (edge derived from a source clip); "
+                   "at its own size, 1 + 4k frames used")
+    p.add_argument("--prompt", help="the scene's appearance (default: none)")
+    p.add_argument("--seed", type=int, default=0, help="[default: 0]")
+    p.add_argument("--output", required=True, help="the generated clip: out.mp4")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the service to come up "
+                   "[default: %(default)s]")
+    p.add_argument("--shutdown", action="store_true", help="stop the service afterwards")
+    p.set_defaults(run=cmd_isaaclab_camera)
+
+    for loading in (generate, reason, sub.choices["demo"], serve):
         loading.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
         loading.add_argument("--dtype", default=None, help="auto, bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)")
         loading.add_argument("--offload-text", action="store_true", help="keep the text tower in CPU memory except "
@@ -377,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
         loading.add_argument("--quantize", choices=["fp8", "fp8_scaled"], default=None, help="store the transformer's "
                              "weights as fp8 with per-channel scales (about half the memory); fp8_scaled also runs "
                              "the media blocks' matmuls in fp8 (compute capability 9.0+, larger error)")
-    for loading in (generate, sub.choices["demo"]):
+    for loading in (generate, sub.choices["demo"], serve):
         loading.add_argument("--blocks-to-swap", type=int, default=0, help="stream this many layers from CPU memory "
                              "during each forward (bit-identical) [default: 0]")
         loading.add_argument("--transformer-file", help="a .gguf file to load the transformer's weights from (a "
@@ -399,6 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-bimanual", action="store_true", help="Cosmos3-Nano-Sim-Bimanual's layout: a causal gated "
                    "checkpoint that rolls a robot video out from a first image and actions (AgiBot 29 values, or a "
                    "9-value camera pose)")
+    p.add_argument("--framewise", action="store_true", help="with --sim-transfer: framewise, one latent frame a chunk "
+                   "(4 frames, what Isaac Lab's camera sends an update), a 30-frame history window with 3 sinks")
     p.set_defaults(run=cmd_make_tiny)
 
     for command in sub.choices.values():

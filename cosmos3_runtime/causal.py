@@ -251,7 +251,7 @@ class Rollout:
 
     @property
     def latent_frames(self) -> int:
-        return self.chunks[-1][1]
+        return self.chunks[-1][1] if self.chunks else 0  # (none yet: a session before its first tick)
 
     @property
     def chunk_pixels(self) -> int:

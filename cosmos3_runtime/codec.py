@@ -9,7 +9,7 @@ import torch
 
 from .errors import InputError
 from .sound import SoundTokenizer
-from .vae import Progress, TileSpec, WanVAE, image_frames
+from .vae import EncodeStream, Progress, TileSpec, WanVAE, image_frames
 
 
 class Codec:
@@ -30,10 +30,11 @@ class Codec:
                 part.to(device)
         self.device = device
 
-    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Pixels [1, 3, F, H, W] in [-1, 1] -> normalized latents (float32, on the device)."""
+    def encode_pixels(self, pixels: torch.Tensor, stream: EncodeStream | None = None) -> torch.Tensor:
+        """Pixels [1, 3, F, H, W] in [-1, 1] -> normalized latents (float32, on the device); through `stream`
+        (`WanVAE.encode_stream`), the frames after those it has encoded."""
         vae = self.vae_for("encoding frames")
-        return vae.normalize(vae.encode(pixels.to(self.device, vae.dtype))).float()
+        return vae.normalize((stream or vae.encode)(pixels.to(self.device, vae.dtype))).float()
 
     def decode_pixels(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
                       raw: bool = False) -> torch.Tensor:

@@ -27,7 +27,7 @@ from .action import action_prompt
 from .sound import SoundTokenizer, check_encoder, load_sound_tokenizer
 from .runs import Generation, StepCallback
 from .step_cache import StepCache
-from .session import Session, check_checkpoint as check_session_checkpoint
+from .session import Session, TransferSession, check_checkpoint as check_session_checkpoint, session_request
 from .settings import Settings, log_notes, resolve as resolve_settings
 from .tokenizer import PromptTokenizer
 from .transformer import (Cosmos3Transformer, checkpoint_key_mapper, linear_layers, load_dtype, media_block,
@@ -528,17 +528,24 @@ class Cosmos3Pipeline:
         return runs.execute(run, self.parts, int(plan.request.seed), callback, parallel, progress, cache)
 
     def session(self, prompt: str, request: Request | None = None, guardrails: Guardrails | None = None,
-                **options) -> "Session":
-        """A Sim-Bimanual rollout driven one action chunk at a time: `with pipe.session(prompt, action=ActionRequest(
+                control: str | None = None, **options) -> "Session | TransferSession":
+        """A causal rollout driven one chunk at a time. Sim-Bimanual: `with pipe.session(prompt, action=ActionRequest(
         mode="forward_dynamics", image=first, domain="agibotworld")) as s: frames = s.tick(actions)` (see `Session`).
-        Refused at open, before anything runs, when a full history window would not fit (the plan's run fills it).
+        Sim-Transfer: `pipe.session(prompt, control="edge", num_frames=201, width=832, height=480, seed=1)`, an episode
+        of `num_frames` whose ticks bring its control frames (see `TransferSession`). Refused at open, before
+        anything runs, when its history would not fit (the plan's run fills the window, or is the episode).
         `guardrails`: the prompt checked at open, every tick's faces pixelated (a tick it blocks fails)."""
         check_session_checkpoint(self.variant)
-        plan = self.plan(prompt, request, **options)
+        plan = self.plan(prompt, session_request(self.variant, request, control, **options))
         guardrails = self._guardrails(guardrails, plan, session=True)
+        plan = self.checked(plan, guardrails)
+        return (Session if self.variant.causal.takes_actions else TransferSession)(self, plan, guardrails)
+
+    def checked(self, plan: Plan, guardrails: Guardrails | None) -> Plan:
+        """A session's plan once its prompt passed `guardrails` and the planner took it (`Planner.check`)."""
         plan = self._guarded(plan, guardrails)
         self.planner.check(plan, session=True)
-        return Session(self, plan, guardrails)
+        return plan
 
     def _guardrails(self, guardrails: Guardrails | bool | None, plan: Plan, **check) -> Guardrails | None:
         """The guardrail a run asked for: its own, or for True NVIDIA's (`guardrails.load`, on the CPU, its files

@@ -251,8 +251,9 @@ class Rollout(Run):
 
     Conditioned on actions (Sim-Bimanual), latent frame 0 is the first image, committed clean with null actions
     before the first chunk; each chunk after it is denoised and committed beside its frames' actions. A session
-    (`open`) rolls on tick by tick: `extend` adds the next actions and chunks, and each call of `execute` runs the
-    chunks not run yet, its latents only those of the chunks it ran."""
+    (`open`) rolls on tick by tick: `extend` adds the next actions (`extend_controls` the next control frames) and
+    the chunks they make, and each call of `execute` runs the chunks not run yet, its latents only those of the
+    chunks it ran."""
 
     chunked = True
 
@@ -260,14 +261,20 @@ class Rollout(Run):
                  open: bool = False):
         if parallel is not None:
             raise InputError("a causal rollout runs on one process; turn sequence and CFG parallelism off")
-        parts.codec.vae_for("a causal rollout (it encodes its first frame or control clip and decodes the clip)")
+        vae = parts.codec.vae_for("a causal rollout (it encodes its first frame or control clip and decodes the clip)")
         self.parts, self.s, self.r, self.cond_ids, self.open = parts, s, r, cond_ids, open
         self.plan: causal.Rollout = s.rollout
         self.model = parts.denoiser.transformer
-        self.controls = None  # the whole control clip's latents, encoded once
+        self.controls = None  # the control latents from latent frame `control_start` on: a batch's whole clip, encoded
+        self.control_start = 0  # once; a session's as its ticks bring them, those of chunks run dropped
         if self.plan.hint is not None:
-            clip = preprocess_video(r.control_videos[self.plan.hint], s.height, s.width)[:, :, : s.num_frames]
-            self.controls = parts.codec.encode_pixels(clip.to(self.model.dtype))
+            self.encoder = vae.encode_stream()  # a session's ticks go on where the last left off
+            if open:
+                shape = parts.denoiser.latent_shape(s)
+                self.controls = torch.zeros(*shape[:2], 0, *shape[3:], device=parts.device)
+            else:
+                clip = preprocess_video(r.control_videos[self.plan.hint], s.height, s.width)[:, :, : s.num_frames]
+                self.controls = self.encode(clip)
         self.actions = None  # Sim-Bimanual: the normalized action rows [n, width], the first image's latents
         if self.plan.embodiment is not None:
             self.actions = torch.zeros(0, self.model.config.action_dim, device=parts.device)  # read every forward
@@ -290,9 +297,9 @@ class Rollout(Run):
                 raise InputError(f"causal_cache 'recompute' is a reference for short clips: {self.plan.latent_frames} "
                                  f"latent frames need a {rows}x{rows} attention mask; use causal_cache 'kv' (the same "
                                  "result) or fewer frames")
-        if open:  # the cache is sized for the planned run's history; the session's chunks come with its actions
-            self.plan = replace(self.plan, chunks=self.plan.chunks[:1])
         self.first = 1 if self.actions is not None else 0  # the first chunk denoised (latent 0 is the image)
+        if open:  # the cache is sized for the planned run's history; the session's chunks come with its ticks
+            self.plan = replace(self.plan, chunks=self.plan.chunks[: self.first])
         self.done = self.first  # chunks run so far
         self.dropped = 0  # action rows a session dropped once their chunks had run
         self.count = len(self.plan.chunks) - self.done
@@ -306,6 +313,25 @@ class Rollout(Run):
         shape = self.parts.denoiser.latent_shape(self.s)
         return torch.zeros(*shape[:2], self.plan.latent_frames - self.origin, *shape[3:], device=self.parts.device)
 
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Control pixels [1, 3, F, H, W] in [-1, 1], the clip's frames after those encoded so far -> their latents."""
+        return self.parts.codec.encode_pixels(pixels.to(self.model.dtype), self.encoder)
+
+    def grow(self, latents: int) -> None:
+        """A session's plan grown to `latents` latent frames, in whole chunks (its latents: of the chunks not run)."""
+        chunks = causal.chunk_ranges(latents, self.plan.config.chunk_size)
+        self.plan = replace(self.plan, chunks=tuple(chunks))
+        self.count = len(chunks) - self.done
+        self.latents = self.buffer()
+
+    def extend_controls(self, pixels: torch.Tensor) -> None:
+        """Append a session's next control frames [1, 3, F, H, W] in [-1, 1] (its first frame alone, then 4 for each
+        latent frame) and the chunks they make; the control latents of chunks already run go (memory stays flat)."""
+        ran = self.plan.chunks[self.done - 1][1] if self.done else 0
+        self.controls = torch.cat([self.controls[:, :, ran - self.control_start :], self.encode(pixels)], dim=2)
+        self.control_start = ran
+        self.grow(ran + self.controls.shape[2])
+
     def extend(self, actions) -> None:
         """Append raw actions [n, width] (n a multiple of 4: one latent frame each 4) and the chunks they make."""
         rows = self.plan.embodiment.normalize(actions, self.model.config.action_dim).to(self.parts.device)
@@ -316,12 +342,8 @@ class Rollout(Run):
             ran = causal.action_rows(1, self.plan.chunks[self.done - 1][1])[1] if self.done > self.first else 0
             self.actions, self.dropped = self.actions[ran - self.dropped :], ran
         self.actions = torch.cat([self.actions, rows])
-        if self.open:  # the session's plan grows by whole chunks
-            latents = 1 + (self.dropped + self.actions.shape[0]) // causal.ACTION_TOKENS
-            chunks = causal.chunk_ranges(latents, self.plan.config.chunk_size)
-            self.plan = replace(self.plan, chunks=tuple(chunks))
-            self.count = len(chunks) - self.done
-            self.latents = self.buffer()
+        if self.open:
+            self.grow(1 + (self.dropped + self.actions.shape[0]) // causal.ACTION_TOKENS)
 
     def window(self, k: int) -> Window:
         k += self.done
@@ -334,7 +356,7 @@ class Rollout(Run):
             if self.plan.window_frames is not None:
                 self.cache.evict(self.plan.sink_frames, self.plan.recent(start))
             if self.controls is not None:  # the control chunk, committed clean in one forward before the RGB frames
-                self.commit(self.controls[:, :, start:end], start)
+                self.commit(self.controls[:, :, start - self.control_start : end - self.control_start], start)
             forward = self.cached_forward(start, end)
         else:
             forward = self.recompute_forward(start, end)

@@ -1,15 +1,25 @@
-"""Sim-Bimanual sessions: a causal action rollout driven one chunk of actions at a time, as NVIDIA's framework's
-`open_bimanual_session` and vLLM-Omni's typed ticks drive it.
+"""Sessions: a causal rollout driven one chunk at a time, its frames returned as soon as they are made.
+
+Sim-Bimanual (`Session`), as NVIDIA's framework's `open_bimanual_session` and vLLM-Omni's typed ticks drive it:
 
     with pipe.session("The robot folds the towel.", action=ActionRequest(mode="forward_dynamics", image=first,
                                                                           domain="agibotworld")) as s:
         frames = s.tick(actions)  # [16, 29] -> the 17 frames of tick 0 (the first image's and 16 more), then 16 a tick
 
-A session is bound to its prompt, first image, size, fps, embodiment and checkpoint: a change is a new session (or,
-over HTTP, a reset). Each tick extends the rollout by one chunk (4 latent frames, 16 actions), commits its frames to
-the K/V history (sliding past the checkpoint's window, so memory stays that of one window) and decodes them through
-the VAE's causal state, so the frames of every tick join into exactly those of one batch run of the same actions.
-The session is planned at open as a batch run whose history fills the window: refused then, not mid-run.
+Sim-Transfer (`TransferSession`), as a simulator's camera drives it (an episode of `num_frames`, its frame budget):
+
+    with pipe.session("A red ball rolls.", control="edge", num_frames=201, width=832, height=480, seed=1) as s:
+        frames = s.tick(edges[:1])   # the episode's first control frame -> its first frame
+        frames = s.tick(edges[1:5])  # then 4 control frames -> their 4 frames (16 on a chunkwise checkpoint)
+        s.reset("A blue ball rolls.", seed=2)  # the next episode
+
+A session is bound to its checkpoint, size and fps, and Sim-Bimanual's to its prompt, first image and embodiment: a
+change is a new session (or, over HTTP, a reset); a Sim-Transfer reset may bring the next episode's prompt and seed.
+Each tick extends the rollout by one chunk, commits its frames to the K/V history (sliding past the checkpoint's
+window, so memory stays that of one window), encodes its controls and decodes its frames through the VAE's causal
+state, so the frames of every tick join into exactly those of one batch run of the same actions or controls. A
+session is planned at open as a batch run (Sim-Bimanual: one whose history fills the window; Sim-Transfer: the
+episode's): refused then, not mid-run.
 """
 
 from dataclasses import replace
@@ -17,7 +27,10 @@ from dataclasses import replace
 import torch
 
 from . import cancel, causal, runs
+from .conditioning import frame_count, preprocess_video
 from .errors import InputError
+from .geometry import TEMPORAL_FACTOR
+from .request import Request
 from .transformer import DecoderLayer
 from .vae import image_frames
 from .weights import precision
@@ -25,38 +38,47 @@ from .weights import precision
 
 def check_checkpoint(variant) -> None:
     """Refuse a checkpoint that has no sessions, by name."""
-    if variant.causal is None or not variant.causal.takes_actions:
-        raise InputError("sessions drive a causal action checkpoint (Cosmos3-Nano-Sim-Bimanual); this checkpoint "
-                         "is not one: use generate")
+    if variant.causal is None:
+        raise InputError("sessions drive a causal checkpoint (Cosmos3-Nano-Sim-Bimanual, Cosmos3-Nano-Sim-Transfer); "
+                         "this checkpoint is not one: use generate")
 
 
-class Session:
-    """One rollout, tick by tick (`Cosmos3Pipeline.session`)."""
+def session_request(variant, request: Request | None, control: str | None, **options) -> Request:
+    """The request a session is planned with. Sim-Transfer's is the batch rollout of its episode: `num_frames` (its
+    frame budget) at `width` x `height`, with a stand-in `control` clip (one black frame repeated: no memory) that
+    the ticks' control frames replace."""
+    if variant.causal.takes_actions:
+        if control is not None:
+            raise InputError("control names a Sim-Transfer session's controls; a Sim-Bimanual session takes actions "
+                             "(action=ActionRequest(mode='forward_dynamics', image=..., domain=...))")
+        return Request.build(request, **options)
+    r = Request.build(request, **options)
+    if control is None or r.control_videos is not None:
+        raise InputError(f"a Sim-Transfer session takes its control frames a tick at a time: name their hint as "
+                         f"control ({', '.join(variant.causal.hints)}) and leave control_videos unset")
+    missing = [name for name in ("num_frames", "width", "height") if getattr(r, name) is None]
+    if missing:
+        raise InputError(f"a Sim-Transfer session needs {', '.join(missing)}: its episode's frame budget (the "
+                         "duration its prompt states) and size")
+    stand_in = torch.zeros(1, r.height, r.width, 3, dtype=torch.uint8).expand(r.num_frames, -1, -1, -1)
+    return Request.build(r, control_videos={control: stand_in})
+
+
+class CausalSession:
+    """What the sessions share: one `runs.Rollout` opened for ticks over the plan, the VAE's decode stream, a tick's
+    run that loses the history when it fails (`_run`), close."""
 
     def __init__(self, pipe, plan, guardrails=None):
-        """`plan`: `pipe.plan(prompt, request)` of a request whose action (mode forward_dynamics, the first image, the
-        embodiment) carries no actions: the settings plan it as a run long enough that its history fills the window.
-        `Cosmos3Pipeline.session` makes one and checks it (and its prompt, against `guardrails`) first; `guardrails`
-        then checks every tick's frames and pixelates their faces."""
-        check_checkpoint(pipe.variant)
-        c = pipe.variant.causal
-        if plan.request.action.actions is not None:
-            raise InputError("a session takes its actions a tick at a time: leave the action request's actions unset")
-        self.plan, self.pipe, self.run, self.guardrails = plan, pipe, None, guardrails
-        self.rows = c.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
-        self.width = plan.settings.rollout.embodiment.width
+        """`plan`: `pipe.plan(prompt, session_request(...))`; `Cosmos3Pipeline.session` makes one and checks it (and
+        its prompt, against `guardrails`) first; `guardrails` then checks every tick's frames and pixelates their
+        faces."""
+        self.plan, self.pipe, self.run, self.decoder, self.guardrails = plan, pipe, None, None, guardrails
         self.closed = False
         self._start()
 
     @property
     def settings(self):
         return self.plan.settings
-
-    def reset(self) -> None:
-        """Back to chunk 0: the history, the decoder's state and the actions are dropped; the first image stays. A
-        closed session stays closed."""
-        self._refuse_closed()
-        self._start()
 
     def _start(self) -> None:
         self.run = self.decoder = None  # the old history's memory goes first
@@ -65,28 +87,20 @@ class Session:
         self.decoder = self.pipe.vae.decode_stream()
         self.chunk_index, self.lost = 0, False
 
-    def tick(self, actions, callback=None, progress=None, interrupt=None, image=None) -> torch.Tensor:
-        """The next chunk's actions [16, width] (raw, the embodiment's units) -> its frames [F, H, W, 3] float32 in
-        0..1 on the CPU: 17 for tick 0 (the first image's frame and 16), 16 after. Bad actions are refused before
-        anything runs, the session unchanged; a tick that fails or is cancelled loses the history (half-committed):
-        the session starts again at chunk 0 with its next tick. `image` is refused: the first image opens a session
-        (as over HTTP, where only the opening tick carries one)."""
+    def _resume(self) -> None:
+        """Refuse a closed session; start again at chunk 0 after a tick that failed."""
         self._refuse_closed()
-        if image is not None:
-            raise InputError("a tick takes actions only: the first image belongs to the session, given when it opens "
-                             "(pipe.session(prompt, action=ActionRequest(image=...))); open a new session to start "
-                             "from another image")
-        table = torch.as_tensor(actions, dtype=torch.float32).cpu()
-        if table.shape != (self.rows, self.width):
-            raise InputError(f"a tick takes {self.rows} actions of {self.width} values (one per frame), got "
-                             f"{list(table.shape)}")
-        self.plan.settings.rollout.embodiment.check(table)  # NaN and infinities refused before anything runs
         if self.lost:
             self._start()
+
+    def _run(self, extend, callback, progress, interrupt) -> torch.Tensor:
+        """One tick: `extend(rollout)` gives it the tick's conditions, its chunks run, their frames are decoded (and
+        filtered by the guardrails). A tick that fails or is cancelled loses the history (half-committed): its memory
+        is freed at once and the next tick starts again at chunk 0."""
         pipe, s = self.pipe, self.plan.settings
         try:
             with torch.inference_mode(), precision.for_text(s.precision), cancel.checking(interrupt):
-                self.run.extend(table)
+                extend(self.run)
                 pipe.denoiser.hooks = replace(pipe.transformer.hooks, block=DecoderLayer.media)
                 runs.execute(self.run, pipe.parts, int(self.plan.request.seed), callback, None, progress, None)
                 frames = image_frames(self.decoder(pipe.vae.denormalize(self.run.latents)).float())
@@ -108,8 +122,106 @@ class Session:
         if self.closed:
             raise InputError("this session is closed; open a new one")
 
-    def __enter__(self) -> "Session":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Session(CausalSession):
+    """A Sim-Bimanual rollout, tick by tick (`Cosmos3Pipeline.session`)."""
+
+    def __init__(self, pipe, plan, guardrails=None):
+        """`plan`: of a request whose action (mode forward_dynamics, the first image, the embodiment) carries no
+        actions: the settings plan it as a run long enough that its history fills the window."""
+        check_checkpoint(pipe.variant)
+        c = pipe.variant.causal
+        if not c.takes_actions:
+            raise InputError("this is a Sim-Transfer checkpoint: its sessions take control frames (TransferSession)")
+        if plan.request.action.actions is not None:
+            raise InputError("a session takes its actions a tick at a time: leave the action request's actions unset")
+        self.rows = c.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
+        self.width = plan.settings.rollout.embodiment.width
+        super().__init__(pipe, plan, guardrails)
+
+    def reset(self) -> None:
+        """Back to chunk 0: the history, the decoder's state and the actions are dropped; the first image stays. A
+        closed session stays closed."""
+        self._refuse_closed()
+        self._start()
+
+    def tick(self, actions, callback=None, progress=None, interrupt=None, image=None) -> torch.Tensor:
+        """The next chunk's actions [16, width] (raw, the embodiment's units) -> its frames [F, H, W, 3] float32 in
+        0..1 on the CPU: 17 for tick 0 (the first image's frame and 16), 16 after. Bad actions are refused before
+        anything runs, the session unchanged; a tick that fails or is cancelled loses the history (`_run`). `image`
+        is refused: the first image opens a session (as over HTTP, where only the opening tick carries one)."""
+        self._resume()
+        if image is not None:
+            raise InputError("a tick takes actions only: the first image belongs to the session, given when it opens "
+                             "(pipe.session(prompt, action=ActionRequest(image=...))); open a new session to start "
+                             "from another image")
+        table = torch.as_tensor(actions, dtype=torch.float32).cpu()
+        if table.shape != (self.rows, self.width):
+            raise InputError(f"a tick takes {self.rows} actions of {self.width} values (one per frame), got "
+                             f"{list(table.shape)}")
+        self.plan.settings.rollout.embodiment.check(table)  # NaN and infinities refused before anything runs
+        return self._run(lambda run: run.extend(table), callback, progress, interrupt)
+
+
+class TransferSession(CausalSession):
+    """A Sim-Transfer episode, control chunk by control chunk (`Cosmos3Pipeline.session` with `control`).
+
+    The episode is planned as the batch rollout of `num_frames` frames, its budget: the duration its prompt states,
+    the history it keeps. Its frames are exactly the first frames of that batch (`generate` with the same prompt,
+    seed, size and fps, and a control clip that starts with the ticks' control frames): the rollout is causal, so
+    control frames not sent yet change nothing before them."""
+
+    def __init__(self, pipe, plan, guardrails=None):
+        check_checkpoint(pipe.variant)
+        if plan.settings.rollout.hint is None:
+            raise InputError("this is a Sim-Bimanual checkpoint: its sessions take actions (Session)")
+        if plan.settings.rollout.mode != "kv":
+            raise InputError("a session rolls its K/V history on (causal_cache 'kv'); 'recompute' reruns the whole "
+                             "clip at every forward: leave causal_cache unset")
+        if plan.settings.num_frames != plan.request.num_frames:
+            raise InputError(f"an episode of {plan.request.num_frames} frames is not whole chunks of "
+                             f"{pipe.variant.causal.chunk_size} latent frames: give {plan.settings.num_frames} "
+                             f"(1 + {TEMPORAL_FACTOR * pipe.variant.causal.chunk_size}k)")
+        self.update = TEMPORAL_FACTOR * pipe.variant.causal.chunk_size  # control frames a tick after the first takes
+        super().__init__(pipe, plan, guardrails)
+
+    def _start(self) -> None:
+        super()._start()
+        self.frames = 0  # made this episode
+
+    def tick(self, controls, callback=None, progress=None, interrupt=None) -> torch.Tensor:
+        """The episode's next control frames [F, H, W, 3] (uint8, or floats in 0..1; resized to the session's size as
+        a batch resizes its clip) -> the frames made for them [F, H, W, 3] float32 in 0..1 on the CPU: the first tick
+        takes 1 frame, each later one 4 a latent frame of a chunk (4 framewise, 16 chunkwise). Controls refused are
+        refused before anything runs, the episode unchanged; a tick that fails or is cancelled loses the history
+        (`_run`) and the next starts the episode again."""
+        self._resume()
+        s, count = self.plan.settings, frame_count(controls)
+        expected = 1 if self.chunk_index == 0 else self.update
+        if count != expected:
+            raise InputError(f"this tick takes {expected} control frame{'s' * (expected > 1)} (an episode's first "
+                             f"tick 1, each later one {self.update}), got {count}")
+        if self.frames + count > s.num_frames:
+            raise InputError(f"this episode has made all {s.num_frames} frames of its budget: reset to start the next "
+                             "episode (or open one with a larger budget)")
+        pixels = preprocess_video(controls, s.height, s.width)
+        frames = self._run(lambda run: run.extend_controls(pixels), callback, progress, interrupt)
+        self.frames += count
+        return frames
+
+    def reset(self, prompt: str | None = None, seed: int | None = None) -> None:
+        """Start the next episode: the history and the VAE's states are dropped. `prompt` (planned again, and checked
+        by the session's guardrails) and `seed` are the next episode's (None: this one's). A closed session stays
+        closed."""
+        self._refuse_closed()
+        if prompt is not None or seed is not None:
+            plan = self.pipe.plan(self.plan.prompt if prompt is None else prompt, self.plan.request,
+                                  seed=self.plan.request.seed if seed is None else seed)
+            self.plan = self.pipe.checked(plan, self.guardrails)
+        self._start()

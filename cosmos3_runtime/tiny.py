@@ -65,6 +65,10 @@ DISTILLED_SIGMAS = [1.0, 0.9375, 0.8333333333333334, 0.625]
 
 
 
+FRAMEWISE = dict(chunk_size=1, window_frames=30, sink_frames=3)  # the framewise recipe Isaac Lab's service runs
+# (its kv window 30 and attention sink 3): one latent frame, 4 frames, a chunk
+
+
 def sim_transfer_block(chunk_size: int = 4, window_frames: int | None = None, sink_frames: int = 0) -> dict:
     """A causal Sim-Transfer checkpoint's block in transformer/config.json (schema v1, as SGLang and vLLM-Omni read
     it): chunkwise (4 latent frames a chunk, every frame kept), or framewise with a window and sinks."""

@@ -526,15 +526,18 @@ class WanVAE(nn.Module):
             return torch.cat([self._encode_one(item, tick) for item in x.split(1)])
         return torch.cat([self._tiled(item, tile, s, lambda t: self._encode_one(t, tick), 1 / s) for item in x.split(1)])
 
-    def _encode_one(self, x: torch.Tensor, tick) -> torch.Tensor:
+    def _encode_one(self, x: torch.Tensor, tick, stream: Stream | None = None, first: bool = True) -> torch.Tensor:
+        """One clip's pixels -> raw latents: its first frame alone, then 4 at a time, through `stream` (a fresh one by
+        default; `first` False: `x` continues the frames `stream` has encoded)."""
         x = patchify(x, self.config.patch_size)
-        stream = Stream()
+        stream = Stream() if stream is None else stream
         step = self.config.scale_factor_temporal
-        chunks = [x[:, :, :1]] + [x[:, :, i : i + step] for i in range(1, x.shape[2] - step + 1, step)]
+        chunks = [x[:, :, :1]] * first + [x[:, :, i : i + step] for i in range(int(first), x.shape[2] - step + 1, step)]
         out = []
         for chunk in chunks:
             out.append(self.encoder(chunk, stream))
             tick()
+        stream.release_scratch()
         return self.quant_conv(torch.cat(out, dim=2))[:, : self.config.z_dim]
 
     @torch.no_grad()
@@ -568,6 +571,10 @@ class WanVAE(nn.Module):
     def decode_stream(self) -> "DecodeStream":
         """A decode fed a clip's latent frames a few at a time, as they are made."""
         return DecodeStream(self)
+
+    def encode_stream(self) -> "EncodeStream":
+        """An encode fed a clip's frames a few at a time, as they come."""
+        return EncodeStream(self)
 
     def _tiled(self, x: torch.Tensor, tile: TileSpec, unit: int, run, scale: float) -> torch.Tensor:
         """Run `run` on overlapping spatial tiles of x and blend the results.
@@ -615,3 +622,26 @@ class DecodeStream:
                                  self.stream, self.decoded)
         self.decoded += latents.shape[2]
         return pixels.clamp_(-1.0, 1.0)
+
+
+class EncodeStream:
+    """One clip encoded in pieces (a causal session's control frames as each tick brings them): its first frame (or
+    1 + 4k frames), then 4k frames a call, each piece with the temporal state the earlier ones left, so the pieces'
+    latents join into exactly those of one encode of the whole clip (untiled). Memory stays that of one piece."""
+
+    def __init__(self, vae: WanVAE):
+        self.vae, self.stream, self.started = vae, Stream(), False
+
+    @torch.no_grad()
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The clip's next pixels [1, 3, F, H, W] in [-1, 1] -> their raw latents [1, z, t, H/16, W/16] (t = 1 + (F-1)/4
+        for the first piece, F/4 after)."""
+        vae, step = self.vae, self.vae.config.scale_factor_temporal
+        vae._check_pixels(pixels)
+        frames, first = pixels.shape[2], not self.started
+        if pixels.shape[0] != 1 or (frames - first) % step or frames < step * (not first) + first:
+            raise InputError(f"a streamed encode takes one clip's first frame (or 1 + {step}k frames), then {step}k "
+                             f"frames a piece; got {frames} frame(s) for {'its first' if first else 'a later'} piece")
+        latents = vae._encode_one(pixels.to(device=vae.device, dtype=vae.dtype), _Ticker(None, 0), self.stream, first)
+        self.started = True
+        return latents

@@ -1,6 +1,8 @@
-"""Cosmos3-Nano-Sim-Bimanual (its layout, tiny and random, fp32 on the CPU): the action contract and its normalizer,
-a batch rollout from a first image and actions, sessions tick by tick against the batch, causality over ticks, the
-null actions of frame 0, the action tokens' positions, eviction at the window with memory flat, and the refusals."""
+"""Sessions, tiny and random, fp32 on the CPU. Cosmos3-Nano-Sim-Bimanual (its layout): the action contract and its
+normalizer, a batch rollout from a first image and actions, sessions tick by tick against the batch, causality over
+ticks, the null actions of frame 0, the action tokens' positions, eviction at the window with memory flat, and the
+refusals. Cosmos3-Nano-Sim-Transfer (framewise and chunkwise): episodes control chunk by control chunk against the
+batch rollout, resets with the next prompt and seed, memory flat over episodes, and the refusals."""
 
 import json
 import math
@@ -13,8 +15,8 @@ from cosmos3_runtime import budget, causal
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.errors import CheckpointError, InputError
 from cosmos3_runtime.pipeline import planner
-from cosmos3_runtime.session import Session
-from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block
+from cosmos3_runtime.session import Session, TransferSession
+from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
 
 W, H = 64, 32  # a 4 x 2 latent grid: 2 x 1 patches a frame
 WINDOW = 6  # latent frames of history: the third tick evicts
@@ -260,7 +262,7 @@ def test_a_session_that_would_not_fit_is_refused_at_open(pipe, monkeypatch):
 
 def test_sessions_need_a_sim_bimanual_checkpoint(tiny_factory):
     pipe = cosmos3_runtime.load(tiny_factory(kind="gated"), dtype="fp32")
-    with pytest.raises(InputError, match="sessions drive a causal action checkpoint"):
+    with pytest.raises(InputError, match="sessions drive a causal checkpoint"):
         pipe.session("a robot", **request())
 
 
@@ -296,3 +298,140 @@ def test_a_guarded_session_checks_its_prompt_at_open_and_filters_every_tick(pipe
         for seed in (1, 2):
             ours, theirs = guarded.tick(actions(16, seed)), plain.tick(actions(16, seed))
             assert torch.equal(ours[:, 8:], theirs[:, 8:]) and (ours[:, :8, :8] - 128 / 255).abs().max() <= 0.5 / 255
+
+
+# --- Sim-Transfer ---------------------------------------------------------------------------------------------------
+
+CAPTION = "a red ball rolls across a stone floor"
+
+
+@pytest.fixture(scope="module")
+def framewise(tiny_factory):
+    """One latent frame (4 frames) a chunk, a window of 4 latent frames with 1 sink: a 17-frame episode evicts."""
+    causal = sim_transfer_block(1, window_frames=4, sink_frames=1)
+    return cosmos3_runtime.load(tiny_factory(kind="gated", dtype="float32", distilled=True, reasoner=False,
+                                             causal=causal), dtype="fp32")
+
+
+def controls(frames: int, seed: int = 0) -> torch.Tensor:
+    return (torch.rand(frames, H, W, 3, generator=torch.Generator().manual_seed(seed)) * 255).to(torch.uint8)
+
+
+def transfer_batch(pipe, clip, prompt=CAPTION, seed=5, **options):
+    return pipe.generate(prompt, control_videos={"edge": clip}, width=W, height=H, seed=seed, **options).frames
+
+
+def episode(pipe, frames=17, prompt=CAPTION, seed=5, **options):
+    return pipe.session(prompt, control="edge", num_frames=frames, width=W, height=H, seed=seed, **options)
+
+
+def play(s, clip) -> torch.Tensor:
+    """The control clip as a camera sends it: its first frame, then the session's updates."""
+    return torch.cat([s.tick(clip[:1])] + [s.tick(clip[i : i + s.update]) for i in range(1, len(clip), s.update)])
+
+
+def test_an_episode_tick_by_tick_is_the_batch_rollout_bit_for_bit_with_eviction(framewise):
+    clip = controls(17)  # 5 latent frames: past the 4-frame window
+    with episode(framewise) as s:
+        assert isinstance(s, TransferSession) and s.update == 4
+        got = play(s, clip)
+    assert torch.equal(got, transfer_batch(framewise, clip))
+
+
+def test_a_reset_starts_the_next_episode_with_its_prompt_and_seed_and_a_short_one_is_the_batchs_start(framewise):
+    first, second = controls(17), controls(17, seed=1)
+    with episode(framewise) as s:
+        play(s, first[:9])  # reset before its budget: the first 9 frames of the batch over the budget
+        assert torch.equal(torch.cat([s.tick(first[9:13]), s.tick(first[13:17])]),
+                           transfer_batch(framewise, first)[9:17])
+        s.reset("a blue cube slides over sand", seed=8)
+        got = torch.cat([s.tick(second[:1]), s.tick(second[1:5])])
+        s.reset()  # the same prompt and seed again
+        again = torch.cat([s.tick(second[:1]), s.tick(second[1:5])])
+    expected = transfer_batch(framewise, second, "a blue cube slides over sand", seed=8)[:5]
+    assert torch.equal(got, expected) and torch.equal(again, expected)
+
+
+def test_the_episodes_prompt_states_its_budget_as_the_batch_of_that_many_frames_does(framewise):
+    batch = framewise.plan(CAPTION, control_videos={"edge": controls(17)}, width=W, height=H, seed=5)
+    with episode(framewise) as long, episode(framewise, frames=9) as short:
+        assert long.plan.cond_ids == batch.cond_ids and short.plan.cond_ids != batch.cond_ids
+
+
+def test_memory_stays_flat_over_episodes_of_ticks(framewise):
+    """The history is allocated once at open; the control latents, the latents and the encoder's and decoder's states
+    stay those of one tick whatever the episode's length (each tick's control latents dropped once run)."""
+    with episode(framewise, frames=41) as s:
+        rows, held = s.run.cache.keys.shape, []
+        for k in range(13):
+            play(s, controls(41, seed=k))
+            held.append((s.run.cache.held, s.run.controls.shape[2], s.run.latents.shape[2]))
+            assert s.run.cache.keys.shape == rows
+            s.reset(seed=k)
+    assert len(set(held)) == 1 and held[0][1:] == (1, 1)
+
+
+def test_a_failed_tick_starts_the_episode_again(framewise):
+    def cancel(*_):
+        raise KeyboardInterrupt
+
+    clip = controls(9)
+    with episode(framewise, frames=9) as s:
+        first = s.tick(clip[:1])
+        with pytest.raises(KeyboardInterrupt):
+            s.tick(clip[1:5], callback=cancel)
+        assert s.run is None and s.lost
+        with pytest.raises(InputError, match="this tick takes 1 control frame \\(an episode's first tick 1"):
+            s.tick(clip[1:5])  # the episode starts again: its first frame
+        assert torch.equal(s.tick(clip[:1]), first)
+
+
+def test_ticks_are_refused_by_name_and_leave_the_episode_where_it_was(framewise):
+    clip = controls(9)
+    with episode(framewise, frames=9) as s:
+        with pytest.raises(InputError, match="this tick takes 1 control frame"):
+            s.tick(clip[:4])
+        s.tick(clip[:1])
+        with pytest.raises(InputError, match="this tick takes 4 control frames"):
+            s.tick(clip[1:2])
+        with pytest.raises(InputError, match="floats in 0..1"):
+            s.tick(torch.full((4, H, W, 3), 2.0))
+        s.tick(clip[1:5])
+        s.tick(clip[5:9])
+        with pytest.raises(InputError, match="made all 9 frames of its budget: reset"):
+            s.tick(clip[5:9])
+        assert s.chunk_index == 3 and s.frames == 9
+    with pytest.raises(InputError, match="this session is closed"):
+        s.tick(clip[:1])
+    with pytest.raises(InputError, match="this session is closed"):
+        s.reset("another prompt")
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(), "name their hint as control"),
+    (dict(control="edge", control_videos={"edge": controls(9)}), "leave control_videos unset"),
+    (dict(control="edge", num_frames=None), "needs num_frames: its episode's frame budget"),
+    (dict(control="edge", num_frames=10), "10 frames is not whole chunks of 1 latent frames: give 9"),
+    (dict(control="edge", causal_cache="recompute"), "leave causal_cache unset"),
+    (dict(control="wsm"), "one of edge, blur, depth, seg"),
+])
+def test_episodes_are_refused_at_open_by_name(framewise, options, message):
+    options = {"num_frames": 9, "width": W, "height": H, **options}
+    with pytest.raises(InputError, match=message):
+        framewise.session(CAPTION, **options)
+
+
+def test_a_sim_bimanual_session_takes_no_control(pipe):
+    with pytest.raises(InputError, match="control names a Sim-Transfer session's controls"):
+        session(pipe, control="edge")
+
+
+def test_a_chunkwise_episode_takes_16_control_frames_a_tick(tmp_path):
+    root = make_tiny_checkpoint(tmp_path / "chunkwise", kind="gated", dtype="float32", distilled=True, reasoner=False,
+                                causal=sim_transfer_block())
+    pipe = cosmos3_runtime.load(root, dtype="fp32")
+    clip = controls(33)
+    with episode(pipe, frames=33) as s:
+        assert s.update == 16
+        got = play(s, clip)
+    assert torch.equal(got, transfer_batch(pipe, clip))

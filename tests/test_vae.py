@@ -204,6 +204,25 @@ def test_the_causal_cache_is_updated_in_place_and_is_all_a_decode_stream_keeps()
         assert virtual.allocated == held + first.untyped_storage().nbytes() + second.untyped_storage().nbytes()
 
 
+@pytest.mark.parametrize("pieces", [(1, 4, 4, 8), (5, 12)])
+def test_an_encode_stream_fed_in_pieces_is_the_whole_clips_encode_bit_for_bit(vaes, pieces):
+    """A session's controls come a tick at a time: its first frame (or 1 + 4k), then 4k frames a call."""
+    ours, _ = vaes
+    x, stream, start, got = pixels(17, 48, 80, seed=3), ours.encode_stream(), 0, []
+    for count in pieces:
+        got.append(stream(x[:, :, start : start + count]))
+        start += count
+    assert torch.equal(torch.cat(got, dim=2), ours.encode(x))
+
+
+@pytest.mark.parametrize("first, later", [(4, None), (1, 3), (1, 0)])
+def test_an_encode_stream_refuses_pieces_that_split_a_latent_frame(vaes, first, later):
+    stream = vaes[0].encode_stream()
+    with pytest.raises(InputError, match="a streamed encode takes one clip's first frame \\(or 1 \\+ 4k frames\\)"):
+        stream(pixels(first, 48, 80))
+        stream(pixels(later, 48, 80))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", [lambda x: x, time_major], ids=["contiguous", "time-major"])
 def test_norm_and_silu_round_as_the_plain_composition(dtype, layout):

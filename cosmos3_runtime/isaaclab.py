@@ -439,6 +439,8 @@ class Camera:
         if modality == "blur":
             controls.opencv()  # the service blurs the camera's RGB: refused now, not at the first frame
         with service.lock:
+            if service.stopping.is_set():
+                raise InputError("the service is shutting down: start it again to open a session")
             if service.owner is not None:
                 raise InputError("the service already has an active session (one at a time); close it first")
             service.owner = self
@@ -467,6 +469,10 @@ class Camera:
         if len(arrays) != 1 or arrays[0].shape[1:] != (settings.height, settings.width, 3):
             raise ProtocolError(f"a step carries one control chunk [T, {settings.height}, {settings.width}, 3] (the "
                                 f"session's canvas), got {[list(a.shape) for a in arrays]}")
+        expected = s.takes(reset=bool(resets))  # checked before a reset or a blur does any work
+        if len(arrays[0]) != expected:
+            raise ProtocolError(f"this step carries {expected} control frame{'s' * (expected > 1)} (an episode's "
+                                f"first 1, each update {UPDATE_FRAMES}), got {len(arrays[0])}")
         if resets:
             s.reset((metadata["prompt"] or "") if "prompt" in metadata else None, seeds[0])
         chunk = controls.blur(arrays[0], BLUR_PRESET) if self.blur else arrays[0]

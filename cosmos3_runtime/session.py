@@ -203,7 +203,7 @@ class TransferSession(CausalSession):
         (`_run`) and the next starts the episode again."""
         self._resume()
         s, count = self.plan.settings, frame_count(controls)
-        expected = 1 if self.chunk_index == 0 else self.update
+        expected = self.takes()
         if count != expected:
             raise InputError(f"this tick takes {expected} control frame{'s' * (expected > 1)} (an episode's first "
                              f"tick 1, each later one {self.update}), got {count}")
@@ -214,6 +214,11 @@ class TransferSession(CausalSession):
         frames = self._run(lambda run: run.extend_controls(pixels), callback, progress, interrupt)
         self.frames += count
         return frames
+
+    def takes(self, reset: bool = False) -> int:
+        """Control frames the next tick takes (`reset`: after one): an episode's first tick 1, each later one
+        `update`."""
+        return 1 if reset or self.lost or self.chunk_index == 0 else self.update
 
     def reset(self, prompt: str | None = None, seed: int | None = None) -> None:
         """Start the next episode: the history and the VAE's states are dropped. `prompt` (planned again, and checked

@@ -306,6 +306,24 @@ def test_w4a4_on_an_emulated_kernel_is_the_quantized_arithmetic(ours, monkeypatc
 
 
 @pytest.mark.skipif(devices.FP4 is None, reason="this torch has no float4_e2m1fn_x2 (2.8 and newer)")
+def test_w4a4_runs_a_slice_of_rows_at_a_time(ours, monkeypatch):
+    """W4A4 quantizes and multiplies a bounded slice of rows at a time: 40 rows in slices of 3 equal one matmul of
+    all 40, bit for bit, and the plan counts a slice's working bytes where FP4 matmuls run."""
+    layer = ours.transformer.get_submodule("layers.0.mlp_moe_gen.up_proj")
+    x = torch.randn(40, layer.in_features, generator=torch.Generator().manual_seed(2))
+    monkeypatch.setitem(devices._FACTS, ("cpu", None), B200)
+    calls = []
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: calls.append(len(a[0])) or emulated_fp4_mm(*a, **k))
+    with precision.precision(True, True):
+        whole = layer(x)
+        monkeypatch.setattr(nvfp4, "slice_values", lambda device: 3 * max(layer.in_features, layer.out_features))
+        sliced = layer(x)
+    assert calls == [40] + [3] * 13 + [1] and torch.equal(sliced, whole)
+    at_work = ours.weights.step_bytes(ours.transformer.config, 10**6, torch.bfloat16, torch.device("cpu"))
+    assert at_work["NVFP4 weights at work"] >= nvfp4.WORKING_BYTES * nvfp4.slice_values(torch.device("cpu"))
+
+
+@pytest.mark.skipif(devices.FP4 is None, reason="this torch has no float4_e2m1fn_x2 (2.8 and newer)")
 def test_the_fp4_path_traces_whole(ours, monkeypatch):
     """The layer as a compiled block runs it on such a card: traced whole (fullgraph, torch.compile's eager backend)
     on the meta device, where `torch._scaled_mm` has its shape rules, to a [tokens, out] bf16-shaped result."""

@@ -349,9 +349,9 @@ class Reasoner:
         """The quantized layers of the text tower and the head (GGUF, NVFP4) to expand once for this answer: all of
         them when their expanded size fits beside the answer's other needs (each token would otherwise dequantize the
         whole tower again, about the tower's bf16 size in memory traffic per token), else none (dequantized per token,
-        in bounded slices)."""
-        layers = expanding_linears(self.language.tower, lambda name: tower_of(name) == "text tower") + \
-            expanding_linears(self.head)
+        in bounded slices). Layers that run their format's own arithmetic now (NVFP4's FP4 matmuls) never expand."""
+        layers = [m for m in expanding_linears(self.language.tower, lambda name: tower_of(name) == "text tower") +
+                  expanding_linears(self.head) if not m.runs_natively(self.device)]
         extra = expanded_bytes(layers, dtype)
         available = budget.available_bytes(self.device)
         if not layers or (available is not None and needed.total + extra > available):

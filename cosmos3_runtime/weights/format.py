@@ -94,6 +94,10 @@ class ExpandingLinear(nn.Module):
         """The weight [out, in] in `dtype` on `device`."""
         raise NotImplementedError
 
+    def runs_natively(self, device: torch.device) -> bool:
+        """Whether a forward on `device` now runs the format's own arithmetic, never expanding the weight."""
+        return False
+
     def expanded_weight(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.expanded
         if weight is None or weight.device != x.device or weight.dtype != x.dtype:

@@ -39,6 +39,8 @@ ROUNDING = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # midpoints between E2M1 mag
 TIES_UP = (0.75, 1.75, 3.5)  # midpoints that round to the even code above them
 SCALES = {"weight_scale": ("F8_E4M3", True), "weight_scale_2": ("F32", True), "input_scale": ("F32", False)}
 EXPANDED_BYTES = 20  # per value of a slice being expanded: the codes and their integer steps, the values, the product
+WORKING_BYTES = 17 + 6  # per value of a W4A4 slice: its rows quantized (float32 copies, codes; 16.7 measured), the
+# matmul's bf16 product and its float32 scaling
 
 
 def e2m1(codes: torch.Tensor) -> torch.Tensor:
@@ -94,14 +96,20 @@ def swizzled(scales: torch.Tensor) -> torch.Tensor:
 
 def fp4_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
                input_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """W4A4: x quantized to NVFP4 by the static `input_scale`, one FP4 matmul with both sets of block scales, then
-    the two global scales (bf16 out, as CUDA's block-scaled matmul gives it)."""
-    packed, scales = quantize(x.reshape(-1, x.shape[-1]), input_scale)
-    out = torch._scaled_mm(packed.view(FP4), weight.view(FP4).t(), swizzled(scales), swizzled(weight_scale),
-                           out_dtype=torch.bfloat16)
-    out = (out.float() * (input_scale * weight_scale_2)).to(x.dtype)
+    """W4A4, a slice of rows at a time (each slice's float32 temporaries bounded, `WORKING_BYTES`): the rows quantized
+    to NVFP4 by the static `input_scale`, one FP4 matmul with both sets of block scales (bf16 out, as CUDA's
+    block-scaled matmul gives it), then the two global scales in float32, rounded once into the output."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    weight_blocks, alpha = swizzled(weight_scale), input_scale * weight_scale_2
+    step = max(1, slice_values(x.device) // max(rows.shape[1], out.shape[1]))
+    for start in range(0, rows.shape[0], step):
+        packed, scales = quantize(rows[start : start + step], input_scale)
+        product = torch._scaled_mm(packed.view(FP4), weight.view(FP4).t(), swizzled(scales), weight_blocks,
+                                   out_dtype=torch.bfloat16)
+        out[start : start + step] = product.float().mul_(alpha)
     if bias is not None:
-        out = out + bias
+        out += bias
     return out.reshape(*x.shape[:-1], -1)
 
 
@@ -130,10 +138,15 @@ class NVFP4Linear(ExpandingLinear):
         return dequantize(self.weight.to(device, non_blocking=True), self.weight_scale.to(device, non_blocking=True),
                           self.weight_scale_2.to(device), dtype)
 
+    def runs_natively(self, device: torch.device) -> bool:
+        """W4A4 now: the activations' scale calibrated, the step policy native for this pathway, FP4 matmuls on
+        `device` and the shapes they take."""
+        return (self.input_scale is not None and runs_native(self.pathway) and facts(device).fp4
+                and self.in_features % 32 == 0 and self.out_features % 16 == 0)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
-        if (self.input_scale is not None and runs_native(self.pathway) and facts(x.device).fp4
-                and self.in_features % 32 == 0 and self.out_features % 16 == 0):
+        if self.runs_natively(x.device):
             return fp4_linear(x, self.weight.to(x.device, non_blocking=True),
                               self.weight_scale.to(x.device, non_blocking=True), self.weight_scale_2.to(x.device),
                               self.input_scale.to(x.device), bias)
@@ -223,10 +236,9 @@ class NVFP4:
 
     def step_bytes(self, config, tokens: int, dtype: torch.dtype, device) -> dict[str, int]:
         """The largest weight expanded (W4A16: the MLP's, in the compute dtype, with a slice of float32 temporaries);
-        where FP4 matmuls run, an MLP down projection's input quantized (a float32 copy, codes and scales), the
-        larger of the two."""
+        where FP4 matmuls run, a slice of rows quantized and multiplied (`fp4_linear`); the larger of the two."""
         device = device or torch.device("cpu")
         b = torch.finfo(dtype).bits // 8
         expanded = config.hidden_size * config.intermediate_size * b + EXPANDED_BYTES * slice_values(device)
-        quantized = tokens * config.intermediate_size * (4 + 1 + 1) if facts(device).fp4 else 0
+        quantized = WORKING_BYTES * slice_values(device) if facts(device).fp4 else 0
         return {"NVFP4 weights at work": max(expanded, quantized)}

@@ -9,7 +9,7 @@ import torch
 
 from .errors import InputError
 from .sound import SoundTokenizer
-from .vae import EncodeStream, Progress, TileSpec, WanVAE, image_frames
+from .vae import DecodeStream, EncodeStream, Progress, TileSpec, WanVAE, image_frames
 
 
 class Codec:
@@ -37,12 +37,14 @@ class Codec:
         return vae.normalize((stream or vae.encode)(pixels.to(self.device, vae.dtype))).float()
 
     def decode_pixels(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
-                      raw: bool = False) -> torch.Tensor:
+                      raw: bool = False, stream: DecodeStream | None = None) -> torch.Tensor:
         """Latents [1, 48, T, h, w] (normalized, or with `raw` the VAE's own) -> pixels [1, 3, F, H, W] in [-1, 1],
-        float32 on the device. `progress(done, total)` runs after every latent frame of every tile."""
+        float32 on the device. `progress(done, total)` runs after every latent frame of every tile. Through `stream`
+        (`WanVAE.decode_stream`, untiled), the frames after those it has decoded."""
         vae = self.vae_for("decoding")
         z = latents.to(self.device)
-        pixels = vae.decode(z if raw else vae.denormalize(z), tile=tile, progress=progress)
+        z = z if raw else vae.denormalize(z)
+        pixels = vae.decode(z, tile=tile, progress=progress) if stream is None else stream(z, progress)
         if self.observe is not None:
             self.observe("the VAE decoder", vae.dtype, pixels)
         return pixels.float()

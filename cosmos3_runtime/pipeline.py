@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from . import budget, cancel, causal, runs, timing, transfer
+from . import budget, causal, runs, timing, transfer
 from .checkpoint import Checkpoint, Variant, read_json, resolve
 from .codec import Codec
 from .denoiser import Denoiser
-from .errors import CheckpointError, InputError, NumericalError
+from .errors import CheckpointError, InputError
 from .guardrails import Guardrails, load as load_guardrails
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel
@@ -26,6 +26,7 @@ from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
 from .action import action_prompt
 from .sound import SoundTokenizer, check_encoder, load_sound_tokenizer
 from .runs import Generation, StepCallback
+from .running import running
 from .step_cache import StepCache
 from .session import Session, TransferSession, check_checkpoint as check_session_checkpoint, session_request
 from .settings import Settings, log_notes, resolve as resolve_settings
@@ -34,7 +35,7 @@ from .transformer import (Cosmos3Transformer, checkpoint_key_mapper, linear_laye
                           pathway_of, split_dtypes)
 from . import reasoner as reasoning
 from .vae import Progress, StageCallback, TileSpec, VAEConfig, WanVAE
-from .weights import detect, folder_format, precision
+from .weights import detect, folder_format
 from .weights.files import load_weights
 from .weights.format import WeightFormat
 from .weights.gguf import GGUF
@@ -296,31 +297,6 @@ def prompt_list(prompt) -> list[str]:
     return prompts
 
 
-class FiniteCheck:
-    """Whether each part of a generation (text tower, media tower, VAE decoder) gave finite values, read back once
-    at its end: an overflow (fp16's above all) is named with its part and dtype, not returned as a black or noisy
-    clip. Noting costs no host read (the flags stay on the device until `check`)."""
-
-    def __init__(self):
-        self.flags: list[tuple[str, torch.dtype, torch.Tensor]] = []
-
-    def note(self, part: str, dtype: torch.dtype, *tensors: torch.Tensor) -> None:
-        flags = [torch.isfinite(t).all() for t in tensors]
-        self.flags.append((part, dtype, torch.stack(flags).all() if len(flags) > 1 else flags[0]))
-
-    def check(self) -> None:
-        if not self.flags:
-            return
-        finite = torch.stack([flag.to(self.flags[0][2].device) for _, _, flag in self.flags]).tolist()  # one read
-        for (part, dtype, _), fine in zip(self.flags, finite):
-            if not fine:
-                name = str(dtype).removeprefix("torch.")
-                fix = ("fp16 overflows there: load in bf16 (dtype 'bf16'; fp32 on a card without bf16)"
-                       if dtype == torch.float16 else "the result would be garbage: check the checkpoint's files (a "
-                       "damaged download), or load in fp32")
-                raise NumericalError(f"{part} produced inf or NaN values in {name}; {fix}")
-
-
 class Cosmos3Pipeline:
     """A loaded checkpoint: its variant, its components, its `planner`, and `generate` (a `runner.Runner` in this
     process)."""
@@ -340,7 +316,6 @@ class Cosmos3Pipeline:
         self.host: dict = {}  # what a host application attaches to this pipeline (ComfyUI's model patchers)
         self.linear_class: type | None = None  # how the transformer was built: the Reasoner's parts are built alike
         self._reasoner: reasoning.Reasoner | None = None
-        self._finite: FiniteCheck | None = None  # the running generation's (one at a time per pipeline)
         self._default_guardrails: Guardrails | None = None  # NVIDIA's, once a run asked for guardrails=True
 
     @property
@@ -490,10 +465,8 @@ class Cosmos3Pipeline:
             plan = prompt
         else:
             plan = self.plan(prompt, request, **options)
-        guardrails = self._guardrails(guardrails, plan)
-        plan = self._guarded(plan, guardrails)
         log_notes(plan.settings)
-        self.planner.check(plan)
+        plan, guardrails = self._admitted(plan, guardrails)
         if progress_bar is None:
             progress_bar = callback is None and progress is None and sys.stderr.isatty() and (
                 parallel is None or parallel.is_main)
@@ -503,71 +476,64 @@ class Cosmos3Pipeline:
             if guess is not None:
                 report.write(timing.note(guess, lambda options: ", ".join(f"{k}={v}" for k, v in options.items())))
             callback, progress = report.around(callback, progress)
-        self._finite = FiniteCheck()
-        self.codec.observe = self.denoiser.observe = self._finite.note
-        try:
-            # each step sets the media pathway's own precision
-            with precision.for_text(plan.settings.precision), cancel.checking(interrupt):
-                result = self._generate(plan, callback, parallel, progress)
-                if guardrails is not None and result.frames is not None:
-                    stage = None if progress is None else lambda done, total: progress("guardrail", done, total)
-                    result = replace(result, frames=guardrails.filter_frames(result.frames, stage))
-            self._finite.check()
-            return result
-        finally:
-            self._finite = self.codec.observe = self.denoiser.observe = None
-
-    def _generate(self, plan: Plan, callback, parallel, progress) -> Generation:
         s = plan.settings
         eager_because = ("a causal rollout's history changes every chunk" if s.rollout is not None else
                          "sequence parallelism" if parallel is not None and parallel.sp is not None else None)
         block = media_block(plan.request.compile, self.device, eager_because)
-        self.denoiser.hooks = replace(self.transformer.hooks, block=block)  # this run's: the model is unchanged
-        run = runs.for_plan(self.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, parallel)
-        cache = None if s.cache is None else StepCache(s.cache, self.transformer.dtype)
-        return runs.execute(run, self.parts, int(plan.request.seed), callback, parallel, progress, cache)
+        with running(self.parts, s, block, interrupt, guardrails, progress) as guarded:
+            run = runs.for_plan(self.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, parallel)
+            cache = None if s.cache is None else StepCache(s.cache, self.transformer.dtype)
+            result = runs.execute(run, self.parts, int(plan.request.seed), callback, parallel, progress, cache)
+            if result.frames is not None:
+                result = replace(result, frames=guarded(result.frames))
+        return result
 
-    def session(self, prompt: str, request: Request | None = None, guardrails: Guardrails | None = None,
+    def session(self, prompt, request: Request | None = None, guardrails: Guardrails | bool | None = None,
                 control: str | None = None, **options) -> "Session | TransferSession":
-        """A causal rollout driven one chunk at a time. Sim-Bimanual: `with pipe.session(prompt, action=ActionRequest(
-        mode="forward_dynamics", image=first, domain="agibotworld")) as s: frames = s.tick(actions)` (see `Session`).
-        Sim-Transfer: `pipe.session(prompt, control="edge", num_frames=201, width=832, height=480, seed=1)`, an episode
-        of `num_frames` whose ticks bring its control frames (see `TransferSession`). Refused at open, before
-        anything runs, when its history would not fit (the plan's run fills the window, or is the episode).
-        `guardrails`: the prompt checked at open, every tick's faces pixelated (a tick it blocks fails)."""
+        """A causal rollout driven one chunk at a time: the only way a session opens. Sim-Bimanual: `with
+        pipe.session(prompt, action=ActionRequest(mode="forward_dynamics", image=first, domain="agibotworld")) as s:
+        frames = s.tick(actions)` (see `Session`). Sim-Transfer: `pipe.session(prompt, control="edge", num_frames=201,
+        width=832, height=480, seed=1)`, an episode of `num_frames` whose ticks bring its control frames (see
+        `TransferSession`). `prompt` may be a `Plan` of `session_request(...)` (a host plans before it loads). Refused
+        at open, before anything runs, when its history would not fit (the plan's run fills the window, or is the
+        episode). `guardrails` (as `generate` takes them): the prompt checked at open (and at a reset's), its memory
+        counted, every tick's faces pixelated (a tick it blocks fails)."""
         check_session_checkpoint(self.variant)
-        plan = self.plan(prompt, session_request(self.variant, request, control, **options))
-        guardrails = self._guardrails(guardrails, plan, session=True)
-        plan = self.checked(plan, guardrails)
-        return (Session if self.variant.causal.takes_actions else TransferSession)(self, plan, guardrails)
+        if isinstance(prompt, Plan):
+            if request is not None or control is not None or options:
+                raise InputError("session(plan) opens the plan as it was made; plan again to change its options")
+            plan = prompt
+        else:
+            plan = self.plan(prompt, session_request(self.variant, request, control, **options))
+        plan, guardrails = self._admitted(plan, guardrails, session=True)
 
-    def checked(self, plan: Plan, guardrails: Guardrails | None) -> Plan:
-        """A session's plan once its prompt passed `guardrails` and the planner took it (`Planner.check`)."""
-        plan = self._guarded(plan, guardrails)
-        self.planner.check(plan, session=True)
-        return plan
+        def replan(prompt, request: Request, **changes) -> Plan:  # a reset's next episode, admitted alike
+            return self._admitted(self.plan(prompt, request, **changes), guardrails, session=True)[0]
 
-    def _guardrails(self, guardrails: Guardrails | bool | None, plan: Plan, **check) -> Guardrails | None:
-        """The guardrail a run asked for: its own, or for True NVIDIA's (`guardrails.load`, on the CPU, its files
-        fetched once if missing, as the CLI's --guardrails does), loaded on first use and kept for the next runs; what
-        the planner refuses of `plan` is refused before that load (or download)."""
+        session = Session if self.variant.causal.takes_actions else TransferSession
+        return session(self.parts, plan, replan, guardrails)
+
+    def _admitted(self, plan: Plan, guardrails: Guardrails | bool | None, session: bool = False
+                  ) -> tuple[Plan, Guardrails | None]:
+        """The plan a run (or a session) may start, and its guardrail: what the planner refuses of it refused before
+        the guardrail loads, every prompt through the guardrail, a guardrail kept on this device counted in its memory,
+        then the planner's check (`Planner.check`). The guardrail is the run's own, or for True NVIDIA's
+        (`guardrails.load`, on the CPU, its files fetched once if missing, as the CLI's --guardrails does), loaded on
+        first use and kept for the next runs."""
         if guardrails is True:
             if self._default_guardrails is None:
-                self.planner.check(plan, **check)  # (NVIDIA's stays on the CPU: it adds nothing to the device's plan)
+                self.planner.check(plan, session=session)  # (NVIDIA's stays on the CPU: nothing on the device's plan)
                 self._default_guardrails = load_guardrails(allow_download=True)
-            return self._default_guardrails
-        if guardrails is not None and guardrails is not False and not isinstance(guardrails, Guardrails):
+            guardrails = self._default_guardrails
+        elif guardrails is not None and guardrails is not False and not isinstance(guardrails, Guardrails):
             raise InputError(f"guardrails must be True (NVIDIA's, from the cosmos-guardrail package), a Guardrails "
                              f"(cosmos3_runtime.load_guardrails(device=..., ...)) or None, got {guardrails!r:.80}")
-        return guardrails or None
-
-    def _guarded(self, plan: Plan, guardrails: Guardrails | None) -> Plan:
-        """The plan once every prompt of it passed `guardrails` (None: as it is), a guardrail kept on this device
-        counted in its memory."""
-        if guardrails is None:
-            return plan
-        guardrails.check_prompts(prompt_list(plan.prompt))
-        return counting(plan, "guardrails", guardrails.resident_bytes(self.device))
+        guardrails = guardrails or None
+        if guardrails is not None:
+            guardrails.check_prompts(prompt_list(plan.prompt))
+            plan = counting(plan, "guardrails", guardrails.resident_bytes(self.device))
+        self.planner.check(plan, session=session)
+        return plan, guardrails
 
     def decode_sound(self, sound_latents: torch.Tensor, seconds: float | None = None) -> torch.Tensor:
         return self.codec.decode_sound(sound_latents, seconds)

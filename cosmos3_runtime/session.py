@@ -22,18 +22,20 @@ session is planned at open as a batch run (Sim-Bimanual: one whose history fills
 episode's): refused then, not mid-run.
 """
 
-from dataclasses import replace
+from collections.abc import Callable
 
 import torch
 
-from . import cancel, causal, runs
+from . import causal, runs
 from .conditioning import frame_count, preprocess_video
 from .errors import InputError
 from .geometry import TEMPORAL_FACTOR
+from .guardrails import Guardrails
 from .request import Request
+from .running import running
+from .tracks import Parts
 from .transformer import DecoderLayer
 from .vae import image_frames
-from .weights import precision
 
 
 def check_checkpoint(variant) -> None:
@@ -65,14 +67,15 @@ def session_request(variant, request: Request | None, control: str | None, **opt
 
 
 class CausalSession:
-    """What the sessions share: one `runs.Rollout` opened for ticks over the plan, the VAE's decode stream, a tick's
-    run that loses the history when it fails (`_run`), close."""
+    """What the sessions share: one `runs.Rollout` opened for ticks over the plan, the codec's decode stream, a tick's
+    run (`running`, as a generation's) that loses the history when it fails (`_run`), close. `Cosmos3Pipeline.session`
+    opens one (the only door: it admits the plan, its prompt through the guardrail, first)."""
 
-    def __init__(self, pipe, plan, guardrails=None):
-        """`plan`: `pipe.plan(prompt, session_request(...))`; `Cosmos3Pipeline.session` makes one and checks it (and
-        its prompt, against `guardrails`) first; `guardrails` then checks every tick's frames and pixelates their
-        faces."""
-        self.plan, self.pipe, self.run, self.decoder, self.guardrails = plan, pipe, None, None, guardrails
+    def __init__(self, parts: Parts, plan, replan: Callable, guardrails: Guardrails | None = None):
+        """`parts`: the model's denoiser and codec; `plan`: of `session_request(...)`, admitted;
+        `replan(prompt, request, **changes)`: a reset's plan, admitted alike; `guardrails`: every tick's frames checked
+        and their faces pixelated."""
+        self.parts, self.plan, self.replan, self.guardrails = parts, plan, replan, guardrails
         self.closed = False
         self._start()
 
@@ -82,9 +85,8 @@ class CausalSession:
 
     def _start(self) -> None:
         self.run = self.decoder = None  # the old history's memory goes first
-        self.run = runs.Rollout(self.pipe.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None,
-                                open=True)
-        self.decoder = self.pipe.vae.decode_stream()
+        self.run = runs.Rollout(self.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None, open=True)
+        self.decoder = self.parts.codec.vae_for("a session").decode_stream()
         self.chunk_index, self.lost = 0, False
 
     def _resume(self) -> None:
@@ -97,15 +99,11 @@ class CausalSession:
         """One tick: `extend(rollout)` gives it the tick's conditions, its chunks run, their frames are decoded (and
         filtered by the guardrails). A tick that fails or is cancelled loses the history (half-committed): its memory
         is freed at once and the next tick starts again at chunk 0."""
-        pipe, s = self.pipe, self.plan.settings
         try:
-            with torch.inference_mode(), precision.for_text(s.precision), cancel.checking(interrupt):
+            with running(self.parts, self.plan.settings, DecoderLayer.media, interrupt, self.guardrails) as guarded:
                 extend(self.run)
-                pipe.denoiser.hooks = replace(pipe.transformer.hooks, block=DecoderLayer.media)
-                runs.execute(self.run, pipe.parts, int(self.plan.request.seed), callback, None, progress, None)
-                frames = image_frames(self.decoder(pipe.vae.denormalize(self.run.latents)).float())
-                if self.guardrails is not None:  # a blocked tick is a failed one
-                    frames = self.guardrails.filter_frames(frames)
+                runs.execute(self.run, self.parts, int(self.plan.request.seed), callback, None, progress, None)
+                frames = guarded(image_frames(self.parts.codec.decode_pixels(self.run.latents, stream=self.decoder)))
         except BaseException:
             self.run = self.decoder = None  # freed now, rebuilt by the next tick (not while this error holds them)
             self.lost = True
@@ -132,18 +130,14 @@ class CausalSession:
 class Session(CausalSession):
     """A Sim-Bimanual rollout, tick by tick (`Cosmos3Pipeline.session`)."""
 
-    def __init__(self, pipe, plan, guardrails=None):
+    def __init__(self, parts: Parts, plan, replan: Callable, guardrails: Guardrails | None = None):
         """`plan`: of a request whose action (mode forward_dynamics, the first image, the embodiment) carries no
         actions: the settings plan it as a run long enough that its history fills the window."""
-        check_checkpoint(pipe.variant)
-        c = pipe.variant.causal
-        if not c.takes_actions:
-            raise InputError("this is a Sim-Transfer checkpoint: its sessions take control frames (TransferSession)")
         if plan.request.action.actions is not None:
             raise InputError("a session takes its actions a tick at a time: leave the action request's actions unset")
-        self.rows = c.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
+        self.rows = plan.settings.rollout.config.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
         self.width = plan.settings.rollout.embodiment.width
-        super().__init__(pipe, plan, guardrails)
+        super().__init__(parts, plan, replan, guardrails)
 
     def reset(self) -> None:
         """Back to chunk 0: the history, the decoder's state and the actions are dropped; the first image stays. A
@@ -177,19 +171,17 @@ class TransferSession(CausalSession):
     seed, size and fps, and a control clip that starts with the ticks' control frames): the rollout is causal, so
     control frames not sent yet change nothing before them."""
 
-    def __init__(self, pipe, plan, guardrails=None):
-        check_checkpoint(pipe.variant)
-        if plan.settings.rollout.hint is None:
-            raise InputError("this is a Sim-Bimanual checkpoint: its sessions take actions (Session)")
+    def __init__(self, parts: Parts, plan, replan: Callable, guardrails: Guardrails | None = None):
+        chunk_size = plan.settings.rollout.config.chunk_size
         if plan.settings.rollout.mode != "kv":
             raise InputError("a session rolls its K/V history on (causal_cache 'kv'); 'recompute' reruns the whole "
                              "clip at every forward: leave causal_cache unset")
         if plan.settings.num_frames != plan.request.num_frames:
             raise InputError(f"an episode of {plan.request.num_frames} frames is not whole chunks of "
-                             f"{pipe.variant.causal.chunk_size} latent frames: give {plan.settings.num_frames} "
-                             f"(1 + {TEMPORAL_FACTOR * pipe.variant.causal.chunk_size}k)")
-        self.update = TEMPORAL_FACTOR * pipe.variant.causal.chunk_size  # control frames a tick after the first takes
-        super().__init__(pipe, plan, guardrails)
+                             f"{chunk_size} latent frames: give {plan.settings.num_frames} "
+                             f"(1 + {TEMPORAL_FACTOR * chunk_size}k)")
+        self.update = TEMPORAL_FACTOR * chunk_size  # control frames a tick after the first takes
+        super().__init__(parts, plan, replan, guardrails)
 
     def _start(self) -> None:
         super()._start()
@@ -226,7 +218,6 @@ class TransferSession(CausalSession):
         closed."""
         self._refuse_closed()
         if prompt is not None or seed is not None:
-            plan = self.pipe.plan(self.plan.prompt if prompt is None else prompt, self.plan.request,
-                                  seed=self.plan.request.seed if seed is None else seed)
-            self.plan = self.pipe.checked(plan, self.guardrails)
+            self.plan = self.replan(self.plan.prompt if prompt is None else prompt, self.plan.request,
+                                    seed=self.plan.request.seed if seed is None else seed)
         self._start()

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .checkpoint import Checkpoint, resolve
-from .errors import Cosmos3Error
+from .errors import Cosmos3Error, InputError
 from .request import Request
 
 START_TIMEOUT_S = 600  # loading tens of GB takes a while
@@ -280,6 +280,11 @@ class WorkerPool:
         for requests in self.requests:
             requests.put(("generate", (prompt, request.plain())))
         return self._collect(range(len(self.devices)), timeout=None, on_progress=callback, interrupt=interrupt)
+
+    def session(self, prompt, request: Request | None = None, guardrails=None, control=None, **options):
+        """Refused by name: a session keeps its history between ticks in one process; the workers run whole
+        generations."""
+        raise InputError("sessions run in one process: load the model on one GPU (gpus 1) to open a session")
 
     def decode(self, latents: torch.Tensor, tile=None, progress=None, raw: bool = False) -> torch.Tensor:
         return self._on_first(("decode", ((latents.cpu(), tile), {"raw": raw})), progress)

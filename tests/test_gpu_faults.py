@@ -344,10 +344,10 @@ def test_a_whole_run_peaks_where_the_plan_says(tiny_factory, tmp_path, monkeypat
     peaks within 10 % of the plan the memory check refuses from. Before, the plan missed SeaCache's stored residuals,
     the previous chunk's whole float32 decode kept through the next chunk (now only the frames the next one starts
     from), W8A8's float32 temporaries and the VAE encode."""
-    from cosmos3_runtime import budget, pipeline, step_cache
+    from cosmos3_runtime import budget, running, step_cache
 
     monkeypatch.setattr(step_cache, "relative_l1", lambda a, b: torch.tensor(0.1))  # no values here: skip 3 in 4
-    monkeypatch.setattr(pipeline.FiniteCheck, "check", lambda self: None)  # nor anything to find infinite
+    monkeypatch.setattr(running.FiniteCheck, "check", lambda self: None)  # nor anything to find infinite
     if run == "long video":
         pipe = released_pipeline(tiny_factory, "edge")
         request = dict(num_frames=73, chunk_frames=41, steps=2, guidance_scale=5.0, cache="off")

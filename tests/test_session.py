@@ -15,7 +15,7 @@ from cosmos3_runtime import budget, causal
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.errors import CheckpointError, InputError
 from cosmos3_runtime.pipeline import planner
-from cosmos3_runtime.session import Session, TransferSession
+from cosmos3_runtime.session import TransferSession
 from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
 
 W, H = 64, 32  # a 4 x 2 latent grid: 2 x 1 patches a frame
@@ -268,7 +268,7 @@ def test_sessions_need_a_sim_bimanual_checkpoint(tiny_factory):
 
 def test_a_session_takes_its_actions_a_tick_at_a_time(pipe):
     with pytest.raises(InputError, match="leave the action request's actions unset"):
-        Session(pipe, pipe.plan("a robot", **request(actions(16))))
+        pipe.session("a robot", **request(actions(16)))
     with pytest.raises(InputError, match=r"needs the actions to roll out, a table \[N, 29\] for agibotworld .* "
                                           r"open a session \(pipe.session in Python"):
         pipe.generate("a robot", **request())

@@ -23,15 +23,20 @@ def ticks(pack):
     return importlib.import_module(f"{pack.serving.__name__}.ticks")
 
 
+@pytest.fixture(scope="module")
+def registry(pack):
+    return importlib.import_module(f"{pack.serving.__name__}.session_registry")
+
+
 @pytest.fixture
-def bimanual(tmp_path, monkeypatch, ticks):
+def bimanual(tmp_path, monkeypatch, registry):
     root = tmp_path / "models"
     make_tiny_checkpoint(root / MODEL, kind="gated", distilled=True, action=True, reasoner=False, dtype="float32",
                          causal=sim_bimanual_block(6))
     monkeypatch.setenv("COSMOS3_MODEL_DIRS", str(root))
-    ticks.SESSIONS.clear()
+    registry.SESSIONS.clear()
     yield root / MODEL
-    ticks.SESSIONS.clear()
+    registry.SESSIONS.clear()
 
 
 def image() -> np.ndarray:
@@ -59,7 +64,7 @@ def parse(ticks, payload):
 def run(ticks, pack, payload) -> torch.Tensor:
     """What the route does around ComfyUI's queue: claim, run the tick graph (by the harness), finish."""
     call, result = parse(ticks, payload), None
-    assert call.replay is None
+    assert call.claim.replay is None
     try:
         with pack.serving.jobs.Job({"tick": call}, 1) as job:
             execute(ticks.tick_graph(call, job.key), {**pack.NODE_CLASS_MAPPINGS, **CORE_NODES})
@@ -145,42 +150,43 @@ def test_a_later_tick_takes_the_width_of_the_sessions_embodiment(ticks, pack, bi
     assert run(ticks, pack, body(1, tick=camera)).shape[0] == 16  # no domain on the later tick: the session's
 
 
-def test_a_tick_after_the_model_was_loaded_again_closes_the_session(ticks, pack, bimanual):
+def test_a_tick_after_the_model_was_loaded_again_closes_the_session(ticks, registry, pack, bimanual):
     run(ticks, pack, body(0))
-    ticks.SESSIONS[MODEL].session.pipe = object()  # as if another checkpoint's workflow had unloaded it
+    registry.SESSIONS[MODEL].session.parts = object()  # as if another checkpoint's workflow had unloaded it
     with pytest.raises(Exception, match="loaded again since session 's1' opened"):
         run(ticks, pack, body(1))
-    assert MODEL not in ticks.SESSIONS
+    assert MODEL not in registry.SESSIONS
 
 
-def test_a_claimed_session_refuses_a_second_tick_until_it_finishes(ticks, pack, bimanual):
+def test_a_claimed_session_refuses_a_second_tick_until_it_finishes(ticks, registry, pack, bimanual):
     run(ticks, pack, body(0))
     call = parse(ticks, body(1))
     with pytest.raises(ticks.FieldError, match="is running a tick") as refused:
         parse(ticks, body(1))
-    assert refused.value.status == 409 and ticks.reap(call.open.used + 10**6) == []  # a busy session is not reaped
+    assert refused.value.status == 409 and registry.reap(call.claim.open.used + 10**6) == []  # busy: not reaped
     ticks.finish(call, None)  # a failed tick closes its session
-    assert MODEL not in ticks.SESSIONS
+    assert MODEL not in registry.SESSIONS
 
 
 @pytest.mark.slow
-def test_a_retried_tick_gets_the_same_answer_and_runs_nothing(ticks, pack, bimanual):
+def test_a_retried_tick_gets_the_same_answer_and_runs_nothing(ticks, registry, pack, bimanual):
     run(ticks, pack, body(0))
     first = run(ticks, pack, body(1))
     retry = parse(ticks, body(1))  # the same request_id and chunk: the client did not get the answer
-    assert retry.replay is not None and torch.equal(retry.replay[0], ticks.to_pixels(first)) and not retry.open.busy
-    assert ticks.SESSIONS[MODEL].next_chunk == 2
+    replay = retry.claim.replay
+    assert replay is not None and torch.equal(replay[0], ticks.to_pixels(first)) and not retry.claim.open.busy
+    assert registry.SESSIONS[MODEL].next_chunk == 2
     with pytest.raises(ticks.FieldError, match="takes chunk 2 next"):
         parse(ticks, body(1, tick={"request_id": "another"}))  # a different request for a chunk that ran
 
 
-def test_idle_sessions_are_closed_and_their_cache_freed(ticks, pack, bimanual, monkeypatch):
+def test_idle_sessions_are_closed_and_their_cache_freed(ticks, registry, pack, bimanual, monkeypatch):
     run(ticks, pack, body(0))
-    opened = ticks.SESSIONS[MODEL]
+    opened = registry.SESSIONS[MODEL]
     assert opened.session.run is not None
-    monkeypatch.setenv(ticks.IDLE_ENV, "10")
-    assert ticks.reap(opened.used + 5) == [] and ticks.reap(opened.used + 11) == [MODEL]
-    assert MODEL not in ticks.SESSIONS and opened.session is None
+    monkeypatch.setenv(registry.IDLE_ENV, "10")
+    assert registry.reap(opened.used + 5) == [] and registry.reap(opened.used + 11) == [MODEL]
+    assert MODEL not in registry.SESSIONS and opened.session is None
     with pytest.raises(ticks.FieldError) as refused:
         parse(ticks, body(1))
     assert refused.value.status == 404

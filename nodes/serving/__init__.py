@@ -7,8 +7,10 @@
 - `sessions`: the websocket session both websockets run; `graph`: the queued graph every request becomes.
 - `msgpack_numpy`: msgpack with numpy arrays.
 - `chat`: `POST /cosmos3/v1/chat/completions` and `GET /cosmos3/v1/models`, the Reasoner for OpenAI-style clients.
-- `ticks`: `POST /cosmos3/v1/sessions/ticks` and `DELETE /cosmos3/v1/sessions/{id}`, Sim-Bimanual sessions driven
-  one action chunk at a time with vLLM-Omni's typed tick.
+- `ticks`: `POST /cosmos3/v1/sessions/ticks`, Sim-Bimanual sessions driven one action chunk at a time with
+  vLLM-Omni's typed tick.
+- `session_registry`: the sessions open on the server whatever drives them (one per checkpoint, chunks in order,
+  retries, idle timeout) and `DELETE /cosmos3/v1/sessions/{id}`.
 Every route is also served under /api, as ComfyUI mirrors its routes.
 """
 
@@ -20,7 +22,7 @@ from .ticks import Cosmos3APISessionTick
 
 def register_routes() -> bool:
     """Add the routes to ComfyUI's server (False outside it)."""
-    from . import chat, http, openpi, realtime, ticks
+    from . import chat, http, openpi, realtime, session_registry, ticks
 
     server = services.prompt_server()
     if server is None:
@@ -32,7 +34,7 @@ def register_routes() -> bool:
     server.routes.post(chat.ROUTE)(chat.completions)
     server.routes.get(chat.MODELS_ROUTE)(chat.models_route)
     server.routes.post(ticks.ROUTE)(ticks.ticks)
-    server.routes.delete(ticks.CLOSE_ROUTE)(ticks.close)
+    server.routes.delete(session_registry.CLOSE_ROUTE)(session_registry.close)
     return True
 
 

@@ -10,20 +10,16 @@ the tick's first latent frame, 0 or 1 + 4 k), "first_frame", "num_frames", "fps"
 base64 PNGs in JSON, or one uint8 array [F, H, W, 3] in msgpack.
 
 Each tick is one queued prompt of the pack's loader and `Cosmos3APISessionTick`, so it takes its turn on the GPU
-with every other workflow. One session per checkpoint at a time: a tick for another session is refused (409) until
-the open one is closed (DELETE, `close_session`) or idle for COSMOS3_SESSION_IDLE_S seconds (300), which closes it
-and frees its cache. A tick is read off the event loop (`read_tick`), then checked against the open session and
-claimed in one step on it (`claim`): ticks out of order, for a closed session or while one runs are refused by
-field before anything is queued. A tick that fails closes its session (`finish`).
+with every other workflow. The open sessions are `session_registry`'s (one per checkpoint, in order, retries, idle
+timeout, close); this module holds vLLM-Omni's format: a tick is read off the event loop (`read_tick`), then claimed
+in one step on it (`claim`), the registry's refusals answered by the tick's field, before anything is queued.
 """
 
 import asyncio
 import base64
 import io
-import logging
 import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,64 +27,20 @@ import torch
 from ...cosmos3_runtime import InputError, Request
 from ...cosmos3_runtime.action import ActionRequest
 from ...cosmos3_runtime.checkpoint import detect_variant
-from ...cosmos3_runtime.session import Session
 from .. import services
+from . import session_registry
 from .checkpoints import Checkpoints, installed, named_in_url
 from .fields import FieldError, decode_image
 from .http import answer, read_request, wants_msgpack
 from .jobs import Job, Refused, RunError
 
 ROUTE = "/cosmos3/v1/sessions/ticks"
-CLOSE_ROUTE = "/cosmos3/v1/sessions/{session_id}"
 SESSION_MODEL_ENV = "COSMOS3_SESSION_MODEL"
-IDLE_ENV = "COSMOS3_SESSION_IDLE_S"
-IDLE_S = 300.0
 TRACK, SCHEMA = "robot_action", "robot_action.v1"
 TICK = "ar_diffusion_tick"
 HISTORY = "media K/V cache"  # the estimate's part a session holds between ticks (`budget`)
 OPENING = {"width": int, "height": int, "fps": float, "seed": int, "domain": str, "causal_window": int}
-
-
-@dataclass
-class Open:
-    """The open session of one checkpoint: what it is bound to, the next chunk it takes, the runtime's session."""
-
-    session_id: str
-    binding: dict  # the prompt and the opening options
-    request: dict  # the runtime request's fields (the first image among them)
-    next_chunk: int = 0
-    session: Session | None = None  # made by the first tick's node
-    busy: bool = False
-    last: tuple | None = None  # (request_id, uint8 frames, fps) of the last tick: answered again to a retry
-    used: float = field(default_factory=time.monotonic)
-
-    def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-        self.session = None
-
-
-log = logging.getLogger(__name__)
-SESSIONS: dict[str, Open] = {}  # checkpoint name -> its open session
-REAPER: list = []  # the task closing idle sessions, started by the first tick
-
-
-def idle_seconds() -> float:
-    try:
-        return float(os.environ.get(IDLE_ENV, IDLE_S))
-    except ValueError:
-        return IDLE_S
-
-
-def reap(now: float | None = None) -> list[str]:
-    """Close the sessions idle past the timeout (their caches freed); the checkpoints they held."""
-    now = time.monotonic() if now is None else now
-    gone = [name for name, s in SESSIONS.items() if not s.busy and now - s.used > idle_seconds()]
-    for name in gone:
-        SESSIONS.pop(name).close()
-    if gone:
-        services.memory.empty_cache()
-    return gone
+FIELDS = {"session": f"{TICK}.session_id", "chunk": f"{TICK}.chunk_index"}  # the registry's words in the tick's
 
 
 def session_checkpoints(url_choice: str | None = None) -> Checkpoints:
@@ -112,14 +64,11 @@ class Parsed:
 
 @dataclass
 class TickCall:
-    """A tick claimed against its checkpoint's open session: the session, the tick's fields and actions."""
+    """A tick claimed against its checkpoint's open session (`claim`): the typed tick and its actions."""
 
-    model: str
-    open: Open
+    claim: session_registry.Claim
     tick: dict
     values: torch.Tensor | None
-    opens: bool  # this tick (chunk 0) starts the session
-    replay: tuple | None = None  # a retry of the last tick: its answer, nothing runs
 
 
 def _tick(body: dict) -> dict:
@@ -175,7 +124,7 @@ def read_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> Parsed:
         raise FieldError("body", "must be a JSON object")
     tick = _tick(body)
     named = body.get("model") or checkpoints.url_choice or os.environ.get(checkpoints.env)
-    holding = next((name for name, s in list(SESSIONS.items()) if s.session_id == tick["session_id"]), None)
+    holding = session_registry.holding(tick["session_id"])
     model = checkpoints.choose(body.get("model") if named or holding is None else holding)
     if model not in checkpoints.capable:
         raise FieldError("model", f"{model!r} does not run sessions: it needs {checkpoints.capability}")
@@ -195,79 +144,38 @@ def read_tick(body: dict, uploads: dict, checkpoints: Checkpoints) -> Parsed:
 
 
 def claim(p: Parsed) -> TickCall:
-    """The tick checked against its checkpoint's open session and that session marked busy (or opened), in one step
-    on the event loop: no other tick, close or reaping comes between the checks and the claim."""
-    reap()
-    tick, causal, options = p.tick, p.causal, p.options
-    current = SESSIONS.get(p.model)
+    """The tick claimed against its checkpoint's open session (`session_registry.claim`), on the event loop; what the
+    registry or the tick's own fields refuse, refused by the tick's field."""
+    tick, causal = p.tick, p.causal
     opens = tick["chunk_index"] == 0 or tick.get("reset", False)
-    if current is not None and current.session_id != tick["session_id"]:
-        raise FieldError(f"{TICK}.session_id", f"{p.model!r} has session {current.session_id!r} open (one session "
-                                              f"per model): close it (DELETE {CLOSE_ROUTE}) or let it idle out "
-                                              f"({idle_seconds():.0f} s)", 409)
-    if current is not None and current.busy:
-        raise FieldError(f"{TICK}.session_id", f"session {current.session_id!r} is running a tick; send the next "
-                                              "when it has answered", 409)
-    if opens:
-        if tick["chunk_index"] != 0:
-            raise FieldError(f"{TICK}.chunk_index", "a reset starts the session again at chunk_index 0")
-        if not isinstance(p.prompt, str) or not p.prompt.strip():
+
+    def read(binding: dict) -> torch.Tensor:
+        if opens and (not isinstance(p.prompt, str) or not p.prompt.strip()):
             raise FieldError("prompt", "tick 0 opens the session: give its prompt")
-        if p.frame is None:
+        if opens and p.frame is None:
             raise FieldError("image", "tick 0 opens the session: give the first image (base64, a data: URL, pixels "
                                       "or a multipart upload)")
-        domain = options.get("domain", causal.default_embodiment)
-    else:
-        if current is None:
-            raise FieldError(f"{TICK}.session_id", f"no open session {tick['session_id']!r} on {p.model!r} (closed, "
-                                                  "failed or idled out): start it again at chunk_index 0", 404)
-        last = current.last
-        if last is not None and tick["request_id"] and tick["request_id"] == last[0] and \
-                tick["chunk_index"] == current.next_chunk - 1:  # a client's retry of a tick that ran
-            current.used = time.monotonic()
-            return TickCall(p.model, current, tick, None, False, replay=last[1:])
-        if p.late_image:
-            raise FieldError("image", "the first image opens the session (tick 0): send reset with it to start again "
-                                      "from another image")
-        if tick["chunk_index"] != current.next_chunk:
-            raise FieldError(f"{TICK}.chunk_index", f"out of order: session {current.session_id!r} takes chunk "
-                                                   f"{current.next_chunk} next; send reset to start again", 409)
-        domain = current.binding.get("domain", causal.default_embodiment)
-        changed = [k for k, v in {"prompt": p.prompt, **options}.items() if v is not None and current.binding.get(
-            k, causal.default_embodiment if k == "domain" else None) != v]
-        if changed:
-            raise FieldError(changed[0], f"session {current.session_id!r} is bound to its {', '.join(changed)}: a "
-                                         "change needs reset (chunk_index 0 with the first image)", 409)
+        try:
+            width = causal.embodiment(binding["domain"]).width
+        except InputError as exc:
+            raise FieldError("domain", str(exc)) from None
+        return _values(tick, causal.chunk_size * 4, width)
+
+    given = {"prompt": p.prompt, **p.options}
+    binding = {**given, "domain": p.options.get("domain", causal.default_embodiment), "image": p.frame} if opens \
+        else given
     try:
-        width = causal.embodiment(domain).width
-    except InputError as exc:
-        raise FieldError("domain", str(exc)) from None
-    values = _values(tick, causal.chunk_size * 4, width)
-    if opens:
-        request = dict(action=ActionRequest(mode="forward_dynamics", image=p.frame, domain=domain),
-                       **{k: v for k, v in options.items() if k != "domain"})
-        if current is not None:
-            drop(p.model, current)
-        current = Open(tick["session_id"], {"prompt": p.prompt, **options}, request)
-    SESSIONS[p.model], current.busy = current, True
-    return TickCall(p.model, current, tick, values, opens)
-
-
-def drop(model: str, session: Open) -> None:
-    """Close `session` and take it off the registry if it is still `model`'s."""
-    if SESSIONS.get(model) is session:
-        SESSIONS.pop(model)
-    session.close()
+        claimed = session_registry.claim(p.model, tick["session_id"], tick["request_id"], tick["chunk_index"], opens,
+                                         binding, read, late="image" if p.late_image else None,
+                                         chunk_field="chunk_index")
+    except session_registry.Refusal as refused:
+        raise FieldError(FIELDS.get(refused.about, refused.about), refused.message, refused.status) from None
+    return TickCall(claimed, tick, claimed.payload)
 
 
 def finish(call: TickCall, result: tuple | None) -> None:
-    """After a claimed tick, its (frames, fps) or None: the session moves on, keeping the answer for a retry (or,
-    closing, goes), or a failed tick closes it."""
-    call.open.busy, call.open.used = False, time.monotonic()
-    if result is not None:
-        call.open.next_chunk, call.open.last = call.tick["chunk_index"] + 1, (call.tick["request_id"], *result)
-    if result is None or call.tick.get("close_session"):
-        drop(call.model, call.open)
+    """After a claimed tick, its (uint8 frames, fps) or None (`session_registry.finish`; `close_session` closes)."""
+    session_registry.finish(call.claim, result, close=call.tick.get("close_session", False))
 
 
 def _path(model: str) -> str:
@@ -281,10 +189,11 @@ def tick_graph(call: TickCall, key: str) -> dict:
     from .graph import _widget_defaults
 
     return {"model": {"class_type": "Cosmos3ModelLoader", "inputs": {**_widget_defaults(Cosmos3ModelLoader),
-                                                                      "model_name": call.model},
+                                                                      "model_name": call.claim.model},
                       "_meta": {"title": "session tick: model"}},
             "tick": {"class_type": "Cosmos3APISessionTick", "inputs": {"model": ["model", 0], "key": key},
-                     "_meta": {"title": f"session tick: {call.open.session_id} chunk {call.tick['chunk_index']}"}}}
+                     "_meta": {"title": f"session tick: {call.claim.open.session_id} chunk "
+                                         f"{call.tick['chunk_index']}"}}}
 
 
 def png_b64(frame: torch.Tensor) -> dict:
@@ -320,15 +229,15 @@ async def ticks(request):
         call = claim(await loop.run_in_executor(None, read_tick, body, uploads, checkpoints))
     except FieldError as exc:
         return answer(request, exc.body(), exc.status)
-    if call.replay is not None:
-        return answer(request, reply(call, *call.replay, wants_msgpack(request)))
-    if not REAPER:
-        REAPER.append(asyncio.ensure_future(reaper()))
+    if call.claim.replay is not None:
+        return answer(request, reply(call, *call.claim.replay, wants_msgpack(request)))
+    session_registry.keep_reaping()
     result = None
     try:
         with Job({"tick": call}, 1) as job:
             try:
-                await job.start(tick_graph(call, job.key), [call.open.binding["prompt"]] if call.opens else ())
+                opening = [call.claim.open.binding["prompt"]] if call.claim.opens else ()  # checked before queueing
+                await job.start(tick_graph(call, job.key), opening)
             except Refused as exc:
                 raise FieldError("model" if "model" in exc.refusal.get("node_errors", {}) else "body", str(exc)) from None
             frames, fps = (await job.wait())[0]
@@ -340,29 +249,6 @@ async def ticks(request):
     finally:
         finish(call, result)
     return answer(request, reply(call, *result, wants_msgpack(request)))
-
-
-async def close(request):
-    session_id = request.match_info["session_id"]
-    for model, s in list(SESSIONS.items()):
-        if s.session_id == session_id:
-            if s.busy:
-                return answer(request, FieldError("session_id", "is running a tick; close it when it answers",
-                                                  409).body(), 409)
-            drop(model, s)
-            services.memory.empty_cache()
-            return answer(request, {"closed": session_id, "model": model})
-    return answer(request, FieldError("session_id", f"no open session {session_id!r}", 404).body(), 404)
-
-
-async def reaper() -> None:
-    """Close idle sessions every few seconds while the server runs (a tick also reaps before it is claimed)."""
-    while True:
-        await asyncio.sleep(max(1.0, min(30.0, idle_seconds() / 4)))
-        try:
-            reap()
-        except Exception:  # noqa: BLE001 (one failed close must not end the reaping)
-            log.exception("closing idle Cosmos3 sessions")
 
 
 class Cosmos3APISessionTick:
@@ -381,25 +267,25 @@ class Cosmos3APISessionTick:
     def tick(self, model, key, node_id=None):
         job = Job.of(key, "session tick")
         call: TickCall = job.payload["tick"]
-        s = call.open
+        s, opens = call.claim.open, call.claim.opens
         progress = services.progress.RunProgress(node_id)
-        if not call.opens and s.session is None:
+        if not opens and s.session is None:
             raise InputError(f"session {s.session_id!r} was closed: start it again at chunk_index 0")
-        guardrails = services.guardrails.server_wide()
-        if call.opens and guardrails is not None:  # before any weights move (the route checked it before queueing)
-            guardrails.check_prompts([s.binding["prompt"]])
-        plan = model.plan(s.binding["prompt"], Request.build(**s.request), session=True) if call.opens else \
-            s.session.plan
+        if opens:
+            b = s.binding
+            request = Request.build(action=ActionRequest(mode="forward_dynamics", image=b["image"], domain=b["domain"]),
+                                    **{k: b[k] for k in OPENING if k != "domain" and k in b})
+            plan = model.plan(b["prompt"], request, session=True)
+        else:
+            plan = s.session.plan
         # ComfyUI makes room for the tick; a session's history is already held (planned at open)
-        needed = model.memory_needed(plan) - (0 if call.opens else plan.estimate.parts.get(HISTORY, 0))
+        needed = model.memory_needed(plan) - (0 if opens else plan.estimate.parts.get(HISTORY, 0))
         with model.use(memory_required=max(needed, 0)) as pipe:
-            if not pipe.local:
-                raise InputError("sessions run on one process: load the model with gpus 1")
-            if call.opens:
+            if opens:
                 s.close()
-                pipe.planner.check(plan, session=True)
-                s.session = Session(pipe, plan, guardrails)
-            elif s.session.pipe is not pipe:
+                # the prompt was checked by the server-wide guardrail before the tick was queued (`Job.start`)
+                s.session = pipe.session(plan, guardrails=services.guardrails.server_wide())
+            elif s.session.parts is not pipe.parts:
                 raise InputError(f"the model was loaded again since session {s.session_id!r} opened (another "
                                  "checkpoint's workflow ran between its ticks): start the session again at "
                                  "chunk_index 0")

@@ -69,6 +69,7 @@ from gpu_check import random_pipeline  # noqa: E402
 from torch import nn  # noqa: E402
 
 import cosmos3_runtime  # noqa: E402
+from cosmos3_runtime.kinds import Controlled  # noqa: E402
 from cosmos3_runtime.weights.format import weight_bytes  # noqa: E402
 from cosmos3_runtime.weights.fp8 import FP8, FP8_MAX  # noqa: E402
 from cosmos3_runtime.weights.modelopt_fp8 import ModelOptFp8, remember_input_ranges  # noqa: E402
@@ -283,15 +284,15 @@ def measure(pipe, w: Workload, precision: str, cache: str, options: dict, device
         start = synchronized(device)
         result = pipe.generate(PROMPT, **options, callback=stages.step, **({"cache": "off"} if cache == "off" else {}))
         total = synchronized(device) - start
-    s = result.settings
+    s, kind = result.settings, result.settings.kind
     run, skipped = forwards(result.cache, stages.passes)
     nvidia = w.nvidia.get(gpu, {})
     same = nvidia.get(SAME_PRECISION[precision])
     return dict(
         workload=w.name, title=w.title, precision=precision, cache=cache, width=s.width, height=s.height,
         frames=s.num_frames, steps=s.steps, guidance=s.guidance_scale, guidance_interval=s.guidance_interval,
-        flow_shift=s.flow_shift, control_guidance=None if s.transfer is None else s.transfer.control_guidance,
-        chunks=1 if s.chunks is None else s.chunks.count, compiled=pipe.denoiser.hooks.block is not DecoderLayer.media,
+        flow_shift=s.flow_shift, control_guidance=kind.controls.control_guidance if isinstance(kind, Controlled) else None,
+        chunks=1 if kind.chunks is None else kind.chunks.count, compiled=pipe.denoiser.hooks.block is not DecoderLayer.media,
         total_s=total, text_s=stages.text, steps_s=sum(stages.steps), decode_s=stages.decode,
         other_s=total - stages.text - sum(stages.steps) - stages.decode, passes=stages.passes, forwards_run=run,
         forwards_skipped=skipped, weights_gib=weight_bytes(pipe.transformer) / GIB,

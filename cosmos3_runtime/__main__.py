@@ -25,6 +25,7 @@ from .media import (IMAGE_TYPES, LATENT_TYPE, check_output, read_array, read_ima
 from .reasoner import DEFAULT_MAX_NEW_TOKENS, Sampling, check_max_new_tokens, read_clip
 from .parallel import init_from_env
 from .guardrails import load as load_guardrails
+from .kinds import Controlled
 from .pipeline import load, planner, prompt_list
 from .progress import Report
 from .request import Request, add_arguments, cli_flag, options_from_args
@@ -151,8 +152,9 @@ def cmd_generate(args) -> None:
         result = pipe.generate(args.prompt, request, callback=report.step, parallel=parallel, progress=report.stage,
                                guardrails=guardrails)
         s = result.settings
+        controls = transfer_summary(s.kind.controls) if isinstance(s.kind, Controlled) else ""
         say(f"{s.mode} {s.width}x{s.height}, {s.num_frames} frames @ {s.fps:g} fps, {s.steps} steps "
-            f"({s.schedule}), guidance {s.guidance_scale:g}" + (transfer_summary(s.transfer) if s.transfer else "")
+            f"({s.schedule}), guidance {s.guidance_scale:g}" + controls
             + (f"; {result.cache}" if result.cache else ""))
         if not main:
             return

@@ -24,7 +24,7 @@ import torch
 
 from .devices import facts
 from .errors import InputError
-from .geometry import SPATIAL_FACTOR, RunGeometry, latent_frames as chunk_latent_frames, pixel_frames
+from .geometry import SPATIAL_FACTOR, RunGeometry
 from .step_cache import CacheConfig
 
 GIB = 1024**3
@@ -86,7 +86,7 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
              encoded_frames: int = 0, weights=None, cache: CacheConfig | None = None) -> Estimate:
     """The memory of a generation of geometry `g` on `device` (None: as on a CPU); `vae_config` None: no VAE work;
     `tile` a TileSpec or None; `decode`: frames are decoded (a long video decodes every chunk); `frames_out`: the
-    run hands back its frames; `encoded_frames`: the most pixel frames one encode takes (see `encoded_frames`);
+    run hands back its frames; `encoded_frames`: the most pixel frames one encode takes (the kind's `encoded_frames`);
     `weights`: the transformer's `WeightFormat` (None: dense); `cache`: its step cache (None: off)."""
     b = torch.finfo(dtype).bits // 8
     H, I, A, K, D = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
@@ -148,22 +148,6 @@ def output(config, g: RunGeometry, frames_out: bool, latents_out: bool, on_cpu: 
     if frames_out and (g.windows > 1 or not on_cpu):
         host["output frames"] = g.total_frames * g.height * g.width * 3 * 4
     return host
-
-
-def encoded_frames(s, latent_input: bool) -> int:
-    """The most pixel frames one VAE encode of the run under settings `s` takes: a transfer chunk's controls, the
-    conditioning frames (none where they come as latents, `latent_input`), a long video's overlap."""
-    if s.transfer is not None:
-        return s.transfer.chunk
-    if s.rollout is not None:  # its control clip, encoded whole
-        return s.num_frames if s.rollout.hint is not None else int(s.rollout.embodiment is not None)
-    needed = 0
-    if s.condition_frames and not latent_input:
-        last = pixel_frames(s.condition_frames[-1] + 1)
-        needed = 1 if s.mode == "i2v" else s.num_frames if s.action is not None else last
-    if s.chunks is not None and s.chunks.count > 1:
-        needed = max(needed, pixel_frames(chunk_latent_frames(s.chunks.overlap)))
-    return needed
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -17,6 +17,7 @@ from .codec import Codec
 from .denoiser import Denoiser
 from .errors import CheckpointError, InputError
 from .guardrails import Guardrails, load as load_guardrails
+from .kinds import Causal, Continued, Controlled
 from .offload import BlockSwap, TextOffload
 from .parallel import Parallel
 from .progress import Report
@@ -160,7 +161,8 @@ class Planner:
         """What `generate` refuses up front: a Sim-Bimanual run without its actions (unless the plan opens a
         `session`, which takes them tick by tick), then the memory check (unless the request turns it off);
         `output_only`: the host memory its output takes alone, where a GPU's room is made later (`budget.check`)."""
-        e = None if plan.settings.rollout is None else plan.settings.rollout.embodiment
+        kind = plan.settings.kind
+        e = kind.rollout.embodiment if isinstance(kind, Causal) else None
         if e is not None and not session and plan.request.action.actions is None:
             raise InputError(f"this Sim-Bimanual run needs the actions to roll out, a table [N, {e.width}] for "
                              f"{e.name} (N a multiple of 4): the action request's actions (CLI --actions FILE, a .csv, "
@@ -171,7 +173,7 @@ class Planner:
         try:
             budget.check(plan.estimate, self.device, output_only=output_only)
         except InputError as exc:
-            offer = self.history_that_fits(plan) if plan.settings.rollout is not None else None
+            offer = self.history_that_fits(plan) if isinstance(kind, Causal) else None
             if offer is None:
                 raise
             raise InputError(f"{exc}; or {offer}") from None
@@ -182,18 +184,18 @@ class Planner:
         if self.device.type != "cpu":
             return None
         s = plan.settings
-        decode = plan.request.output == "frames" or s.chunks is not None  # a long video decodes each chunk
+        decode = plan.request.output == "frames" or s.kind.chunks is not None  # a chunked run decodes each chunk
         return timing.generation(self.transformer_config, self.vae_config, s.geometry, s.steps, len(plan.cond_ids),
                                  decode, self.dtype, self.device)
 
     def history_that_fits(self, plan: "Plan") -> str | None:
         """What a causal rollout that does not fit can change to fit: its K/V history in CPU memory (on a GPU), or
         the largest history window (latent frames) that fits; None when neither does."""
-        s, rollout = plan.settings, plan.settings.rollout
+        s, rollout = plan.settings, plan.settings.kind.rollout
         c = rollout.config
 
         def fits(**changes) -> bool:
-            changed = replace(s, rollout=replace(rollout, **changes))
+            changed = replace(s, kind=Causal(replace(rollout, **changes)))
             return budget.fits(self.memory_estimate(changed, plan.request, len(plan.cond_ids), len(plan.uncond_ids)),
                                self.device)
 
@@ -223,7 +225,8 @@ class Planner:
 
     def prepare(self, prompt, r: Request) -> tuple[Settings, list[int], list[int]]:
         """Resolved settings and the (cond, uncond) token ids of a request. A long video given a prompt per chunk
-        (`prompt_list`) has each chunk's ids in `Settings.chunk_ids`, and returns the longest as the cond ids."""
+        (`prompt_list`) has each chunk's ids in its kind (`Continued.prompt_ids`), and returns the longest as the cond
+        ids."""
         prompts = prompt_list(prompt)
         s = resolve_settings(self.variant, r)
         if r.audio is not None:
@@ -231,24 +234,25 @@ class Planner:
         if not prompts[0].strip():
             s = replace(s, notes=s.notes + ["the prompt is empty: the video is unconditioned (only the checkpoint's "
                                             "templates guide it), so what it shows is arbitrary; write a prompt"])
-        frames = s.num_frames if s.chunks is None else s.chunks.chunk  # each chunk's prompt states its own duration
+        kind = s.kind
+        frames = s.num_frames if kind.chunks is None else kind.chunks.chunk  # each chunk's prompt: its own duration
         prompt_options = PromptOptions(frames, s.height, s.width, s.fps, s.use_system_prompt,
                                        r.add_resolution_template, r.add_duration_template, r.json_captions)
-        if len(prompts) > 1 and (s.chunks is None or s.transfer is not None or len(prompts) != s.chunks.count):
-            count = "one window" if s.chunks is None or s.transfer is not None else f"{s.chunks.count} chunks"
+        if len(prompts) > 1 and (not isinstance(kind, Continued) or len(prompts) != kind.chunks.count):
+            count = f"{kind.chunks.count} chunks" if isinstance(kind, Continued) else "one window"
             raise InputError(f"{len(prompts)} prompts were given for {count}: give one prompt, or one per chunk of a "
                              "long video (set the frame count and chunk_frames for as many chunks)")
         system = prompt_options.system_prompt
         negative = negative_text(s.negative_prompt, prompt_options)
         max_tokens = r.max_prompt_tokens
-        if s.rollout is not None and s.rollout.embodiment is not None:  # verbatim, no system prompt (Sim-Bimanual)
+        if isinstance(kind, Causal) and kind.rollout.embodiment is not None:  # verbatim, no system prompt (Sim-Bimanual)
             texts, system = [(prompts[0], "")], None
-            max_tokens = min(max_tokens, s.rollout.config.text_max_tokens or max_tokens)  # its text cache's length
-        elif s.rollout is not None:  # with its control, duration and resolution sentences, under the transfer prompt
-            c = s.rollout
+            max_tokens = min(max_tokens, kind.rollout.config.text_max_tokens or max_tokens)  # its text cache's length
+        elif isinstance(kind, Causal):  # with its control, duration and resolution sentences, under the transfer prompt
+            c = kind.rollout
             texts = [(causal.prompt_text(prompts[0], c.hint, c.emphasize, s.num_frames, s.fps, s.height, s.width), "")]
             system = transfer.SYSTEM_PROMPT if s.use_system_prompt else None
-        elif s.transfer is not None:  # verbatim, under the transfer system prompt
+        elif isinstance(kind, Controlled):  # verbatim, under the transfer system prompt
             texts, system = [(prompts[0], s.negative_prompt)], transfer.SYSTEM_PROMPT if s.use_system_prompt else None
         elif s.action is not None:  # the structured action caption; the negative prompt as given
             texts = [(action_prompt(prompts[0], s.action.view_point, s.num_frames, s.fps, s.height, s.width),
@@ -257,15 +261,15 @@ class Planner:
             texts = [(positive_text(p, prompt_options), negative) for p in prompts]
         ids = [self.token_ids(t, system, r.max_sequence_length, max_tokens) for t in texts]
         if len(ids) > 1:
-            s = replace(s, chunk_ids=tuple(cond for cond, _ in ids))
+            s = replace(s, kind=replace(kind, prompt_ids=tuple(cond for cond, _ in ids)))
         return s, max((cond for cond, _ in ids), key=len), ids[0][1]
 
     def memory_estimate(self, s: Settings, r: Request, cond_tokens: int, uncond_tokens: int) -> budget.Estimate:
-        frames_out = r.output == "frames" or s.transfer is not None  # a transfer's output is its frames
-        decoded = frames_out or s.chunks is not None  # a long video decodes each chunk for the next
+        frames_out = r.output == "frames" or isinstance(s.kind, Controlled)  # a transfer's output is its frames
+        decoded = frames_out or s.kind.chunks is not None  # a long video decodes each chunk for the next
         return budget.estimate(self.transformer_config, self.vae_config, s.geometry, cond_tokens, uncond_tokens,
                                self.dtype, r.vae_tile, self.device, decode=decoded, frames_out=frames_out,
-                               encoded_frames=budget.encoded_frames(s, r.condition_latents is not None),
+                               encoded_frames=s.kind.encoded_frames(s, r.condition_latents is not None),
                                weights=self.weights, cache=s.cache)
 
 
@@ -477,7 +481,7 @@ class Cosmos3Pipeline:
                 report.write(timing.note(guess, lambda options: ", ".join(f"{k}={v}" for k, v in options.items())))
             callback, progress = report.around(callback, progress)
         s = plan.settings
-        eager_because = ("a causal rollout's history changes every chunk" if s.rollout is not None else
+        eager_because = ("a causal rollout's history changes every chunk" if isinstance(s.kind, Causal) else
                          "sequence parallelism" if parallel is not None and parallel.sp is not None else None)
         block = media_block(plan.request.compile, self.device, eager_because)
         with running(self.parts, s, block, interrupt, guardrails, progress) as guarded:

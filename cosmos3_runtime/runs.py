@@ -1,10 +1,11 @@
 """Kinds of run, and the one window loop that runs them all.
 
-A plan is one kind of run (`for_plan`):
+A plan's kind (`Settings.kind`, `kinds`) is run by its run (`RUNS`, `for_plan`):
 - `Single`: the request in one window, its tracks (sound, actions) beside the video;
 - `Continued`: a video longer than one window (a long video), chunk by chunk, each chunk after the first continuing
   from the decoded last frames of the one before;
-- `Controlled`: a transfer, each chunk denoised beside its control latents and continuing like a long video.
+- `Controlled`: a transfer, each chunk denoised beside its control latents and continuing like a long video;
+- `Rollout`: a causal checkpoint's rollout (`kinds.Causal`), chunk by chunk over one K/V history.
 
 A kind says what its windows are (`window(k)`: the window's settings, held frames and guidance) and keeps what each
 made (`keep`); `execute` is the loop: one noise generator through every window, each window's first latents, its
@@ -18,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import causal, chunks, transfer
+from . import causal, chunks, kinds, transfer
 from .conditioning import Held, preprocess_image, preprocess_video
 from .errors import InputError
 from .geometry import TEMPORAL_FACTOR, latent_frames, latent_size, pixel_frames
@@ -112,7 +113,8 @@ class Run:
 class Single(Run):
     """The request in one window, its tracks beside the video."""
 
-    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int]):
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
+                 parallel: Parallel | None):
         self.parts, self.s, self.r = parts, s, r
         self.guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
         self.result: Generation | None = None
@@ -165,10 +167,11 @@ class Continued(Chunked):
     frames a chunk takes from the one before hold the same sound there), and the run's sound is the soundtrack fitted
     to the clip."""
 
-    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int]):
-        super().__init__(parts, s, r, s.chunks, "a long video (it decodes each chunk to start the next from its last "
-                         "frames)", r.output == "frames")
-        self.prompts = s.chunk_ids or [cond_ids] * self.count
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
+                 parallel: Parallel | None):
+        super().__init__(parts, s, r, s.kind.chunks, "a long video (it decodes each chunk to start the next from its "
+                         "last frames)", r.output == "frames")
+        self.prompts = s.kind.prompt_ids or [cond_ids] * self.count
         self.uncond_ids = uncond_ids
         self.latents, self.filled = torch.empty(parts.denoiser.latent_shape(s)), 0
         self.soundtrack = None  # [channels, samples] at the sound tokenizer's rate, as far as the last chunk reaches
@@ -181,7 +184,7 @@ class Continued(Chunked):
     def window(self, k: int) -> Window:
         s, p = self.s, self.chunks
         frames = s.condition_frames if k == 0 else tuple(range(latent_frames(p.seed_frames(k))))
-        chunk = replace(s, num_frames=p.chunk, chunks=None, chunk_ids=None, condition_frames=frames)
+        chunk = replace(s, kind=kinds.SINGLE, num_frames=p.chunk, condition_frames=frames)
         held = held_for(self.parts.codec, chunk, self.r, self.parts.denoiser.latent_shape(chunk)) if k == 0 else \
             self.seeded(k, chunk)
         return Window(chunk, held, CFG(self.prompts[k], self.uncond_ids, s.guidance_scale, s.guidance_interval), k=k)
@@ -219,18 +222,19 @@ class Controlled(Chunked):
         if parallel is not None and parallel.cfg is not None:
             raise InputError("transfer runs up to three forward passes a step, which CFG parallelism cannot split; "
                              "turn cfg-parallel off (sequence parallelism works)")
-        super().__init__(parts, s, r, s.transfer, "transfer (it encodes the controls and decodes every chunk)", True)
+        super().__init__(parts, s, r, s.kind.controls, "transfer (it encodes the controls and decodes every chunk)",
+                         True)
         self.cond_ids, self.uncond_ids = cond_ids, uncond_ids
         dtype = parts.denoiser.transformer.dtype
-        self.pixels = transfer.control_pixels(r.control_videos, s.transfer, s.height, s.width, dtype)
+        self.pixels = transfer.control_pixels(r.control_videos, s.kind.controls, s.height, s.width, dtype)
 
     def window(self, k: int) -> Window:
-        s, p = self.s, self.s.transfer
+        s, p = self.s, self.s.kind.controls
         start, end = p.window(k)
         controls = [self.parts.codec.encode_pixels(transfer.reflect_pad(c[:, :, start:end], p.chunk))
                     for c in self.pixels]
         frames = tuple(range(latent_frames(p.seed_frames(k))))
-        chunk = replace(s, num_frames=p.chunk, chunks=None, transfer=None, condition_frames=frames)
+        chunk = replace(s, kind=kinds.SINGLE, num_frames=p.chunk, condition_frames=frames)
         guidance = transfer.Guidance(self.cond_ids, self.uncond_ids, controls, s.guidance_scale, s.guidance_interval,
                                      p.control_guidance, p.control_interval)
         return Window(chunk, self.seeded(k, chunk), guidance)
@@ -257,13 +261,13 @@ class Rollout(Run):
 
     chunked = True
 
-    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], parallel: Parallel | None,
-                 open: bool = False):
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
+                 parallel: Parallel | None, open: bool = False):
         if parallel is not None:
             raise InputError("a causal rollout runs on one process; turn sequence and CFG parallelism off")
         vae = parts.codec.vae_for("a causal rollout (it encodes its first frame or control clip and decodes the clip)")
         self.parts, self.s, self.r, self.cond_ids, self.open = parts, s, r, cond_ids, open
-        self.plan: causal.Rollout = s.rollout
+        self.plan: causal.Rollout = s.kind.rollout
         self.model = parts.denoiser.transformer
         self.controls = None  # the control latents from latent frame `control_start` on: a batch's whole clip, encoded
         self.control_start = 0  # once; a session's as its ticks bring them, those of chunks run dropped
@@ -349,7 +353,7 @@ class Rollout(Run):
         k += self.done
         start, end = self.plan.chunks[k]
         frames = pixel_frames(end) if start == 0 else TEMPORAL_FACTOR * (end - start)  # latent frame 0 holds one
-        chunk = replace(self.s, num_frames=frames, rollout=None)
+        chunk = replace(self.s, kind=kinds.SINGLE, num_frames=frames)
         if self.cache is not None:
             if self.actions is not None and k == self.first and self.done == self.first:
                 self.commit(self.first_latents, 0)  # the first image, with null actions
@@ -439,18 +443,16 @@ class Rollout(Run):
         return Generation(self.latents.cpu(), self.frames, self.s)
 
 
+RUNS: dict[type, type[Run]] = {kinds.Single: Single, kinds.Continued: Continued, kinds.Controlled: Controlled,
+                               kinds.Causal: Rollout}  # the run that executes each kind
+
+
 def for_plan(parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
              parallel: Parallel | None) -> Run:
-    """The kind of run resolved settings `s` make."""
+    """The run that executes resolved settings `s` (`RUNS`, by their kind)."""
     if parallel is not None and (r.sound_use or r.action is not None):
         raise InputError("sound and action generation run on one process; turn sequence and CFG parallelism off")
-    if s.rollout is not None:
-        return Rollout(parts, s, r, cond_ids, parallel)
-    if s.transfer is not None:
-        return Controlled(parts, s, r, cond_ids, uncond_ids, parallel)
-    if s.chunks is not None:
-        return Continued(parts, s, r, cond_ids, uncond_ids)
-    return Single(parts, s, r, cond_ids, uncond_ids)
+    return RUNS[type(s.kind)](parts, s, r, cond_ids, uncond_ids, parallel)
 
 
 def tracks_for(parts: Parts, s: Settings, r: Request, generator: torch.Generator) -> list:

@@ -85,7 +85,8 @@ class CausalSession:
 
     def _start(self) -> None:
         self.run = self.decoder = None  # the old history's memory goes first
-        self.run = runs.Rollout(self.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None, open=True)
+        p = self.plan
+        self.run = runs.Rollout(self.parts, p.settings, p.request, p.cond_ids, p.uncond_ids, None, open=True)
         self.decoder = self.parts.codec.vae_for("a session").decode_stream()
         self.chunk_index, self.lost = 0, False
 
@@ -135,8 +136,8 @@ class Session(CausalSession):
         actions: the settings plan it as a run long enough that its history fills the window."""
         if plan.request.action.actions is not None:
             raise InputError("a session takes its actions a tick at a time: leave the action request's actions unset")
-        self.rows = plan.settings.rollout.config.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
-        self.width = plan.settings.rollout.embodiment.width
+        self.rows = plan.settings.kind.rollout.config.chunk_size * causal.ACTION_TOKENS  # actions a tick takes
+        self.width = plan.settings.kind.rollout.embodiment.width
         super().__init__(parts, plan, replan, guardrails)
 
     def reset(self) -> None:
@@ -159,7 +160,7 @@ class Session(CausalSession):
         if table.shape != (self.rows, self.width):
             raise InputError(f"a tick takes {self.rows} actions of {self.width} values (one per frame), got "
                              f"{list(table.shape)}")
-        self.plan.settings.rollout.embodiment.check(table)  # NaN and infinities refused before anything runs
+        self.plan.settings.kind.rollout.embodiment.check(table)  # NaN and infinities refused before anything runs
         return self._run(lambda run: run.extend(table), callback, progress, interrupt)
 
 
@@ -172,8 +173,8 @@ class TransferSession(CausalSession):
     control frames not sent yet change nothing before them."""
 
     def __init__(self, parts: Parts, plan, replan: Callable, guardrails: Guardrails | None = None):
-        chunk_size = plan.settings.rollout.config.chunk_size
-        if plan.settings.rollout.mode != "kv":
+        chunk_size = plan.settings.kind.rollout.config.chunk_size
+        if plan.settings.kind.rollout.mode != "kv":
             raise InputError("a session rolls its K/V history on (causal_cache 'kv'); 'recompute' reruns the whole "
                              "clip at every forward: leave causal_cache unset")
         if plan.settings.num_frames != plan.request.num_frames:

@@ -15,22 +15,21 @@ Defaults (the README's table): 81 frames at 24 fps, 35 steps, guidance 4.0 (Edge
 """
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from . import causal, chunks, keyframes, transfer
 from .causal import CANVASES, TRAINED_HORIZON, Rollout, canvas_for, chunk_ranges, whole_chunks
 from .checkpoint import Variant
-from .chunks import Chunks
 from .conditioning import frame_count, frame_size
 from .errors import InputError
 from .action import FRAMEWORK_FPS, ActionRequest, canvas_size, vision_condition_frames
 from .geometry import TEMPORAL_FACTOR, RunGeometry, latent_frames, pixel_frames, round_down_frames
+from .kinds import SINGLE, Causal, Continued, Controlled, Kind
 from .request import LONGEST_WINDOW, Request
 from .schedulers import FLOW_MATCH_EULER
 from .step_cache import CacheConfig
-from .transfer import Controls
 from .weights.precision import Policy, resolve as resolve_precision
 
 log = logging.getLogger(__name__)
@@ -61,18 +60,19 @@ class Settings:
     guidance_interval: tuple[float, float] | None
     negative_prompt: str
     use_system_prompt: bool
-    mode: str  # "t2i", "t2v", "i2v", "v2v", "keyframes" (and an action run's mode, "transfer")
+    # what people read the run as, in reports and notes: "t2i", "t2v", "i2v", "v2v", "keyframes", an action run's
+    # mode, "transfer", "causal transfer", "causal actions"; code asks `kind` (or the fields), never this
+    mode: str
     condition_frames: tuple[int, ...]  # conditioned latent frames
+    kind: Kind  # the kind of run (`kinds`) and what only it has
     notes: list[str] = field(default_factory=list)
-    action: ActionRequest | None = None  # with its preset's values filled in (action runs)
-    transfer: Controls | None = None  # a transfer's controls (and its chunks)
-    chunks: Chunks | None = None  # the chunks of a run made in chunks (a transfer, a long video), else None
-    chunk_ids: tuple[list[int], ...] | None = None  # a long video's prompt per chunk: each one's token ids
+    # with its preset's values filled in (action runs). Common, not a kind's: an action rides on a one-window run
+    # whose sources and tracks read it from the window's settings, as they read the image or the sound
+    action: ActionRequest | None = None
     applied: int = 0  # the first `applied` notes say what was applied (INFO), the rest what changed (warnings)
     cache: CacheConfig | None = None  # the step cache (None: off)
     precision: Policy | None = None  # a quantized checkpoint's steps with 16-bit activations (None: its own
     # arithmetic throughout, or not quantized so)
-    rollout: Rollout | None = None  # a causal checkpoint's rollout: its chunks, history and noise
     sigmas: tuple[float, ...] | None = None  # a fixed schedule's sigmas (None: the checkpoint's)
 
     @property
@@ -81,30 +81,30 @@ class Settings:
 
     @property
     def geometry(self) -> RunGeometry:
-        c, t, rollout = self.chunks, self.transfer, self.rollout
-        guidance = dict(guided=self.guidance_scale != 1.0, control_guided=t is not None and t.control_guidance != 1.0)
-        if rollout is not None:
-            return RunGeometry(self.height, self.width, rollout.chunk_pixels, self.num_frames, len(rollout.chunks),
-                               history_frames=rollout.history_frames(), history_memory=rollout.history,
-                               decoded_frames=self.num_frames, history_extra_rows=rollout.action_tokens)
-        if c is None:
-            return RunGeometry(self.height, self.width, self.num_frames, self.num_frames, **guidance)
-        controls = 0 if t is None else len(t.hints)
-        return RunGeometry(self.height, self.width, c.chunk, c.total, c.count, c.overlap, controls, **guidance)
+        return self.kind.geometry(self)
 
 
 def resolve(variant: Variant, request: Request) -> Settings:
+    """The settings of a request: its kind's own resolver (the kind and the fields it decides), then the fields
+    every kind shares; what was applied listed before what was changed or ignored (`log_notes` logs them)."""
     applied: list[str] = []  # what was applied for the request (reported, logged at INFO)
     notes: list[str] = []  # what of the request was changed or ignored (reported, logged as warnings)
     r = request  # already checked for everything that does not depend on the variant
     if variant.causal is not None:
-        return _report(_causal_settings(variant, r, notes), applied)
-    given = [f"{name} {value!r}" for name, value, unset in _causal_options(r) if value != unset]
-    if given:
-        notes.append(f"{', '.join(given)} ignored: this checkpoint is not causal (those options are for causal "
-                     "checkpoints such as Cosmos3-Nano-Sim-Transfer and Sim-Bimanual)")
-    if r.control_videos is not None:
-        return _report(_transfer_settings(variant, r, notes), applied)
+        kind, fields = (_bimanual if variant.causal.takes_actions else _causal)(variant, r, notes)
+    else:
+        given = [f"{name} {value!r}" for name, value, unset in _causal_options(r) if value != unset]
+        if given:
+            notes.append(f"{', '.join(given)} ignored: this checkpoint is not causal (those options are for causal "
+                         "checkpoints such as Cosmos3-Nano-Sim-Transfer and Sim-Bimanual)")
+        kind, fields = _transfer(variant, r, notes) if r.control_videos is not None else \
+            _video(variant, r, applied, notes)
+    precision = _precision(variant, r, notes)
+    return Settings(kind=kind, **fields, precision=precision, notes=applied + notes, applied=len(applied))
+
+
+def _video(variant: Variant, r: Request, applied: list[str], notes: list[str]) -> tuple[Kind, dict]:
+    """A video (or an image) in one window, or in chunks (a long video); an action run in one window."""
     if r.action is not None:
         r = _action_request(variant, r, applied, notes)
     # Frames decide image vs video; variant defaults follow the requested count, before rounding.
@@ -162,27 +162,14 @@ def resolve(variant: Variant, request: Request) -> Settings:
         mode = r.action.mode
         condition_frames = vision_condition_frames(r.action, latent_frames(num_frames))
     use_system_prompt = variant.default_use_system_prompt if r.use_system_prompt is None else r.use_system_prompt
-    settings = Settings(
-        width=width,
-        height=height,
-        num_frames=num_frames,
-        fps=fps,
-        steps=steps,
-        guidance_scale=guidance,
-        flow_shift=shift,
-        schedule=schedule,
-        guidance_interval=interval,
+    cache = _cache(r, len(condition_frames) < latent_frames(num_frames), notes)
+    long_video = _long_video(r, num_frames, notes, applied)
+    return SINGLE if long_video is None else Continued(long_video), dict(
+        width=width, height=height, num_frames=num_frames, fps=fps, steps=steps, guidance_scale=guidance,
+        flow_shift=shift, schedule=schedule, guidance_interval=interval,
         negative_prompt="" if variant.is_distilled or r.negative_prompt is None else r.negative_prompt,
-        use_system_prompt=bool(use_system_prompt),
-        mode=mode,
-        condition_frames=condition_frames,
-        notes=notes,
-        action=r.action,
-        cache=_cache(r, len(condition_frames) < latent_frames(num_frames), notes),
-        chunks=_long_video(r, num_frames, notes, applied),
-        precision=_precision(variant, r, notes),
-    )
-    return _report(settings, applied)
+        use_system_prompt=bool(use_system_prompt), mode=mode, condition_frames=condition_frames, action=r.action,
+        cache=cache)
 
 
 def _causal_options(r: Request) -> tuple[tuple[str, object, object], ...]:
@@ -233,19 +220,14 @@ def _cache(r: Request, noisy_video: bool, notes: list[str]) -> CacheConfig | Non
                        residual_order=int(r.cache_residual_order))
 
 
-def _report(settings: Settings, applied: list[str]) -> Settings:
-    """List what was applied before what of the request was changed or ignored (`log_notes` logs them)."""
-    return replace(settings, notes=applied + settings.notes, applied=len(applied))
-
-
 def log_notes(settings: Settings) -> None:
     """Log a run's notes once: what was applied at INFO, what was changed or ignored as warnings."""
     for i, note in enumerate(settings.notes):
         log.log(logging.INFO if i < settings.applied else logging.WARNING, note)
 
 
-def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:
-    """A transfer's settings: the model authors' recommended values where the request leaves them unset."""
+def _transfer(variant: Variant, r: Request, notes: list[str]) -> tuple[Controlled, dict]:
+    """A transfer: the model authors' recommended values where the request leaves them unset."""
     if variant.is_distilled:
         raise InputError("transfer (control_videos) needs a multi-step checkpoint such as Cosmos3-Nano or "
                          "Cosmos3-Super: distilled checkpoints have no transfer schedule (diffusers has none, SGLang "
@@ -262,15 +244,13 @@ def _transfer_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
     guidance, _, fps = transfer.recommended(plan.hints)
     schedule = "unipc" if r.schedule == "auto" else r.schedule
     shift = r.flow_shift if r.flow_shift is not None or schedule == "checkpoint" else transfer.DEFAULT_SHIFT
-    return Settings(
+    return Controlled(plan), dict(
         width=width, height=height, num_frames=plan.total, fps=fps if r.fps is None else float(r.fps),
         steps=transfer.DEFAULT_STEPS if r.steps is None else int(r.steps),
         guidance_scale=guidance if r.guidance_scale is None else float(r.guidance_scale), flow_shift=shift,
         schedule=schedule, guidance_interval=None if r.guidance_interval == "auto" else r.guidance_interval,
         negative_prompt=r.negative_prompt or "", use_system_prompt=r.use_system_prompt is not False,
-        mode="transfer", condition_frames=(), notes=notes, transfer=plan, chunks=plan, cache=_cache(r, True, notes),
-        precision=_precision(variant, r, notes),
-    )
+        mode="transfer", condition_frames=(), cache=_cache(r, True, notes))
 
 
 def _causal_refusals(variant: Variant, r: Request, steps: tuple[int, ...]) -> None:
@@ -299,8 +279,8 @@ def _history_window(c, r: Request) -> int | None:
     return window
 
 
-def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:
-    """A Sim-Bimanual checkpoint's settings: the first image and N actions (N a multiple of 4) make 1 + N frames, at
+def _bimanual(variant: Variant, r: Request, notes: list[str]) -> tuple[Causal, dict]:
+    """A Sim-Bimanual checkpoint's rollout: the first image and N actions (N a multiple of 4) make 1 + N frames, at
     the 480p canvas nearest the image's shape, 30 fps, two fixed steps a chunk ("step42"; steps=4: the whole
     t_list), guidance 1, no system prompt; what it cannot take is refused by name."""
     c = variant.causal
@@ -357,20 +337,16 @@ def _bimanual_settings(variant: Variant, r: Request, notes: list[str]) -> Settin
     rollout = Rollout(c, None, tuple(chunk_ranges(latent_frames(frames), c.chunk_size)), window, c.sink_frames,
                       "kv", "sglang" if r.causal_seeds == "auto" else r.causal_seeds, r.causal_history, False,
                       embodiment)
-    return Settings(
+    return Causal(rollout), dict(
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=len(sigmas),
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",
-        use_system_prompt=False, mode="causal actions", condition_frames=(), notes=notes, rollout=rollout,
-        precision=_precision(variant, r, notes), sigmas=tuple(sigmas),
-    )
+        use_system_prompt=False, mode="causal actions", condition_frames=(), sigmas=tuple(sigmas))
 
 
-def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings:
-    """A causal checkpoint's settings (Sim-Transfer): one control clip, its frames trimmed to whole chunks, a trained
-    480p canvas, the fixed steps at guidance 1; what it cannot take is refused by name."""
+def _causal(variant: Variant, r: Request, notes: list[str]) -> tuple[Causal, dict]:
+    """A Sim-Transfer checkpoint's rollout: one control clip, its frames trimmed to whole chunks, a trained 480p
+    canvas, the fixed steps at guidance 1; what it cannot take is refused by name."""
     c = variant.causal
-    if c.takes_actions:
-        return _bimanual_settings(variant, r, notes)
     if not r.control_videos:
         raise InputError(f"this is a causal Sim-Transfer checkpoint: it makes a video from a caption and one control "
                          f"clip ({', '.join(c.hints)}); give control_videos={{hint: clip}} (CLI --control HINT=FILE)")
@@ -414,12 +390,10 @@ def _causal_settings(variant: Variant, r: Request, notes: list[str]) -> Settings
     emphasize = c.emphasize_control if r.emphasize_control is None else bool(r.emphasize_control)
     rollout = Rollout(c, hint, tuple(chunk_ranges(latents, c.chunk_size)), window, c.sink_frames, r.causal_cache,
                       "framework" if r.causal_seeds == "auto" else r.causal_seeds, history, emphasize)
-    return Settings(
+    return Causal(rollout), dict(
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=steps,
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",
-        use_system_prompt=r.use_system_prompt is not False, mode="causal transfer", condition_frames=(), notes=notes,
-        rollout=rollout, precision=_precision(variant, r, notes),
-    )
+        use_system_prompt=r.use_system_prompt is not False, mode="causal transfer", condition_frames=())
 
 
 def _action_request(variant: Variant, r: Request, applied: list[str], notes: list[str]) -> Request:

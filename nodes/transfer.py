@@ -175,7 +175,7 @@ class Cosmos3TransferSampler(ClipSampler):
                                        interrupt=services.progress.check_interrupt)
         s = result.settings
         report = [f"transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, {s.steps} steps "
-                  f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.transfer)}",
+                  f"({s.schedule}), guidance {s.guidance_scale:g}{summary(s.kind.controls)}",
                   *([result.cache] if result.cache else []), *(reworded(note, TRANSFER_WORDS) for note in s.notes)]
         return {"ui": {"text": report}, "result": (filter_frames(guardrail, result.frames), float(s.fps))}
 
@@ -235,8 +235,8 @@ class Cosmos3SimTransferSampler(ClipSampler):
                                        interrupt=services.progress.check_interrupt)
         s = result.settings
         report = [f"Sim-Transfer: {s.width}x{s.height}, {s.num_frames} frames at {s.fps:g} fps, "
-                  f"{len(s.rollout.chunks)} chunks of {s.steps} steps, {s.rollout.hint} control, "
-                  f"{'K/V history' if s.rollout.mode == 'kv' else 'recomputed history'}",
+                  f"{len(s.kind.rollout.chunks)} chunks of {s.steps} steps, {s.kind.rollout.hint} control, "
+                  f"{'K/V history' if s.kind.rollout.mode == 'kv' else 'recomputed history'}",
                   *(reworded(note, SIM_WORDS) for note in s.notes)]
         return {"ui": {"text": report}, "result": (filter_frames(guardrail, result.frames), float(s.fps))}
 

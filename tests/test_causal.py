@@ -11,6 +11,7 @@ import torch
 import cosmos3_runtime
 from cosmos3_runtime import causal, runs
 from cosmos3_runtime.errors import CheckpointError, InputError
+from cosmos3_runtime.kinds import Causal
 from cosmos3_runtime.schedulers import distilled_schedule, stepper_for
 from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_transfer_block
 
@@ -56,13 +57,13 @@ def test_the_checkpoint_is_read_as_a_causal_sim_transfer(chunkwise, framewise):
 def test_the_kv_rollout_equals_the_whole_sequence_recompute(chunkwise, frames):
     kv = rollout(chunkwise, frames)
     recomputed = rollout(chunkwise, frames, causal_cache="recompute")
-    assert len(kv.settings.rollout.chunks) == 1 + (frames - 1) // 16 and kv.latents.shape[2] == 1 + (frames - 1) // 4
+    assert len(kv.settings.kind.rollout.chunks) == 1 + (frames - 1) // 16 and kv.latents.shape[2] == 1 + (frames - 1) // 4
     torch.testing.assert_close(kv.latents, recomputed.latents, atol=TOL, rtol=0)
 
 
 def test_the_kv_rollout_with_eviction_equals_the_recompute_over_what_each_frame_kept(framewise):
     kv = rollout(framewise, 25)  # 7 chunks of one latent frame: eviction from the fourth on
-    plan = kv.settings.rollout
+    plan = kv.settings.kind.rollout
     assert len(plan.chunks) == 7 and plan.kept(6) == [0, 4, 5] and plan.kept(3) == [0, 1, 2]
     recomputed = rollout(framewise, 25, causal_cache="recompute")
     torch.testing.assert_close(kv.latents, recomputed.latents, atol=TOL, rtol=0)
@@ -95,8 +96,9 @@ def test_changing_a_chunks_control_leaves_every_frame_before_it_bit_identical(ch
 def test_one_chunk_over_the_whole_clip_is_the_bidirectional_model_sampled_in_the_fixed_steps(chunkwise):
     """Without a control and with every frame in one chunk, a rollout is four plain forwards of the whole clip."""
     plan = chunkwise.plan("a robot arm", control_videos={"edge": clip(17)}, width=W, height=H, seed=3)
-    s = replace(plan.settings, num_frames=9, rollout=replace(plan.settings.rollout, hint=None, chunks=((0, 3),)))
-    run = runs.Rollout(chunkwise.parts, s, plan.request, plan.cond_ids, None)
+    rollout = replace(plan.settings.kind.rollout, hint=None, chunks=((0, 3),))
+    s = replace(plan.settings, num_frames=9, kind=Causal(rollout))
+    run = runs.Rollout(chunkwise.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, None)
     got = runs.execute(run, chunkwise.parts, 3, None, None, None, None).latents
 
     seeds = causal.SEEDS["framework"]
@@ -214,14 +216,14 @@ def test_a_history_setting_beside_the_recompute_is_noted_as_ignored(chunkwise):
     s = chunkwise.plan("a cat", control_videos={"edge": clip(17)}, width=W, height=H, causal_cache="recompute",
                        causal_history="fp8").settings
     assert "causal_history 'fp8' ignored: causal_cache 'recompute' keeps no K/V history" in " ".join(s.notes)
-    assert s.rollout.history == "device"
+    assert s.kind.rollout.history == "device"
 
 
 def test_the_plan_counts_the_history_it_keeps(chunkwise, framewise):
     big = chunkwise.plan("a cat", control_videos={"edge": clip(49)}, width=W, height=H)
-    assert big.settings.rollout.history_frames() == 2 * 13 and big.estimate.parts["media K/V cache"] > 0
+    assert big.settings.kind.rollout.history_frames() == 2 * 13 and big.estimate.parts["media K/V cache"] > 0
     small = framewise.plan("a cat", control_videos={"edge": clip(25)}, width=W, height=H)
-    assert small.settings.rollout.history_frames() == 2 * 4  # the window: sink, two recent frames and the chunk
+    assert small.settings.kind.rollout.history_frames() == 2 * 4  # the window: sink, two recent frames and the chunk
 
 
 def test_the_kept_history_is_every_recent_frame_the_window_allows():
@@ -257,7 +259,7 @@ def test_a_rollout_that_does_not_fit_is_refused_naming_what_does(chunkwise, monk
 @pytest.mark.slow  # two 65-frame rollouts, one of them the recompute (eviction = recompute runs by default)
 def test_a_window_on_a_chunkwise_checkpoint_evicts_as_the_recompute_masks(chunkwise):
     kv = rollout(chunkwise, 65, causal_window=9)  # chunks of 4: each keeps 5 latent frames of history
-    assert kv.settings.rollout.kept(13) == [8, 9, 10, 11, 12] and kv.settings.rollout.kept(9) == [4, 5, 6, 7, 8]
+    assert kv.settings.kind.rollout.kept(13) == [8, 9, 10, 11, 12] and kv.settings.kind.rollout.kept(9) == [4, 5, 6, 7, 8]
     torch.testing.assert_close(kv.latents, rollout(chunkwise, 65, causal_window=9, causal_cache="recompute").latents,
                                atol=TOL, rtol=0)
 

@@ -113,7 +113,7 @@ def test_long_video_chunks_are_a_plain_run_then_continuations(pipe, monkeypatch)
 
     monkeypatch.setattr(pipeline_module.torch, "randn", recorded)
     long = pipe.generate("a cat runs", num_frames=21, chunk_frames=13, chunk_overlap_frames=1, **RUN)
-    assert long.settings.chunks.count == 2 and long.frames.shape == (21, 48, 64, 3)  # 13 + 12 - 4 cut: exact length
+    assert long.settings.kind.chunks.count == 2 and long.frames.shape == (21, 48, 64, 3)  # 13 + 12 - 4 cut: exact length
     assert long.latents.shape[2] == long.settings.latent_frames == 6
     monkeypatch.setattr(pipeline_module.torch, "randn", real)
 
@@ -142,7 +142,7 @@ def test_long_video_takes_a_prompt_per_chunk_and_reports_each_chunk(pipe):
                                progress=lambda *stage: stages.append(stage), **RUN)
     finally:
         del pipe.denoiser.text_kv
-    assert result.frames.shape[0] == 17 and len(result.settings.chunk_ids) == 2
+    assert result.frames.shape[0] == 17 and len(result.settings.kind.prompt_ids) == 2
     assert [s for s in stages if s[0] == "chunk"] == [("chunk", 1, 2), ("chunk", 2, 2)]
     assert any("red ball rolls" in t for t in texts) and any("stops at a wall" in t for t in texts)
     with pytest.raises(InputError, match="3 prompts were given for 2 chunks"):

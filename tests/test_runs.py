@@ -11,6 +11,7 @@ import torch
 import cosmos3_runtime
 from cosmos3_runtime import runs, sources
 from cosmos3_runtime.errors import InputError
+from cosmos3_runtime.kinds import Single
 from cosmos3_runtime.request import Request
 
 SMALL = dict(width=32, height=32, steps=1)
@@ -52,7 +53,7 @@ def test_settings_are_frozen_once_resolved(pipe):
 def test_a_long_videos_later_windows_continue_from_the_frames_before(pipe):
     run, plan = run_for(pipe, num_frames=13, chunk_frames=9, chunk_overlap_frames=5)
     first = run.window(0)
-    assert first.held is None and first.settings.num_frames == 9 and first.settings.chunks is None
+    assert first.held is None and first.settings.num_frames == 9 and isinstance(first.settings.kind, Single)
     run.previous = torch.rand(1, 3, 5, 32, 32) * 2 - 1  # what chunk 0's decode leaves for chunk 1
     second = run.window(1)
     assert second.settings.condition_frames == (0, 1)  # 5 frames carried: latent frames 0 and 1
@@ -126,7 +127,7 @@ def test_the_window_loop_draws_noise_encodes_prompts_and_steps_each_window_in_or
     run = runs.for_plan(parts, plan.settings, plan.request, plan.cond_ids, plan.uncond_ids, None)
     heard, steps = [], []
     result = runs.execute(run, parts, 7, lambda *a: steps.append(a[:2]), None, lambda *a: heard.append(a), None)
-    first, second = (("prompts", tuple(ids)) for ids in plan.settings.chunk_ids)
+    first, second = (("prompts", tuple(ids)) for ids in plan.settings.kind.prompt_ids)
     noise = torch.Generator("cpu").manual_seed(7)
     draws = [torch.randn(1, generator=noise).item() for _ in range(2)]
     assert recorder.calls == [("start", draws[0]), first, ("denoise", 5, 0), ("start", draws[1]), second,

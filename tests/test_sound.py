@@ -294,7 +294,7 @@ def test_a_long_video_holds_each_chunks_slice_of_the_soundtrack_and_its_sound_is
     encoded, encode = [], pipe.codec.encode_sound
     monkeypatch.setattr(pipe.codec, "encode_sound", lambda soundtrack: encoded.append(soundtrack) or encode(soundtrack))
     out = pipe.generate("a drummer", audio=(wave, 8000), num_frames=9, chunk_frames=5, steps=1, cache="off", **SIZE)
-    assert out.settings.chunks.count == 2 and out.sample_rate == 8000
+    assert out.settings.kind.chunks.count == 2 and out.sample_rate == 8000
     assert torch.equal(out.sound, wave[:, : samples_for(9, 24.0, 8000)])
     chunk, second = samples_for(5, 24.0, 8000), samples_for(4, 24.0, 8000)  # the second chunk starts at frame 4
     assert [s.shape[1] for s in encoded] == [chunk, chunk]

@@ -85,7 +85,7 @@ def test_transfer_matches_diffusers(ours, theirs, case):
                             cache="off")
     finally:
         del ours.transformer.forward
-    plan = got.settings.transfer
+    plan = got.settings.kind.controls
     assert got.frames.shape == expected.shape == (plan.total, 48, 64, 3)
     assert plan.count == 2 and len(ours_forwards) == len(forwards) == plan.count * steps * per_step
     np.testing.assert_allclose(got.frames.numpy(), expected, atol=TOL, rtol=0)
@@ -116,7 +116,7 @@ def test_chunk_geometry(total, chunk_frames, overlap, expected):
 
 def test_a_world_scenario_map_alone_takes_101_frame_chunks_and_its_own_defaults(ours):
     s = resolve(ours.variant, Request(control_videos={"wsm": clip(120, 0, 8, 8)}))
-    assert (s.transfer.chunk, s.guidance_scale, s.transfer.control_guidance, s.fps) == (101, 1.0, 3.0, 10.0)
+    assert (s.kind.controls.chunk, s.guidance_scale, s.kind.controls.control_guidance, s.fps) == (101, 1.0, 3.0, 10.0)
 
 
 def test_reflect_padding():
@@ -132,11 +132,11 @@ def test_reflect_padding():
 ])
 def test_defaults_are_the_model_authors(ours, controls, expected):
     s = resolve(ours.variant, Request(control_videos={h: clip(9, 0, 8, 8) for h in controls}))
-    assert (s.guidance_scale, s.transfer.control_guidance, s.fps) == expected
+    assert (s.guidance_scale, s.kind.controls.control_guidance, s.fps) == expected
     assert (s.steps, s.flow_shift, s.schedule, s.guidance_interval, s.use_system_prompt) == (50, 10.0, "unipc", None, True)
     explicit = resolve(ours.variant, Request(control_videos={h: clip(9, 0, 8, 8) for h in controls}, guidance_scale=5.0,
                                              control_guidance=0.0, steps=3, fps=12.0, flow_shift=5.0))
-    assert (explicit.guidance_scale, explicit.transfer.control_guidance, explicit.steps, explicit.fps,
+    assert (explicit.guidance_scale, explicit.kind.controls.control_guidance, explicit.steps, explicit.fps,
             explicit.flow_shift) == (5.0, 0.0, 3, 12.0, 5.0)
 
 

@@ -27,6 +27,7 @@ from dataclasses import replace
 import torch
 
 from . import cancel, causal, runs
+from .causal_run import CausalRun
 from .conditioning import frame_count, preprocess_video
 from .errors import InputError
 from .geometry import TEMPORAL_FACTOR
@@ -65,7 +66,7 @@ def session_request(variant, request: Request | None, control: str | None, **opt
 
 
 class CausalSession:
-    """What the sessions share: one `runs.Rollout` opened for ticks over the plan, the VAE's decode stream, a tick's
+    """What the sessions share: one `CausalRun` opened for ticks over the plan, the VAE's decode stream, a tick's
     run that loses the history when it fails (`_run`), close."""
 
     def __init__(self, pipe, plan, guardrails=None):
@@ -82,8 +83,8 @@ class CausalSession:
 
     def _start(self) -> None:
         self.run = self.decoder = None  # the old history's memory goes first
-        self.run = runs.Rollout(self.pipe.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None,
-                                open=True)
+        self.run = CausalRun(self.pipe.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None,
+                             open=True)
         self.decoder = self.pipe.vae.decode_stream()
         self.chunk_index, self.lost = 0, False
 
@@ -211,7 +212,7 @@ class TransferSession(CausalSession):
             raise InputError(f"this episode has made all {s.num_frames} frames of its budget: reset to start the next "
                              "episode (or open one with a larger budget)")
         pixels = preprocess_video(controls, s.height, s.width)
-        frames = self._run(lambda run: run.extend_controls(pixels), callback, progress, interrupt)
+        frames = self._run(lambda run: run.extend(pixels), callback, progress, interrupt)
         self.frames += count
         return frames
 

@@ -12,11 +12,11 @@ from .checkpoint import Checkpoint, Variant, detect_variant
 from .errors import CheckpointError, Cosmos3Error, InputError, NumericalError
 from .guardrails import GuardrailBlocked, Guardrails, load as load_guardrails
 from .pipeline import Cosmos3Pipeline, load
-from .runs import Generation
 from .reasoner import Answer, Clip
 from .request import Request
 from .transformer import Cosmos3Transformer, TextKV, TransformerConfig
 from .vae import TileSpec
+from .windows import Generation
 from .workers import WorkerPool
 
 __all__ = [

@@ -26,8 +26,8 @@ from .geometry import SPATIAL_FACTOR, TEMPORAL_FACTOR
 from .request import DEFAULT_MAX_PROMPT_TOKENS, Request
 from .action import action_prompt
 from .sound import SoundTokenizer, check_encoder, load_sound_tokenizer
-from .runs import Generation, StepCallback
 from .running import running
+from .windows import Generation, StepCallback
 from .step_cache import StepCache
 from .session import Session, TransferSession, check_checkpoint as check_session_checkpoint, session_request
 from .settings import Settings, log_notes, resolve as resolve_settings

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from . import causal, runs
+from .causal_run import CausalRun
 from .conditioning import frame_count, preprocess_video
 from .errors import InputError
 from .geometry import TEMPORAL_FACTOR
@@ -67,7 +68,7 @@ def session_request(variant, request: Request | None, control: str | None, **opt
 
 
 class CausalSession:
-    """What the sessions share: one `runs.Rollout` opened for ticks over the plan, the codec's decode stream, a tick's
+    """What the sessions share: one `CausalRun` opened for ticks over the plan, the codec's decode stream, a tick's
     run (`running`, as a generation's) that loses the history when it fails (`_run`), close. `Cosmos3Pipeline.session`
     opens one (the only door: it admits the plan, its prompt through the guardrail, first)."""
 
@@ -86,7 +87,7 @@ class CausalSession:
     def _start(self) -> None:
         self.run = self.decoder = None  # the old history's memory goes first
         p = self.plan
-        self.run = runs.Rollout(self.parts, p.settings, p.request, p.cond_ids, p.uncond_ids, None, open=True)
+        self.run = CausalRun(self.parts, p.settings, p.request, p.cond_ids, p.uncond_ids, None, open=True)
         self.decoder = self.parts.codec.vae_for("a session").decode_stream()
         self.chunk_index, self.lost = 0, False
 
@@ -204,7 +205,7 @@ class TransferSession(CausalSession):
             raise InputError(f"this episode has made all {s.num_frames} frames of its budget: reset to start the next "
                              "episode (or open one with a larger budget)")
         pixels = preprocess_video(controls, s.height, s.width)
-        frames = self._run(lambda run: run.extend_controls(pixels), callback, progress, interrupt)
+        frames = self._run(lambda run: run.extend(pixels), callback, progress, interrupt)
         self.frames += count
         return frames
 

@@ -251,7 +251,7 @@ MASKED_ROWS = 4096  # query rows a masked attention call takes: far from the 2**
 
 
 def masked_media_attention(visible: torch.Tensor):
-    """A media attention (`Cosmos3Transformer.use_media_attention`) where media row i attends to media row j only where
+    """A media attention (`Hooks.attention`) where media row i attends to media row j only where
     `visible[i, j]` (bool [N, N]), and to every text row (the text keys come first); in blocks of query rows, its mask
     with the text's columns made once."""
     masks = {}
@@ -314,9 +314,10 @@ class MoTAttention(nn.Module):
         return self.to_out(attention(q, k, v, causal=True)), k_for_media, v
 
     def media(self, x, cos, sin, text_k, text_v, shards: SequenceShards | None = None,
-              history: "LayerKV | None" = None) -> torch.Tensor:
+              history: "LayerKV | None" = None, attend: Callable | None = None) -> torch.Tensor:
         """Media attention over [text ; media] keys and values, no mask; with `history` (a `MediaKV`'s view of this
-        layer) over [text ; held media ; media], this forward's keys and values written after the held ones.
+        layer) over [text ; held media ; media], this forward's keys and values written after the held ones. `attend`
+        is this forward's attention (`Hooks.attention`; None: the layer's `media_attention`).
 
         With `shards` (sequence parallelism) x holds this rank's tokens; attention runs over all tokens
         for this rank's heads, between two all-to-alls, and padding rows never serve as keys.
@@ -331,7 +332,7 @@ class MoTAttention(nn.Module):
             text_k, text_v = shards.my_heads(text_k), shards.my_heads(text_v)
         if history is not None:
             k, v = history.update(k, v)
-        out = (self.media_attention or attention)(q, torch.cat([text_k, k]), torch.cat([text_v, v]))
+        out = (attend or self.media_attention or attention)(q, torch.cat([text_k, k]), torch.cat([text_v, v]))
         if shards is not None:
             out = shards.to_tokens(out.view(out.shape[0], -1, self.head_dim)).flatten(1)
         return self.to_add_out(out)
@@ -359,9 +360,9 @@ class DecoderLayer(nn.Module):
         x = x + out
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
-    def media(self, x, cos, sin, text_k, text_v, shards=None, history=None):
+    def media(self, x, cos, sin, text_k, text_v, shards=None, history=None, attend=None):
         """Media tokens [N, H] -> [N, H] (this rank's tokens under sequence parallelism)."""
-        x = x + self.self_attn.media(self.input_layernorm_moe_gen(x), cos, sin, text_k, text_v, shards, history)
+        x = x + self.self_attn.media(self.input_layernorm_moe_gen(x), cos, sin, text_k, text_v, shards, history, attend)
         return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
 
 
@@ -498,7 +499,7 @@ class MediaKV:
     """The media keys and values of earlier forwards, per layer: the history a causal rollout's tokens attend to after
     the text. Preallocated, as gpt-fast's KV cache is: `rows` tokens per layer, the held ones first.
 
-    A forward given the cache (`Hooks.cache`) places its video and context items from `start_frame`, attends over
+    A forward given the cache (`Hooks.cache`, its video and context items placed from `Hooks.start_frame`) attends over
     [text ; held ; its own tokens] without a mask, and writes its own keys and values right after the held rows;
     `append` keeps them. Keys are stored with their rotary positions applied, so every row keeps the absolute
     position it was written at, and since no mask orders the keys, `evict` fills the rows it frees with the latest
@@ -515,7 +516,6 @@ class MediaKV:
         # per row and head: amax / 448 of its keys, of its values
         self.scales = torch.zeros((L, rows, 2, K, 1), device=device, pin_memory=pinned) if fp8 else None
         self.frames = torch.zeros(0, dtype=torch.long)  # the latent frame of each held row, on the host
-        self.start_frame = 0  # the absolute latent frame the next forward's video starts at
         self.written = 0  # rows the last forward wrote after the held ones
 
     @property
@@ -559,13 +559,16 @@ class MediaKV:
 class Hooks:
     """What a forward's media layer stack runs through besides the layers' weights. A model keeps the hooks of its
     load (`Cosmos3Transformer.hooks`: block swap, a host's weight streaming); a run passes its own to each forward,
-    made from those with `dataclasses.replace` (the compiled block, a step cache, a rollout's media K/V). The media
-    attention is the layers' own (`Cosmos3Transformer.use_media_attention`)."""
+    made from those with `dataclasses.replace` (the compiled block, a step cache, a rollout's media K/V, where its
+    frames start and the attention it runs), as gpt-fast passes `input_pos` and its caches to each forward."""
 
     block: Callable = DecoderLayer.media  # runs one media layer; `compiled_media_block()` is its compiled form
     layer: object | None = None  # .before(i) / .after(i) around media layer i: block swap, host streaming
     stack: Callable | None = None  # stack(hidden, run) around the layer stack: a step cache may return without run
     cache: MediaKV | None = None  # earlier frames' media K/V, attended after the text
+    start_frame: int = 0  # the latent frame in the clip this forward's video and context items start at
+    attention: Callable | None = None  # this forward's media attention (a recompute's mask); None: the layers' own
+    # (`Cosmos3Transformer.use_media_attention`: SDPA or a host's backend)
 
 
 @dataclass
@@ -690,8 +693,7 @@ class Cosmos3Transformer(nn.Module):
         size; hooks the run's (default: the model's `hooks`).
         """
         hooks = self.hooks if hooks is None else hooks
-        start = 0 if hooks.cache is None else hooks.cache.start_frame
-        seq = self.embed(latents, timestep, text.length, noisy_frames, fps, tracks, context, start)
+        seq = self.embed(latents, timestep, text.length, noisy_frames, fps, tracks, context, hooks.start_frame)
         if sp is not None:
             self.shard(seq, sp, tracks, hooks)
         return self.read_out(self.blocks(seq, text, hooks), seq, tracks)
@@ -774,7 +776,7 @@ class Cosmos3Transformer(nn.Module):
                 cancel.check()
                 if hooks.layer is not None:
                     hooks.layer.before(i)
-                hidden = hooks.block(layer, hidden, seq.cos, seq.sin, k, v, seq.shards, held)
+                hidden = hooks.block(layer, hidden, seq.cos, seq.sin, k, v, seq.shards, held, hooks.attention)
                 if hooks.layer is not None:
                     hooks.layer.after(i)
             return self.norm_moe_gen(hidden)

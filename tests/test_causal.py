@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cosmos3_runtime
-from cosmos3_runtime import causal, runs
+from cosmos3_runtime import causal, causal_run, runs
 from cosmos3_runtime.errors import CheckpointError, InputError
 from cosmos3_runtime.kinds import Causal
 from cosmos3_runtime.schedulers import distilled_schedule, stepper_for
@@ -98,7 +98,7 @@ def test_one_chunk_over_the_whole_clip_is_the_bidirectional_model_sampled_in_the
     plan = chunkwise.plan("a robot arm", control_videos={"edge": clip(17)}, width=W, height=H, seed=3)
     rollout = replace(plan.settings.kind.rollout, hint=None, chunks=((0, 3),))
     s = replace(plan.settings, num_frames=9, kind=Causal(rollout))
-    run = runs.Rollout(chunkwise.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, None)
+    run = causal_run.CausalRun(chunkwise.parts, s, plan.request, plan.cond_ids, plan.uncond_ids, None)
     got = runs.execute(run, chunkwise.parts, 3, None, None, None, None).latents
 
     seeds = causal.SEEDS["framework"]
@@ -116,26 +116,25 @@ def test_the_commit_is_a_clean_forward_not_the_last_steps_keys_and_values(chunkw
     """Committing a chunk runs its denoised frames again with no time embedding; committing what the last step saw
     (its noisy input, its timestep) instead breaks the equality with the recompute, which this test shows."""
     committed = []
-    original = runs.Rollout.commit
+    original = causal_run.KVHistory.commit
 
-    def spy(self, latents, start):
+    def spy(self, run, latents, start):
         committed.append((start, latents.shape[2]))
-        original(self, latents, start)
+        original(self, run, latents, start)
 
-    monkeypatch.setattr(runs.Rollout, "commit", spy)
+    monkeypatch.setattr(causal_run.KVHistory, "commit", spy)
     kv = rollout(chunkwise, 33)
     # controls [0], [1, 5), [5, 9) each in one forward; RGB frames one by one except the last chunk's
     assert committed == [(0, 1), (0, 1), (1, 4), (1, 1), (2, 1), (3, 1), (4, 1), (5, 4)]
 
-    def noisy_commit(self, latents, start):  # the K/V a last step's forward leaves: noisy input, time embedding
-        self.cache.start_frame = start
+    def noisy_commit(self, run, latents, start):  # the K/V a last step's forward leaves: noisy input, time embedding
         noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(0))
-        self.model(0.375 * latents + 0.625 * noise, torch.tensor(625.0), self.parts.denoiser.text_kv(self.cond_ids),
-                   None, self.s.fps, hooks=replace(self.parts.denoiser.hooks, cache=self.cache))
+        run.model(0.375 * latents + 0.625 * noise, torch.tensor(625.0), run.parts.denoiser.text_kv(run.cond_ids),
+                  None, run.s.fps, hooks=replace(run.parts.denoiser.hooks, cache=self.cache, start_frame=start))
         self.cache.append(torch.arange(start, start + latents.shape[2]).repeat_interleave(
             self.cache.written // latents.shape[2]))
 
-    monkeypatch.setattr(runs.Rollout, "commit", noisy_commit)
+    monkeypatch.setattr(causal_run.KVHistory, "commit", noisy_commit)
     assert (rollout(chunkwise, 33).latents - kv.latents).abs().max() > 100 * TOL
 
 
@@ -290,7 +289,7 @@ def test_an_fp8_history_keeps_each_rows_scale_through_eviction(framewise):
 
 
 def test_a_recompute_too_large_to_mask_and_compile_are_refused_by_name(chunkwise, monkeypatch):
-    monkeypatch.setattr(runs, "RECOMPUTE_MASK", 1000)  # a 33-frame clip's mask here is 36 x 36 (2 tokens a frame)
+    monkeypatch.setattr(causal_run, "RECOMPUTE_MASK", 1000)  # a 33-frame clip's mask here is 36 x 36 (2 tokens a frame)
     with pytest.raises(InputError, match="'recompute' is a reference for short clips"):
         rollout(chunkwise, 33, causal_cache="recompute")
     with pytest.raises(InputError, match="compile is not supported for causal rollouts"):

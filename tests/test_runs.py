@@ -13,6 +13,7 @@ from cosmos3_runtime import runs, sources
 from cosmos3_runtime.errors import InputError
 from cosmos3_runtime.kinds import Single
 from cosmos3_runtime.request import Request
+from cosmos3_runtime.windows import CFG
 
 SMALL = dict(width=32, height=32, steps=1)
 
@@ -112,7 +113,7 @@ class Recorder:
     def encode_prompts(self, cond, uncond, s, parallel, progress):
         self.calls.append(("prompts", tuple(cond)))
 
-    def denoise(self, latents, s, guidance, held, generator, callback, parallel, tracks, cache, forward, step_noise):
+    def denoise(self, latents, s, guidance, held, generator, callback, parallel, tracks, cache, inputs, step_noise):
         self.calls.append(("denoise", s.num_frames, len(tracks)))
         if callback is not None:
             callback(1, 1, latents)
@@ -135,3 +136,11 @@ def test_the_window_loop_draws_noise_encodes_prompts_and_steps_each_window_in_or
     assert steps == [(1, 2), (2, 2)]  # each chunk's steps on one count over the run
     assert [h for h in heard if h[0] == "chunk"] == [("chunk", 1, 2), ("chunk", 2, 2)]
     assert result.latents.shape[2] == 3 and result.frames is None and result.cache is None
+
+
+def test_cfg_runs_the_negative_prompt_only_inside_its_interval():
+    guidance = CFG([1], [2], 3.0, (0.0, 500.0))
+    assert guidance.passes(700.0) == [([1], [])] and guidance.passes(500.0) == [([1], []), ([2], [])]
+    c, u = torch.tensor([2.0]), torch.tensor([1.0])
+    assert guidance.combine(400.0, [[c], [u]])[0].item() == 1.0 + 3.0 * (2.0 - 1.0)
+    assert guidance.combine(700.0, [[c]])[0] is c

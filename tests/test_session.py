@@ -108,7 +108,7 @@ def test_later_actions_never_change_earlier_frames(pipe):
 def test_frame_zero_null_actions_have_zero_values_and_real_keys(pipe):
     with session(pipe) as s:
         s.tick(actions(16))
-        cache, tokens = s.run.cache, s.run.tokens
+        cache, tokens = s.run.history.cache, s.run.tokens
         # the first rows held are frame 0's: its video tokens, then its four null action tokens
         null = slice(tokens, tokens + causal.ACTION_TOKENS)
         assert cache.frames[: tokens + 4].eq(0).all()
@@ -142,11 +142,11 @@ def test_each_frames_last_action_token_sits_at_the_frames_own_time(pipe, monkeyp
 @pytest.mark.slow  # three windows of ticks
 def test_memory_stays_flat_over_three_windows_of_ticks(pipe):
     with session(pipe) as s:
-        rows, kept = s.run.cache.keys.shape, []
+        rows, kept = s.run.history.cache.keys.shape, []
         for k in range(1 + 3 * math.ceil(WINDOW / 4)):
             s.tick(actions(16, seed=k))
-            kept.append((s.run.cache.held, s.run.actions.shape[0], s.run.latents.shape[2]))
-        assert s.run.cache.keys.shape == rows  # allocated once, at open
+            kept.append((s.run.history.cache.held, s.run.conditioner.rows.shape[0], s.run.latents.shape[2]))
+        assert s.run.history.cache.keys.shape == rows  # allocated once, at open
         per_frame = s.run.tokens + causal.ACTION_TOKENS
     held = [h for h, _, _ in kept]
     assert max(held) <= (WINDOW + 4) * per_frame and held[-1] == held[-2]  # the window, then the tick's 4 frames
@@ -362,11 +362,11 @@ def test_memory_stays_flat_over_episodes_of_ticks(framewise):
     """The history is allocated once at open; the control latents, the latents and the encoder's and decoder's states
     stay those of one tick whatever the episode's length (each tick's control latents dropped once run)."""
     with episode(framewise, frames=41) as s:
-        rows, held = s.run.cache.keys.shape, []
+        rows, held = s.run.history.cache.keys.shape, []
         for k in range(13):
             play(s, controls(41, seed=k))
-            held.append((s.run.cache.held, s.run.controls.shape[2], s.run.latents.shape[2]))
-            assert s.run.cache.keys.shape == rows
+            held.append((s.run.history.cache.held, s.run.conditioner.latents.shape[2], s.run.latents.shape[2]))
+            assert s.run.history.cache.keys.shape == rows
             s.reset(seed=k)
     assert len(set(held)) == 1 and held[0][1:] == (1, 1)
 

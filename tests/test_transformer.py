@@ -45,11 +45,7 @@ def masked_forward(model, latents, t, text, noisy, visible_frames):
     """One forward over every frame of `latents`, a row of frame f seeing the rows of frame g where visible_frames(f, g)."""
     frame = torch.arange(latents.shape[2]).repeat_interleave(TOKENS)
     visible = torch.tensor([[visible_frames(f, g) for g in frame.tolist()] for f in frame.tolist()])
-    model.use_media_attention(masked_attention(visible))
-    try:
-        return model(latents, t, text, noisy, FPS).vision
-    finally:
-        model.use_media_attention(None)
+    return model(latents, t, text, noisy, FPS, hooks=replace(model.hooks, attention=masked_attention(visible))).vision
 
 
 def rollout(model, latents, text, chunks, cache):
@@ -57,8 +53,7 @@ def rollout(model, latents, text, chunks, cache):
     and hold its K/V."""
     hooks = replace(model.hooks, cache=cache)
     for first, last in chunks:
-        cache.start_frame = first
-        model(latents[:, :, first:last], torch.tensor(0), text, [], FPS, hooks=hooks)
+        model(latents[:, :, first:last], torch.tensor(0), text, [], FPS, hooks=replace(hooks, start_frame=first))
         cache.append(torch.arange(first, last).repeat_interleave(TOKENS))
     return hooks
 
@@ -70,8 +65,7 @@ def test_the_current_frames_after_the_history_equal_one_block_causal_forward(mod
     t, history = torch.tensor(700), 4
     cache = MediaKV(model.config, 8 * TOKENS, torch.float32, torch.device("cpu"))
     hooks = rollout(model, latents, text, [(0, history)], cache)
-    cache.start_frame = history
-    current = model(latents[:, :, history:], t, text, None, FPS, hooks=hooks).vision
+    current = model(latents[:, :, history:], t, text, None, FPS, hooks=replace(hooks, start_frame=history)).vision
     expected = masked_forward(model, latents, t, text, list(range(history, 8)), lambda f, g: g < history or f >= history)
     torch.testing.assert_close(current, expected[:, :, history:], atol=TOL, rtol=0)
     assert cache.held == history * TOKENS  # a forward not appended leaves the history as it was
@@ -98,8 +92,7 @@ def test_eviction_keeps_the_first_and_the_latest_frames_at_their_positions(model
     def visible(f, g):  # block-causal by chunk; the current chunk (frames 6, 7) no longer sees the evicted frames
         return g // 2 == f // 2 or g // 2 < f // 2 and (f < 6 or g in kept)
 
-    cache.start_frame = 6
-    current = model(latents[:, :, 6:], t, text, None, FPS, hooks=hooks).vision
+    current = model(latents[:, :, 6:], t, text, None, FPS, hooks=replace(hooks, start_frame=6)).vision
     expected = masked_forward(model, latents, t, text, [6, 7], visible)
     torch.testing.assert_close(current, expected[:, :, 6:], atol=TOL, rtol=0)
 

@@ -1,0 +1,269 @@
+"""A causal rollout run (`causal.Rollout` is its plan): chunk by chunk, each denoised in the checkpoint's fixed steps
+with its own noise seeds, against the frames committed before it; the clip decoded once, at the end.
+
+Written once, in `CausalRun`: the chunks (a batch's are its plan's; a session's grow tick by tick, its plan
+untouched), the seeds, each chunk's window, the clip's latents. Two strategies plug in:
+
+- a conditioner per causal family, what conditions a chunk besides the prompt: `ControlClip` (Sim-Transfer: its
+  control latents, committed clean before its frames) and `ActionTable` (Sim-Bimanual: latent frame 0 the first
+  image, committed clean beside null action tokens; each later frame beside its four action rows); `Conditioner`
+  itself conditions on nothing more. A session extends it tick by tick (`CausalRun.extend`).
+- a history, what a chunk's forwards see of the frames before it: `KVHistory` (their K/V in a `MediaKV`: committed
+  one forward each, evicted past the window) or `Recompute` (every forward over the clip so far, under the mask that
+  reproduces what each frame saw: slower, for tests and doubters).
+
+Both hand the forward its causal inputs explicitly (`denoiser.WindowInputs`: the start frame, the K/V, the attention,
+the clean frames before and beside it); the denoiser calls the transformer itself.
+"""
+
+import math
+from dataclasses import replace
+
+import torch
+
+from . import causal, kinds
+from .conditioning import preprocess_image, preprocess_video
+from .denoiser import WindowInputs
+from .errors import InputError
+from .geometry import TEMPORAL_FACTOR, latent_size, pixel_frames
+from .parallel import Parallel
+from .request import Request
+from .settings import Settings
+from .tracks import Parts
+from .transformer import MediaKV, TrackTokens, masked_media_attention
+from .vae import StageCallback, stage
+from .windows import CFG, Generation, Run, Window
+
+RECOMPUTE_MASK = 2**30  # bool entries of the largest attention mask a recompute builds (1 GiB)
+
+
+class Conditioner:
+    """What conditions a chunk besides the prompt: here nothing. A causal family subclasses it."""
+
+    first = 0  # chunks given, not denoised (latent frame 0: the first image)
+    opening: torch.Tensor | None = None  # latent frame 0's clean latents, where given
+
+    def clean(self, start: int, end: int) -> list[torch.Tensor]:
+        """Clean latents at frames [start, end) committed before the chunk's own are denoised."""
+        return []
+
+    def context(self, end: int) -> list[torch.Tensor]:
+        """Clean items a recompute's forward runs before the clip's frames [0, end)."""
+        return []
+
+    def tracks(self, start: int, end: int) -> list[TrackTokens]:
+        """Clean tracks beside latent frames [start, end), in every forward over them."""
+        return []
+
+    def extend(self, more, ran: int) -> int:
+        """A session's next conditions, the chunks up to latent frame `ran` run -> the latent frames they reach."""
+        raise InputError("this rollout takes no conditions a tick at a time")
+
+
+class ControlClip(Conditioner):
+    """Sim-Transfer: the control clip's latents, each chunk's committed clean at its own frames before its RGB
+    frames (a recompute runs them as a context item). A batch's clip is encoded once; a session's as its ticks bring
+    it, where the last left off, the latents of chunks run dropped (memory stays flat)."""
+
+    def __init__(self, parts: Parts, vae, s: Settings, r: Request, hint: str, open: bool):
+        self.parts, self.dtype = parts, parts.denoiser.transformer.dtype
+        self.encoder = vae.encode_stream()
+        self.start = 0  # the latent frame `latents` starts at
+        if open:
+            shape = parts.denoiser.latent_shape(s)
+            self.latents = torch.zeros(*shape[:2], 0, *shape[3:], device=parts.device)
+        else:
+            clip = preprocess_video(r.control_videos[hint], s.height, s.width)[:, :, : s.num_frames]
+            self.latents = self.encode(clip)
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Control pixels [1, 3, F, H, W] in [-1, 1], the clip's frames after those encoded so far -> their latents."""
+        return self.parts.codec.encode_pixels(pixels.to(self.dtype), self.encoder)
+
+    def clean(self, start: int, end: int) -> list[torch.Tensor]:
+        return [self.latents[:, :, start - self.start : end - self.start]]
+
+    def context(self, end: int) -> list[torch.Tensor]:
+        return [self.latents[:, :, :end]]
+
+    def extend(self, pixels: torch.Tensor, ran: int) -> int:
+        """Control frames [1, 3, F, H, W] in [-1, 1]: the first frame alone, then 4 for each latent frame."""
+        self.latents = torch.cat([self.latents[:, :, ran - self.start :], self.encode(pixels)], dim=2)
+        self.start = ran
+        return ran + self.latents.shape[2]
+
+
+class ActionTable(Conditioner):
+    """Sim-Bimanual: latent frame 0 is the first image (cover-resized, centre-cropped, encoded), committed clean beside
+    null action tokens before the first chunk; each later latent frame f is denoised and committed beside its four
+    normalized action rows [(f-1)*4, f*4). A session's rows of chunks run are dropped (memory stays flat)."""
+
+    first = 1
+
+    def __init__(self, parts: Parts, s: Settings, r: Request, embodiment: causal.Embodiment, open: bool):
+        self.embodiment, self.fps = embodiment, s.fps
+        model = parts.denoiser.transformer
+        self.width, self.device = model.config.action_dim, parts.device
+        self.rows = torch.zeros(0, self.width, device=parts.device)  # normalized [n, width], read every forward
+        self.dropped = 0  # rows before `rows`
+        first = preprocess_image(r.action.image, s.height, s.width).unsqueeze(2)
+        self.opening = parts.codec.encode_pixels(first.to(model.dtype))
+        if not open:  # (a batch without actions is refused with its plan: `Planner.check`)
+            self.extend(torch.as_tensor(r.action.actions, dtype=torch.float32)[: s.num_frames - 1], 0)
+
+    def tracks(self, start: int, end: int) -> list[TrackTokens]:
+        """Null tokens for frame 0, else the frames' rows of the table."""
+        e, n = self.embodiment, causal.ACTION_TOKENS
+        if start == 0:
+            null = self.rows.new_zeros(n, self.width)
+            return [TrackTokens("action", null, [], self.fps, n, 0, e.domain_id, null=True)]
+        first, last = causal.action_rows(start, end)
+        return [TrackTokens("action", self.rows[first - self.dropped : last - self.dropped], [], self.fps, n,
+                            first + 1, e.domain_id)]
+
+    def extend(self, actions, ran: int) -> int:
+        """Raw actions [n, width] (n a multiple of 4: one latent frame each 4)."""
+        rows = self.embodiment.normalize(actions, self.width).to(self.device)
+        if rows.shape[0] % causal.ACTION_TOKENS:
+            raise InputError(f"actions come {causal.ACTION_TOKENS} rows to a latent frame: {rows.shape[0]} rows are "
+                             f"not a multiple of {causal.ACTION_TOKENS}")
+        done = max(ran - 1, 0) * causal.ACTION_TOKENS  # the rows of the frames run
+        self.rows, self.dropped = torch.cat([self.rows[done - self.dropped :], rows]), done
+        return 1 + (self.dropped + self.rows.shape[0]) // causal.ACTION_TOKENS
+
+
+class KVHistory:
+    """The committed frames' K/V in a `MediaKV` sized for the plan's history: before each chunk the conditioner's
+    opening and clean frames are committed and the frames past the window evicted; each chunk's forwards read it; its
+    denoised frames are committed one by one after it (each seeing the history, the earlier frames of its chunk and
+    itself), clean: a second forward, not the last step's K/V (those belong to noisy inputs). A batch's last chunk is
+    never committed."""
+
+    def __init__(self, run: "CausalRun"):
+        plan, device, model = run.plan, run.parts.device, run.model
+        home = torch.device("cpu") if plan.history == "cpu" else device
+        rows = plan.history_frames() * (run.tokens + plan.action_tokens)
+        self.cache = MediaKV(model.config, rows, model.dtype, home, pinned=home.type == "cpu" and device.type == "cuda",
+                             fp8=plan.history == "fp8")
+
+    def window(self, run: "CausalRun", start: int, end: int) -> WindowInputs:
+        plan, conditioner = run.plan, run.conditioner
+        if start == 1 and conditioner.opening is not None:
+            self.commit(run, conditioner.opening, 0)
+        if plan.window_frames is not None:
+            self.cache.evict(plan.sink_frames, plan.recent(start))
+        for clean in conditioner.clean(start, end):  # in one forward before the chunk's own frames
+            self.commit(run, clean, start)
+        return WindowInputs(cache=self.cache, start_frame=start, conditions=tuple(conditioner.tracks(start, end)))
+
+    def keep(self, run: "CausalRun", latents: torch.Tensor, start: int, end: int, last: bool) -> None:
+        if run.open or not last:
+            for f in range(start, end):
+                self.commit(run, latents[:, :, f - start : f - start + 1], f)
+
+    def commit(self, run: "CausalRun", latents: torch.Tensor, start: int) -> None:
+        """Append the K/V of clean frames at latent frame `start` (no time embedding: no frame is noisy)."""
+        clean = torch.zeros((), device=latents.device)  # (made there: no copy to the device per commit)
+        denoiser, end = run.parts.denoiser, start + latents.shape[2]
+        run.model(latents, clean, denoiser.text_kv(run.cond_ids), [], run.s.fps, run.conditioner.tracks(start, end),
+                  hooks=replace(denoiser.hooks, cache=self.cache, start_frame=start))
+        self.cache.append(torch.arange(start, end).repeat_interleave(self.cache.written // latents.shape[2]))
+
+
+class Recompute:
+    """Every forward over the clip so far (the conditioner's context first, the committed frames clean before the
+    chunk's), under the mask that reproduces what each frame saw in the K/V rollout (`causal.visibility`)."""
+
+    def __init__(self, run: "CausalRun"):
+        plan = run.plan
+        self.controls = plan.hint is not None
+        rows = (1 + self.controls) * plan.latent_frames * run.tokens
+        if rows * rows > RECOMPUTE_MASK:
+            raise InputError(f"causal_cache 'recompute' is a reference for short clips: {plan.latent_frames} latent "
+                             f"frames need a {rows}x{rows} attention mask; use causal_cache 'kv' (the same result) or "
+                             "fewer frames")
+
+    def window(self, run: "CausalRun", start: int, end: int) -> WindowInputs:
+        visible = causal.visibility(run.plan, end, self.controls).to(run.parts.device)
+        visible = visible.repeat_interleave(run.tokens, 0).repeat_interleave(run.tokens, 1)
+        return WindowInputs(attention=masked_media_attention(visible), before=run.latents[:, :, :start],
+                            context=tuple(run.conditioner.context(end)),
+                            conditions=tuple(run.conditioner.tracks(start, end)))
+
+    def keep(self, run: "CausalRun", latents: torch.Tensor, start: int, end: int, last: bool) -> None:
+        pass
+
+
+class CausalRun(Run):
+    """A causal rollout (`causal`), batch or session. A session (`open`) rolls on tick by tick: `extend` adds the
+    next conditions and the chunks they make, and each call of `execute` runs the chunks not run yet, its latents
+    only those of the chunks it ran."""
+
+    chunked = True
+
+    def __init__(self, parts: Parts, s: Settings, r: Request, cond_ids: list[int], uncond_ids: list[int],
+                 parallel: Parallel | None, open: bool = False):
+        """`uncond_ids` is unused (guidance 1.0: no unconditional pass), taken as every run in `runs.RUNS` takes it."""
+        if parallel is not None:
+            raise InputError("a causal rollout runs on one process; turn sequence and CFG parallelism off")
+        vae = parts.codec.vae_for("a causal rollout (it encodes its first frame or control clip and decodes the clip)")
+        self.parts, self.s, self.r, self.cond_ids, self.open = parts, s, r, cond_ids, open
+        self.plan: causal.Rollout = s.kind.rollout
+        self.model = parts.denoiser.transformer
+        self.tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
+        if self.plan.embodiment is not None:
+            self.conditioner = ActionTable(parts, s, r, self.plan.embodiment, open)
+        elif self.plan.hint is not None:
+            self.conditioner = ControlClip(parts, vae, s, r, self.plan.hint, open)
+        else:
+            self.conditioner = Conditioner()
+        self.history = KVHistory(self) if self.plan.mode == "kv" else Recompute(self)
+        self.seed, self.seeds = int(r.seed), causal.SEEDS[self.plan.seeds]
+        # the chunks known: a batch's, or a session's so far (its history is sized for the planned run's)
+        self.chunks = self.plan.chunks[: self.conditioner.first] if open else self.plan.chunks
+        self.done = self.conditioner.first  # chunks run so far
+        self.count = len(self.chunks) - self.done
+        self.latents = self.buffer()
+        self.frames: torch.Tensor | None = None
+
+    def buffer(self) -> torch.Tensor:
+        """The latents of the chunks the next `execute` runs (with latent 0 when it starts the clip)."""
+        end = self.chunks[-1][1] if self.chunks else 0  # (none yet: a session before its first tick)
+        start = self.chunks[self.done][0] if self.done < len(self.chunks) else end
+        self.origin = 0 if self.done == self.conditioner.first else start
+        shape = self.parts.denoiser.latent_shape(self.s)
+        return torch.zeros(*shape[:2], end - self.origin, *shape[3:], device=self.parts.device)
+
+    def extend(self, conditions) -> None:
+        """A session's next conditions (control frames, actions: `Conditioner.extend`) and the chunks they make."""
+        reach = self.conditioner.extend(conditions, self.chunks[self.done - 1][1] if self.done else 0)
+        self.chunks = tuple(causal.chunk_ranges(reach, self.plan.config.chunk_size))
+        self.count = len(self.chunks) - self.done
+        self.latents = self.buffer()
+
+    def window(self, k: int) -> Window:
+        start, end = self.chunks[k + self.done]
+        frames = pixel_frames(end) if start == 0 else TEMPORAL_FACTOR * (end - start)  # latent frame 0 holds one
+        chunk = replace(self.s, kind=kinds.SINGLE, num_frames=frames)
+        noise = torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, None))
+        return Window(chunk, None, CFG(self.cond_ids, self.cond_ids, 1.0, None), noise,
+                      lambda i: torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, i)),
+                      self.history.window(self, start, end))
+
+    def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
+        start, end = self.chunks[k + self.done]
+        self.latents[:, :, start - self.origin : end - self.origin] = latents
+        last = k + 1 == self.count
+        self.history.keep(self, latents, start, end, last)
+        if last:
+            if self.conditioner.opening is not None and self.origin == 0:
+                self.latents[:, :, :1] = self.conditioner.opening
+            self.done += self.count
+            if not self.open and self.r.output == "frames":
+                self.history = None  # its memory goes back before the whole clip is decoded
+                self.frames = self.parts.codec.decode(self.latents, tile=self.r.vae_tile,
+                                                      progress=stage(progress, "decode"))
+
+    @property
+    def result(self) -> Generation:
+        return Generation(self.latents.cpu(), self.frames, self.s)

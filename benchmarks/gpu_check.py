@@ -64,7 +64,7 @@ import cosmos3_runtime  # noqa: E402
 from cosmos3_runtime.weights.local_fp8 import Fp8Linear, scaled_fp8_available  # noqa: E402
 from cosmos3_runtime.action import ActionRequest  # noqa: E402
 from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block  # noqa: E402
-from cosmos3_runtime.transformer import TrackTokens, TransformerConfig, attention  # noqa: E402
+from cosmos3_runtime.transformer import Segment, TransformerConfig, attention  # noqa: E402
 from cosmos3_runtime.vae import WanVAE  # noqa: E402
 
 # SeaCache off where precision is compared: a skip decided differently in bf16 and fp32 is not a precision error; eager
@@ -253,7 +253,7 @@ def check_host_placement(c: Check) -> None:
     for model in (whole, held):
         with torch.inference_mode():
             text = model.encode_text(torch.arange(40) % 500, c.device)
-            out = model(latents, torch.tensor(900), text, tracks=[TrackTokens("action", actions.to(c.device), domain=2)])
+            out = model(latents, torch.tensor(900), text, tracks=[Segment("action", actions.to(c.device), domain=2)])
         outputs.append(out)
     same = torch.equal(outputs[0].vision, outputs[1].vision) and torch.equal(outputs[0].tracks[0], outputs[1].tracks[0])
     where = outputs[1].vision.device

@@ -30,7 +30,7 @@ from .parallel import Parallel
 from .request import Request
 from .settings import Settings
 from .tracks import Parts
-from .transformer import MediaKV, TrackTokens, masked_media_attention
+from .transformer import VIDEO, MediaKV, Segment, masked_media_attention
 from .vae import StageCallback, stage
 from .windows import CFG, Generation, Run, Window
 
@@ -47,12 +47,12 @@ class Conditioner:
         """Clean latents at frames [start, end) committed before the chunk's own are denoised."""
         return []
 
-    def context(self, end: int) -> list[torch.Tensor]:
-        """Clean items a recompute's forward runs before the clip's frames [0, end)."""
+    def context(self, end: int) -> list[Segment]:
+        """Clean segments a recompute's forward runs before the clip's frames [0, end)."""
         return []
 
-    def tracks(self, start: int, end: int) -> list[TrackTokens]:
-        """Clean tracks beside latent frames [start, end), in every forward over them."""
+    def tracks(self, start: int, end: int) -> list[Segment]:
+        """Clean segments of rows beside latent frames [start, end), in every forward over them."""
         return []
 
     def extend(self, more, ran: int) -> int:
@@ -83,8 +83,8 @@ class ControlClip(Conditioner):
     def clean(self, start: int, end: int) -> list[torch.Tensor]:
         return [self.latents[:, :, start - self.start : end - self.start]]
 
-    def context(self, end: int) -> list[torch.Tensor]:
-        return [self.latents[:, :, :end]]
+    def context(self, end: int) -> list[Segment]:
+        return [Segment(VIDEO, self.latents[:, :, :end], [])]
 
     def extend(self, pixels: torch.Tensor, ran: int) -> int:
         """Control frames [1, 3, F, H, W] in [-1, 1]: the first frame alone, then 4 for each latent frame."""
@@ -111,15 +111,15 @@ class ActionTable(Conditioner):
         if not open:  # (a batch without actions is refused with its plan: `Planner.check`)
             self.extend(torch.as_tensor(r.action.actions, dtype=torch.float32)[: s.num_frames - 1], 0)
 
-    def tracks(self, start: int, end: int) -> list[TrackTokens]:
+    def tracks(self, start: int, end: int) -> list[Segment]:
         """Null tokens for frame 0, else the frames' rows of the table."""
         e, n = self.embodiment, causal.ACTION_TOKENS
         if start == 0:
             null = self.rows.new_zeros(n, self.width)
-            return [TrackTokens("action", null, [], self.fps, n, 0, e.domain_id, null=True)]
+            return [Segment("action", null, [], self.fps, n, 0, e.domain_id, zeroed=True)]
         first, last = causal.action_rows(start, end)
-        return [TrackTokens("action", self.rows[first - self.dropped : last - self.dropped], [], self.fps, n,
-                            first + 1, e.domain_id)]
+        return [Segment("action", self.rows[first - self.dropped : last - self.dropped], [], self.fps, n, first + 1,
+                        e.domain_id)]
 
     def extend(self, actions, ran: int) -> int:
         """Raw actions [n, width] (n a multiple of 4: one latent frame each 4)."""
@@ -167,12 +167,13 @@ class KVHistory:
         denoiser, end = run.parts.denoiser, start + latents.shape[2]
         run.model(latents, clean, denoiser.text_kv(run.cond_ids), [], run.s.fps, run.conditioner.tracks(start, end),
                   hooks=replace(denoiser.hooks, cache=self.cache, start_frame=start))
-        self.cache.append(torch.arange(start, end).repeat_interleave(self.cache.written // latents.shape[2]))
+        self.cache.append()
 
 
 class Recompute:
-    """Every forward over the clip so far (the conditioner's context first, the committed frames clean before the
-    chunk's), under the mask that reproduces what each frame saw in the K/V rollout (`causal.visibility`)."""
+    """Every forward over the clip so far (the conditioner's context first, then the committed frames, clean, from
+    latent frame 0 before the chunk's), under the mask that reproduces what each frame saw in the K/V rollout
+    (`causal.visibility`)."""
 
     def __init__(self, run: "CausalRun"):
         plan = run.plan
@@ -186,8 +187,9 @@ class Recompute:
     def window(self, run: "CausalRun", start: int, end: int) -> WindowInputs:
         visible = causal.visibility(run.plan, end, self.controls).to(run.parts.device)
         visible = visible.repeat_interleave(run.tokens, 0).repeat_interleave(run.tokens, 1)
-        return WindowInputs(attention=masked_media_attention(visible), before=run.latents[:, :, :start],
-                            context=tuple(run.conditioner.context(end)),
+        committed = [Segment(VIDEO, run.latents[:, :, :start], [])] if start else []
+        return WindowInputs(start_frame=start, attention=masked_media_attention(visible),
+                            context=(*run.conditioner.context(end), *committed),
                             conditions=tuple(run.conditioner.tracks(start, end)))
 
     def keep(self, run: "CausalRun", latents: torch.Tensor, start: int, end: int, last: bool) -> None:

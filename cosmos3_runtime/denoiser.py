@@ -19,7 +19,7 @@ from .parallel import exchange_branches
 from .schedulers import Schedule, checkpoint_schedule, distilled_schedule, stepper_for, unipc_schedule
 from .settings import Settings
 from .step_cache import StepCache
-from .transformer import Cosmos3Transformer, MediaKV, TextKV, TrackTokens
+from .transformer import Cosmos3Transformer, MediaKV, Segment, TextKV
 from .weights import precision
 
 TEXT_CACHE_SIZE = 2  # the cond and uncond prompts of the latest request
@@ -34,10 +34,8 @@ class WindowInputs:
     cache: MediaKV | None = None  # the committed frames' K/V, read, never written
     start_frame: int = 0  # the window's first latent frame in the clip
     attention: Callable | None = None  # the media attention to run (a recompute's mask; None: the layers')
-    before: torch.Tensor | None = None  # clean latent frames run before the window's own (a recompute's committed
-    # ones), read out of no forward
-    context: tuple[torch.Tensor, ...] = ()  # clean items before the video (a recompute's controls)
-    conditions: tuple[TrackTokens, ...] = ()  # clean tracks after the window's own (action tokens)
+    context: tuple[Segment, ...] = ()  # clean segments before the video (a recompute's controls, committed frames)
+    conditions: tuple[Segment, ...] = ()  # clean segments after the window's tracks (action tokens)
 
 
 WINDOW = WindowInputs()
@@ -102,15 +100,14 @@ class Denoiser:
         mode runs (a plain generation, each transfer chunk, each chunk of a long video).
 
         `guidance` says which forward passes each step runs and how their velocities combine (`CFG`, or
-        transfer's). A track (see `tracks.TRACKS`) gives the transformer its tokens (`tokens()`, a `TrackTokens`) and
+        transfer's). A track (see `tracks.TRACKS`) gives the transformer its tokens (`tokens()`, a `Segment`) and
         takes its combined velocity (`step`). `cache` (SeaCache) may skip a pass's layer stack. `inputs`: what every
         forward takes besides (a causal chunk's history and conditions); `step_noise(i)`, the generator step i
         re-noises from (default `generator` throughout).
         """
         schedule = self.schedule_for(s)
         stepper = stepper_for(schedule)
-        before = 0 if inputs.before is None else inputs.before.shape[2]
-        noisy = [before + f for f in range(s.latent_frames) if f not in s.condition_frames]
+        noisy = [f for f in range(s.latent_frames) if f not in s.condition_frames]
         window_hooks = replace(self.hooks, cache=inputs.cache, start_frame=inputs.start_frame,
                                attention=inputs.attention)
         sp, cfg = (parallel.sp, parallel.cfg) if parallel is not None else (None, None)
@@ -123,11 +120,10 @@ class Denoiser:
         def velocities(k, ids, context) -> list[torch.Tensor]:
             # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
             hooks = window_hooks if cache is None else replace(window_hooks, stack=cache.layers(k))  # each pass its own
-            video = latents if inputs.before is None else torch.cat([inputs.before, latents], dim=2)
-            out = self.transformer(video, timesteps[i], self.text_kv(ids), noisy, s.fps,
+            out = self.transformer(latents, timesteps[i], self.text_kv(ids), noisy, s.fps,
                                    [*(track.tokens() for track in tracks), *inputs.conditions], sp=sp,
                                    context=[*inputs.context, *context], hooks=hooks)
-            return [out.vision[:, :, before:].float()] + [v.float() for v in out.tracks[: len(tracks)]]
+            return [out.vision.float()] + [v.float() for v in out.tracks[: len(tracks)]]
 
         for i, t in enumerate(schedule.timesteps.tolist()):
             if cache is not None:

@@ -29,6 +29,7 @@ from .sound import Audio, fit_soundtrack, samples_for
 from .sources import held_for
 from .step_cache import StepCache
 from .tracks import TRACKS, Parts
+from .transformer import VIDEO, Segment
 from .vae import StageCallback, stage
 from .windows import CFG, Generation, Run, StepCallback, Window
 
@@ -154,8 +155,8 @@ class Controlled(Chunked):
     def window(self, k: int) -> Window:
         s, p = self.s, self.s.kind.controls
         start, end = p.window(k)
-        controls = [self.parts.codec.encode_pixels(transfer.reflect_pad(c[:, :, start:end], p.chunk))
-                    for c in self.pixels]
+        controls = [Segment(VIDEO, self.parts.codec.encode_pixels(transfer.reflect_pad(c[:, :, start:end], p.chunk)),
+                            []) for c in self.pixels]
         frames = tuple(range(latent_frames(p.seed_frames(k))))
         chunk = replace(s, kind=kinds.SINGLE, num_frames=p.chunk, condition_frames=frames)
         guidance = transfer.Guidance(self.cond_ids, self.uncond_ids, controls, s.guidance_scale, s.guidance_interval,

@@ -15,7 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from .geometry import RunGeometry
-from .transformer import Cosmos3Transformer, TextKV
+from .transformer import VIDEO, Cosmos3Transformer, Segment, TextKV
 from .vae import WanVAE
 
 META = torch.device("meta")
@@ -68,8 +68,9 @@ def forward_flops(config, grid: tuple[int, int, int], text_tokens: int, contexts
     kv = [torch.empty(text_tokens, config.num_key_value_heads, config.head_dim, device=META, dtype=dtype)] * len(
         model.layers)
     latents = torch.empty(1, config.latent_channel, *grid, device=META)
+    controls = [Segment(VIDEO, latents, [])] * contexts
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        model(latents, torch.tensor(900), TextKV(text_tokens, kv, kv), context=[latents] * contexts)
+        model(latents, torch.tensor(900), TextKV(text_tokens, kv, kv), context=controls)
     return float(counter.get_total_flops())
 
 

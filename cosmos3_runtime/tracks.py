@@ -19,7 +19,7 @@ from .request import Request
 from .schedulers import Schedule, stepper_for
 from .settings import Settings
 from .sound import fit_soundtrack, samples_for
-from .transformer import TrackTokens
+from .transformer import Segment
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,9 @@ class SoundTrack:
         held = Held(parts.codec.encode_sound(soundtrack), mask)
         return cls(noise, float(config.sound_latent_fps), schedule, held, soundtrack.clamp(-1.0, 1.0))
 
-    def tokens(self) -> TrackTokens:
+    def tokens(self) -> Segment:
         """One token per latent frame, at the sound latents' own rate."""
-        return TrackTokens("sound", self.latents.t(), self.noisy, fps=self.latent_fps)
+        return Segment("sound", self.latents.t(), self.noisy, fps=self.latent_fps)
 
     def step(self, velocity: torch.Tensor, generator) -> None:
         if self.noisy == []:  # the whole soundtrack held: nothing to denoise
@@ -129,12 +129,12 @@ class ActionTrack:
         return cls(s.action, parts.denoiser.transformer.config.action_dim, generator, parts.device,
                    parts.denoiser.schedule_for(s))
 
-    def tokens(self) -> TrackTokens:
+    def tokens(self) -> Segment:
         """One token per action, at the video's frame rate (4 per latent frame), from the frame after the
         observation; the state row sits at the observation's time."""
         start = 0 if self.with_state else 1
-        return TrackTokens("action", self.latents, self.noisy, base_temporal_factor=TEMPORAL_FACTOR,
-                           start_frame=start, domain=DOMAIN_IDS[self.req.domain])
+        return Segment("action", self.latents, self.noisy, base_temporal_factor=TEMPORAL_FACTOR, start_frame=start,
+                       domain=DOMAIN_IDS[self.req.domain])
 
     def step(self, velocity: torch.Tensor, generator) -> None:
         if not self.noisy:  # every action clean: nothing to denoise

@@ -141,7 +141,7 @@ class Guidance:
 
     cond: list[int]  # token ids
     uncond: list[int]
-    controls: list[torch.Tensor]  # this chunk's control latents, in sequence order
+    controls: list  # this chunk's control latents as clean video segments (`transformer.Segment`), in sequence order
     scale: float
     interval: tuple[float, float] | None
     control_scale: float
@@ -151,8 +151,8 @@ class Guidance:
         return (self.scale if in_interval(self.interval, t) else 1.0,
                 self.control_scale if in_interval(self.control_interval, t) else 1.0)
 
-    def passes(self, t: float) -> list[tuple[list[int], list[torch.Tensor]]]:
-        """(token ids, clean items before the target) of each forward: with controls, then without them when
+    def passes(self, t: float) -> list[tuple[list[int], list]]:
+        """(token ids, clean segments before the target) of each forward: with controls, then without them when
         control guidance applies (its scale is not 1), then the negative prompt when text guidance does (above 1)."""
         g, cg = self._scales(t)
         return ([(self.cond, self.controls)] + ([(self.cond, [])] if cg != 1.0 else [])

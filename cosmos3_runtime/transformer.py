@@ -6,7 +6,8 @@ mask to [text K/V ; media K/V]. Text never attends to media, so a prompt's per-l
 not depend on the latents or the timestep: `encode_text` computes them once per prompt and every
 denoising step reuses them (`TextKV`). That removes the whole text tower from the per-step cost.
 
-A forward embeds the media sequence (`MediaTokens`), runs the media layer stack and reads the velocities out. How
+A forward embeds the media sequence (`MediaTokens`: its segments, `Segment`, one after another: the video, clean
+items before it, tracks of rows after it), runs the media layer stack and reads each segment's velocity out. How
 the stack runs is its `Hooks`: the block each layer runs (eager or compiled), a call before and after each layer
 (block swap), a wrapper around the stack (the step cache), and a `MediaKV`: the media K/V of earlier forwards,
 which a causal rollout's tokens attend to between the text and themselves.
@@ -431,22 +432,29 @@ class TextKV:
         return cls(kv.shape[2], list(kv[:, 0].unbind()), list(kv[:, 1].unbind()))
 
 
+VIDEO = "video"  # the head of a video's latent frames: the patch projections (`proj_in`, `proj_out`)
+
+
 @dataclass
-class TrackTokens:
-    """Tokens denoised beside the video (a sound track, an action chunk): one token per row of `latents` [n, dim],
-    through the checkpoint's head named `head` (a key of TRACK_HEADS). The track places itself in time: its rows
-    sit at `fps` (None: the video's), every `temporal_factor` of them per latent frame of a video scaled by
-    `base_temporal_factor`, from `start_frame`."""
+class Segment:
+    """One part of a forward's media sequence, embedded and read out as every other: a video's latent frames
+    [1, C, T, h, w], a token per patch, through the patch projections (head `VIDEO`: the forward's own video, a
+    control, a recompute's committed frames), or rows [n, dim], a token each, through the checkpoint's head named
+    `head` (a key of TRACK_HEADS: a sound track, an action chunk). Its position origin: a video's frames sit from
+    latent frame `start_frame` at the forward's fps (every video restarts at the media offset, so a control and its
+    video align token by token); rows sit at `fps` (None: the forward's), `base_temporal_factor` of them to a latent
+    frame, from row `start_frame`. Multiview would add the camera to this origin: a video segment per view."""
 
     head: str
-    latents: torch.Tensor  # [n, dim]
-    noisy_frames: list[int] | None = None  # rows being denoised (default all); the rest are clean, zero velocity
+    latents: torch.Tensor  # a video's [1, C, T, h, w]; rows [n, dim]
+    noisy: list[int] | None = None  # the frames (a video) or rows being denoised (None: all); the rest are clean:
+    # no time embedding, zero velocity
     fps: float | None = None
     base_temporal_factor: int | None = None
     start_frame: int = 0
     domain: int | None = None  # the embodiment domain, for a head with one table per domain
-    null: bool = False  # null rows (Sim-Bimanual's frame 0): all at start_frame's time, their values zeroed in
-    # every layer while their keys still take attention (needs a media K/V cache: it zeroes them as they are written)
+    zeroed: bool = False  # its values zeroed in every layer while its keys still take attention, its rows all at
+    # start_frame's time (Sim-Bimanual's null tokens; a media K/V cache zeroes them as it writes them)
 
 
 # The heads a checkpoint may carry for tracks: input projection, output projection, modality embedding, by the
@@ -470,15 +478,15 @@ class LayerKV:
     values: torch.Tensor
     held: int
     scales: torch.Tensor | None = None  # an fp8 cache's: [rows, 2, K, 1] float32, the keys' then the values'
-    null: slice | None = None  # this forward's rows whose values are zero (null action tokens)
+    zeroed: slice | None = None  # this forward's rows whose values are zero (`Segment.zeroed`)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this forward's k, v [n, K, D] after the held rows -> the held and the written rows, where k is (views
         where the cache lives there; a cache kept in CPU memory brings this layer's rows to the device now; an fp8
         cache's held rows come back dequantized, this forward's as they are)."""
-        if self.null is not None:
+        if self.zeroed is not None:
             v = v.clone()
-            v[self.null] = 0
+            v[self.zeroed] = 0
         end = self.held + k.shape[0]
         if self.scales is None:
             self.keys[self.held : end] = k
@@ -499,12 +507,13 @@ class MediaKV:
     """The media keys and values of earlier forwards, per layer: the history a causal rollout's tokens attend to after
     the text. Preallocated, as gpt-fast's KV cache is: `rows` tokens per layer, the held ones first.
 
-    A forward given the cache (`Hooks.cache`, its video and context items placed from `Hooks.start_frame`) attends over
-    [text ; held ; its own tokens] without a mask, and writes its own keys and values right after the held rows;
-    `append` keeps them. Keys are stored with their rotary positions applied, so every row keeps the absolute
-    position it was written at, and since no mask orders the keys, `evict` fills the rows it frees with the latest
-    rows instead of shifting the history. Not under sequence parallelism. Kept on the CPU (`device` "cpu" beside a
-    GPU's forwards: pinned memory), each layer's rows come to the forward's device as the layer runs.
+    A forward given the cache (`Hooks.cache`, its video placed from `Hooks.start_frame`) attends over [text ; held ;
+    its own tokens] without a mask, and writes its own keys and values right after the held rows; `append` keeps
+    them, each row under its latent frame (`MediaTokens.frames`). Keys are stored with their rotary positions
+    applied, so every row keeps the absolute position it was written at, and since no mask orders the keys, `evict`
+    fills the rows it frees with the latest rows instead of shifting the history. Not under sequence parallelism.
+    Kept on the CPU (`device` "cpu" beside a GPU's forwards: pinned memory), each layer's rows come to the forward's
+    device as the layer runs.
     """
 
     def __init__(self, config: TransformerConfig, rows: int, dtype: torch.dtype, device: torch.device,
@@ -516,27 +525,27 @@ class MediaKV:
         # per row and head: amax / 448 of its keys, of its values
         self.scales = torch.zeros((L, rows, 2, K, 1), device=device, pin_memory=pinned) if fp8 else None
         self.frames = torch.zeros(0, dtype=torch.long)  # the latent frame of each held row, on the host
-        self.written = 0  # rows the last forward wrote after the held ones
+        self.written = torch.zeros(0, dtype=torch.long)  # the latent frame of each row the last forward wrote
 
     @property
     def held(self) -> int:
         return self.frames.numel()
 
-    def views(self, tokens: int, null: slice | None = None) -> list[LayerKV]:
-        """Every layer's view for a forward of `tokens` tokens (`null`: those of its rows whose values are zero)."""
+    def views(self, seq: "MediaTokens") -> list[LayerKV]:
+        """Every layer's view for a forward over `seq`."""
+        tokens = seq.hidden.shape[0]
         if self.held + tokens > self.keys.shape[1]:
             raise InputError(f"the media K/V cache has {self.keys.shape[1]} rows: the {self.held} held and a forward's "
                              f"{tokens} do not fit; evict frames first, or make it larger")
-        self.written = tokens
+        self.written = seq.frames()
         scales = [None] * len(self.keys) if self.scales is None else self.scales
-        return [LayerKV(k, v, self.held, s, null) for k, v, s in zip(self.keys, self.values, scales)]
+        return [LayerKV(k, v, self.held, s, seq.zeroed) for k, v, s in zip(self.keys, self.values, scales)]
 
-    def append(self, frames) -> None:
-        """Keep what the last forward wrote: `frames` [n] names the latent frame of each of its n tokens, in order."""
-        frames = torch.as_tensor(frames).to("cpu", torch.long).reshape(-1)
-        if frames.numel() != self.written:
-            raise ValueError(f"the last forward wrote {self.written} rows; {frames.numel()} frame numbers were given")
-        self.frames, self.written = torch.cat([self.frames, frames]), 0
+    def append(self) -> None:
+        """Keep what the last forward wrote."""
+        if not self.written.numel():
+            raise ValueError("the last forward wrote 0 rows: nothing to keep")
+        self.frames, self.written = torch.cat([self.frames, self.written]), self.written[:0]
 
     def evict(self, sink: int, window: int) -> None:
         """Keep the rows of the first `sink` frames and of the latest `window` frames. The latest rows kept move into
@@ -566,24 +575,47 @@ class Hooks:
     layer: object | None = None  # .before(i) / .after(i) around media layer i: block swap, host streaming
     stack: Callable | None = None  # stack(hidden, run) around the layer stack: a step cache may return without run
     cache: MediaKV | None = None  # earlier frames' media K/V, attended after the text
-    start_frame: int = 0  # the latent frame in the clip this forward's video and context items start at
+    start_frame: int = 0  # the latent frame in the clip this forward's video starts at
     attention: Callable | None = None  # this forward's media attention (a recompute's mask); None: the layers' own
     # (`Cosmos3Transformer.use_media_attention`: SDPA or a host's backend)
 
 
+@dataclass(frozen=True)
+class Placed:
+    """A segment in the sequence: its rows there and its grid, the patches of a video (T, hp, wp) or rows (n, 1, 1):
+    a frame of the grid is a latent frame of a video, a row of a track."""
+
+    segment: Segment
+    rows: slice
+    grid: tuple[int, int, int]
+
+    def frames(self) -> torch.Tensor:
+        """The latent frame of each of its tokens, on the host: a video's token its frame's; a row the frame whose time
+        it reaches (`base_temporal_factor` rows to a frame: an action frame's last token sits at the frame's own
+        time); zeroed rows their origin's."""
+        s, (T, hp, wp) = self.segment, self.grid
+        if s.head == VIDEO:
+            return (s.start_frame + torch.arange(T)).repeat_interleave(hp * wp)
+        if s.zeroed:
+            return torch.full((T,), s.start_frame)
+        per = s.base_temporal_factor or 1
+        return torch.div(s.start_frame + torch.arange(T) + per - 1, per, rounding_mode="floor")
+
+
 @dataclass
 class MediaTokens:
-    """One forward's media sequence, [context items ; video ; tracks], from the embedding to the read-out."""
+    """One forward's media sequence, its segments one after another, from the embedding to the read-out."""
 
     hidden: torch.Tensor  # [N, H] (this rank's rows under sequence parallelism)
     cos: torch.Tensor  # the rows' rotary tables
     sin: torch.Tensor
-    context: int  # tokens of the context items, before the video
-    grid: tuple[int, int, int]  # the video's patch grid (T, hp, wp)
-    size: tuple[int, int]  # the video's latent height and width
-    noisy: slice | list[int]  # the video frames being denoised
+    placed: list[Placed]  # in sequence order
     shards: SequenceShards | None = None
-    null: slice | None = None  # rows of null tokens, whose values are zeroed (`TrackTokens.null`)
+    zeroed: slice | None = None  # the rows of the zeroed segment (`Segment.zeroed`)
+
+    def frames(self) -> torch.Tensor:
+        """The latent frame of each token, on the host: what a media K/V cache keeps its rows by."""
+        return torch.cat([p.frames() for p in self.placed])
 
 
 class Cosmos3Transformer(nn.Module):
@@ -680,78 +712,74 @@ class Cosmos3Transformer(nn.Module):
 
     @torch.no_grad()
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: TextKV, noisy_frames: list[int] | None = None,
-                fps: float = 24.0, tracks: Sequence[TrackTokens] = (), sp: Group | None = None,
-                context: Sequence[torch.Tensor] = (), hooks: Hooks | None = None) -> Velocity:
+                fps: float = 24.0, tracks: Sequence[Segment] = (), sp: Group | None = None,
+                context: Sequence[Segment] = (), hooks: Hooks | None = None) -> Velocity:
         """Predict the flow velocity of the media tokens.
 
-        latents [1, C, T, h, w] on the device the forward runs on; timestep a scalar tensor; text the prompt's cached
-        K/V; noisy_frames the latent frames being denoised (default all; the rest are clean conditioning and get no
-        timestep embedding and zero velocity); fps the video frame rate; tracks the tokens denoised beside the video
-        (their velocities come back in `Velocity.tracks`, in order); sp a sequence-parallel group (every rank passes
-        the same inputs and gets the same result); context clean latent items [1, C, T', h', w'] placed before the
-        video (transfer controls): no timestep embedding, no output, each at the positions the video would have at its
-        size; hooks the run's (default: the model's `hooks`).
+        latents [1, C, T, h, w] on the device the forward runs on, from latent frame `hooks.start_frame`; timestep a
+        scalar tensor; text the prompt's cached K/V; noisy_frames the latent frames being denoised (default all; the
+        rest are clean conditioning and get no timestep embedding and zero velocity); fps the video frame rate; tracks
+        the segments of rows denoised beside the video (their velocities come back in `Velocity.tracks`, in order); sp
+        a sequence-parallel group (every rank passes the same inputs and gets the same result); context clean
+        segments placed before the video (transfer controls, a recompute's committed frames): no output; hooks the
+        run's (default: the model's `hooks`).
         """
         hooks = self.hooks if hooks is None else hooks
-        seq = self.embed(latents, timestep, text.length, noisy_frames, fps, tracks, context, hooks.start_frame)
+        segments = [*context, Segment(VIDEO, latents, noisy_frames, start_frame=hooks.start_frame), *tracks]
+        seq = self.embed(segments, timestep, text.length, fps, latents.device)
         if sp is not None:
-            self.shard(seq, sp, tracks, hooks)
-        return self.read_out(self.blocks(seq, text, hooks), seq, tracks)
+            self.shard(seq, sp, hooks)
+        video, *rows = self.read_out(self.blocks(seq, text, hooks), seq, seq.placed[len(context) :])
+        return Velocity(video, rows)
 
-    def embed(self, latents, timestep, text_length: int, noisy_frames, fps: float, tracks, context,
-              start_frame: int = 0) -> MediaTokens:
-        """The media sequence [context items ; video ; tracks] embedded, the video and each context item from latent
-        frame `start_frame`. Its own intermediates (patches, per-segment embeddings) are gone when it returns: the
-        layer stack holds one copy of the tokens."""
+    def embed(self, segments: Sequence[Segment], timestep, text_length: int, fps: float,
+              device: torch.device) -> MediaTokens:
+        """The media sequence embedded on `device`, segment by segment. Its own intermediates (patches, per-segment
+        embeddings) are gone when it returns: the layer stack holds one copy of the tokens."""
         c = self.config
-        x = latents.to(dtype=self.dtype)[0]
-        dtype, device = x.dtype, x.device
-        noisy = _frames(noisy_frames, x.shape[1])
         temb = self.time_embedding(timestep, device)
         offset = text_length + c.unified_3d_mrope_temporal_modality_margin
-
-        def positions_of(grid, fps, temporal_factor, base_temporal_factor=None, start_frame=start_frame,
-                         in_video=start_frame > 0):
-            """Positions of one media segment; every segment starts at the same temporal offset. Frames placed after
-            the first (a rollout's, `start_frame`) are video frames however few this forward holds."""
-            return media_positions(
-                *grid, offset, fps if c.enable_fps_modulation else None, float(c.base_fps), temporal_factor,
-                base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids, device, in_video,
-            )
-
-        segments, positions = [], []
-        for item in context:  # every item restarts at the media offset: a control and its video align token by token
-            item_patches, item_grid = self.patchify(item.to(device=device, dtype=dtype)[0])
-            segments.append(self.proj_in(item_patches))
-            positions.append(positions_of(item_grid, fps, temporal_factor=TEMPORAL_FACTOR))
-        n_context = sum(segment.shape[0] for segment in segments)
-        patches, grid = self.patchify(x)
-        vision = self.proj_in(patches).view(grid[0], grid[1] * grid[2], -1)
-        vision[noisy] += temb
-        segments.append(vision.flatten(0, 1))
-        positions.append(positions_of(grid, fps, temporal_factor=TEMPORAL_FACTOR))
-        null, row = None, sum(segment.shape[0] for segment in segments)
-        for track in tracks:
-            proj_in, _, modality = self.track_head(track.head)
-            tokens = _project(proj_in, track.latents.to(device, dtype), track.domain) + modality.to(device)
-            tokens[_frames(track.noisy_frames, tokens.shape[0])] += temb
-            segments.append(tokens)
-            n = tokens.shape[0]
-            where = positions_of((1 if track.null else n, 1, 1), fps if track.fps is None else track.fps,
-                                 temporal_factor=1, base_temporal_factor=track.base_temporal_factor,
-                                 start_frame=track.start_frame, in_video=False)
-            positions.append(where.expand(-1, n) if track.null else where)
-            if track.null:
-                if null is not None:
-                    raise InputError("one forward takes one track of null tokens")
-                null = slice(row, row + n)
+        tokens, positions, placed, zeroed, row = [], [], [], None, 0
+        for s in segments:
+            if s.head == VIDEO:
+                patches, grid = self.patchify(s.latents.to(device=device, dtype=self.dtype)[0])
+                x = self.proj_in(patches).view(grid[0], grid[1] * grid[2], -1)
+                # frames placed after the first (a rollout's) are video frames however few this forward holds
+                where = self.segment_positions(grid, offset, fps, TEMPORAL_FACTOR, None, s.start_frame,
+                                               s.start_frame > 0, device)
+            else:
+                proj_in, _, modality = self.track_head(s.head)
+                x = (_project(proj_in, s.latents.to(device, self.dtype), s.domain) + modality.to(device)).unsqueeze(1)
+                grid = (x.shape[0], 1, 1)
+                where = self.segment_positions((1, 1, 1) if s.zeroed else grid, offset, fps if s.fps is None else s.fps,
+                                               1, s.base_temporal_factor, s.start_frame, False, device)
+                where = where.expand(-1, x.shape[0])
+            noisy = _frames(s.noisy, grid[0])
+            if _count(noisy):
+                x[noisy] += temb
+            n = x.shape[0] * x.shape[1]
+            if s.zeroed:
+                if zeroed is not None:
+                    raise InputError("one forward takes one segment of zeroed tokens")
+                zeroed = slice(row, row + n)
+            tokens.append(x.flatten(0, 1))
+            positions.append(where)
+            placed.append(Placed(s, slice(row, row + n), grid))
             row += n
-        cos, sin = self.rope(torch.cat(positions, dim=1), dtype)
-        return MediaTokens(torch.cat(segments), cos, sin, n_context, grid, tuple(x.shape[2:]), noisy, null=null)
+        cos, sin = self.rope(torch.cat(positions, dim=1), self.dtype)
+        return MediaTokens(torch.cat(tokens), cos, sin, placed, zeroed=zeroed)
 
-    def shard(self, seq: MediaTokens, sp: Group, tracks, hooks: Hooks) -> None:
+    def segment_positions(self, grid, offset: int, fps: float, temporal_factor: int, base_temporal_factor: int | None,
+                        start_frame: int, in_video: bool, device: torch.device) -> torch.Tensor:
+        """The positions of one segment's tokens (`rope.media_positions` with this checkpoint's settings)."""
+        c = self.config
+        return media_positions(*grid, offset, fps if c.enable_fps_modulation else None, float(c.base_fps),
+                               temporal_factor, base_temporal_factor, start_frame, c.unified_3d_mrope_reset_spatial_ids,
+                               device, in_video)
+
+    def shard(self, seq: MediaTokens, sp: Group, hooks: Hooks) -> None:
         """Keep this rank's rows of the sequence (`SequenceShards`)."""
-        if tracks:
+        if any(p.segment.head != VIDEO for p in seq.placed):
             raise InputError("sound and action tracks do not run under sequence parallelism; run them with sp=1")
         if hooks.cache is not None:
             raise InputError("the media K/V cache does not run under sequence parallelism; run it with sp=1")
@@ -765,13 +793,12 @@ class Cosmos3Transformer(nn.Module):
         diffusers (`_run_decoder_stack`): a step cache's residual is the normed output minus the input, and a skipped
         step runs no norm."""
 
-        if seq.null is not None and hooks.cache is None:
+        if seq.zeroed is not None and hooks.cache is None:
             raise InputError("null tokens (zeroed values) run with a media K/V cache, which zeroes them as it writes "
                              "them: a causal rollout's forwards")
 
         def run(hidden: torch.Tensor) -> torch.Tensor:
-            history = [None] * len(self.layers) if hooks.cache is None else \
-                hooks.cache.views(hidden.shape[0], seq.null)
+            history = [None] * len(self.layers) if hooks.cache is None else hooks.cache.views(seq)
             for i, (layer, k, v, held) in enumerate(zip(self.layers, text.keys, text.values, history)):
                 cancel.check()
                 if hooks.layer is not None:
@@ -783,29 +810,28 @@ class Cosmos3Transformer(nn.Module):
 
         return run(seq.hidden) if hooks.stack is None else hooks.stack(seq.hidden, run)
 
-    def read_out(self, hidden: torch.Tensor, seq: MediaTokens, tracks) -> Velocity:
-        """The velocities of the video's noisy frames and of each track's noisy rows (zero elsewhere), from the normed
-        hidden states."""
-        T, hp, wp = seq.grid
-        video = slice(seq.context, seq.context + T * hp * wp)
-        if seq.shards is not None:  # gather 192-wide patch outputs, not hidden states (no tracks: refused)
-            patches = seq.shards.gather(self.proj_out(hidden))[video]
-            vision_out = patches.view(T, -1, patches.shape[-1])[seq.noisy].flatten(0, 1)
-        else:
-            vision_out = self.proj_out(hidden[video].view(T, -1, hidden.shape[-1])[seq.noisy].flatten(0, 1))
-        velocity = hidden.new_zeros(self.config.latent_channel, T, *seq.size, dtype=self.dtype)
-        if _count(seq.noisy):
-            velocity[:, seq.noisy] = self.unpatchify(vision_out, _count(seq.noisy), seq.grid, *seq.size)
-        result = Velocity(velocity.unsqueeze(0))
-        start = video.stop
-        for track in tracks:
-            n = track.latents.shape[0]
-            rows = _frames(track.noisy_frames, n)
-            out = hidden.new_zeros(track.latents.shape, dtype=self.dtype)
-            out[rows] = _project(self.track_head(track.head)[1], hidden[start : start + n][rows], track.domain)
-            result.tracks.append(out)
-            start += n
-        return result
+    def read_out(self, hidden: torch.Tensor, seq: MediaTokens, placed: Sequence[Placed]) -> list[torch.Tensor]:
+        """The velocity of each segment `placed` names, from the normed hidden states: of its noisy frames or rows,
+        zero elsewhere (a video's [1, C, T, h, w], rows' [n, dim])."""
+        if seq.shards is not None:  # gather 192-wide patch outputs, not hidden states (videos only: tracks are refused)
+            hidden = seq.shards.gather(self.proj_out(hidden))
+        velocities = []
+        for p in placed:
+            s, T = p.segment, p.grid[0]
+            noisy = _frames(s.noisy, T)
+            if s.head == VIDEO:
+                size = s.latents.shape[3:]
+                velocity = hidden.new_zeros(self.config.latent_channel, T, *size, dtype=self.dtype)
+                if _count(noisy):
+                    out = hidden[p.rows].view(T, -1, hidden.shape[-1])[noisy].flatten(0, 1)
+                    out = out if seq.shards is not None else self.proj_out(out)
+                    velocity[:, noisy] = self.unpatchify(out, _count(noisy), p.grid, *size)
+                velocities.append(velocity.unsqueeze(0))
+            else:
+                velocity = hidden.new_zeros(s.latents.shape, dtype=self.dtype)
+                velocity[noisy] = _project(self.track_head(s.head)[1], hidden[p.rows][noisy], s.domain)
+                velocities.append(velocity)
+        return velocities
 
     def track_head(self, name: str) -> tuple[nn.Module, nn.Module, torch.Tensor]:
         """The input projection, output projection and modality embedding of the track head `name`."""

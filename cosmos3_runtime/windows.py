@@ -45,7 +45,7 @@ class CFG:
         return self.scale if in_interval(self.interval, t) else 1.0
 
     def passes(self, t: float) -> list[tuple[list[int], list]]:
-        """(token ids, clean items before the video) of each forward pass."""
+        """(token ids, clean segments before the video) of each forward pass."""
         return [(self.cond, [])] + ([(self.uncond, [])] if self._scale(t) != 1.0 else [])
 
     def combine(self, t: float, outputs: list[list[torch.Tensor]]) -> list[torch.Tensor]:

@@ -183,7 +183,7 @@ def test_droid_server_layout(tiny_factory):
 
     def forward(model, latents, timestep, text, noisy_frames, fps, tracks, **kwargs):
         (action,) = tracks
-        seen.append((action.start_frame, list(action.noisy_frames), action.latents.clone()))
+        seen.append((action.start_frame, list(action.noisy), action.latents.clone()))
         return original(model, latents, timestep, text, noisy_frames, fps, tracks, **kwargs)
 
     type(pipe.transformer).forward = forward

@@ -131,8 +131,7 @@ def test_the_commit_is_a_clean_forward_not_the_last_steps_keys_and_values(chunkw
         noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(0))
         run.model(0.375 * latents + 0.625 * noise, torch.tensor(625.0), run.parts.denoiser.text_kv(run.cond_ids),
                   None, run.s.fps, hooks=replace(run.parts.denoiser.hooks, cache=self.cache, start_frame=start))
-        self.cache.append(torch.arange(start, start + latents.shape[2]).repeat_interleave(
-            self.cache.written // latents.shape[2]))
+        self.cache.append()
 
     monkeypatch.setattr(causal_run.KVHistory, "commit", noisy_commit)
     assert (rollout(chunkwise, 33).latents - kv.latents).abs().max() > 100 * TOL

@@ -19,7 +19,7 @@ from cosmos3_runtime.weights.local_fp8 import Fp8Linear, per_row_fp8, scaled_fp8
 from cosmos3_runtime.tiny import RELEASED
 from cosmos3_runtime import devices
 from cosmos3_runtime.devices import DeviceFacts
-from cosmos3_runtime.transformer import Cosmos3Transformer, TrackTokens, TransformerConfig, attention
+from cosmos3_runtime.transformer import Cosmos3Transformer, Segment, TransformerConfig, attention
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -202,8 +202,8 @@ def test_a_forward_runs_where_its_inputs_are_when_small_modules_stay_in_ram(tiny
     model = held_by_a_host(tiny_factory(kind=kind, **heads), quantize=quantize).transformer
     meta = torch.device("meta")
     assert model.layers[0].input_layernorm.weight.device.type == "cpu"
-    tracks = [TrackTokens("action", torch.randn(5, 64, device=meta), domain=3) if "action" in heads else
-              TrackTokens("sound", torch.randn(7, 16, device=meta))]
+    tracks = [Segment("action", torch.randn(5, 64, device=meta), domain=3) if "action" in heads else
+              Segment("sound", torch.randn(7, 16, device=meta))]
     with torch.inference_mode(), VirtualDevice() as virtual:
         text = model.encode_text(torch.arange(12), meta)
         out = model(torch.randn(1, 48, 2, 4, 6, device=meta), torch.tensor(900), text, tracks=tracks)
@@ -264,8 +264,8 @@ def test_a_virtual_gpu_runs_the_released_shapes(variant, size, precision):
         quantize_fp8(model)
     meta = torch.device("meta")
     w, h, f = size
-    tracks = [TrackTokens("action", torch.randn(16, 64, device=meta), domain=0)] if config.action_gen else \
-        [TrackTokens("sound", torch.randn(126, 64, device=meta))] if config.sound_gen else []
+    tracks = [Segment("action", torch.randn(16, 64, device=meta), domain=0)] if config.action_gen else \
+        [Segment("sound", torch.randn(126, 64, device=meta))] if config.sound_gen else []
     with torch.inference_mode(), VirtualDevice() as virtual:
         text = model.encode_text(torch.arange(300) % 1000, meta)
         out = model(torch.randn(1, 48, 1 + (f - 1) // 4, h // 16, w // 16, device=meta), torch.tensor(900), text,

@@ -115,10 +115,10 @@ def test_head_counts_not_divisible_by_the_sp_degree(tiny_gated):
 
 
 def test_action_under_sequence_parallelism_is_refused(tiny_factory):
-    from cosmos3_runtime.transformer import TrackTokens
+    from cosmos3_runtime.transformer import Segment
 
     model = load(tiny_factory(kind="edge", action=True), dtype="fp32").transformer
-    action = TrackTokens("action", torch.zeros(4, 64), domain=8)
+    action = Segment("action", torch.zeros(4, 64), domain=8)
     with pytest.raises(InputError, match="sound and action tracks do not run under sequence parallelism"):
         model(torch.randn(1, 48, 1, 4, 4), torch.tensor(500), model.encode_text(torch.arange(5)), tracks=[action],
               sp=FAKE_GROUP)

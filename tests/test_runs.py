@@ -66,7 +66,7 @@ def test_a_transfer_window_holds_its_controls_beside_the_video(pipe):
     run, plan = run_for(pipe, control_videos={"edge": clip(9), "depth": clip(9)})
     w = run.window(0)
     assert w.held is None and len(w.guidance.controls) == 2
-    assert tuple(w.guidance.controls[0].shape) == pipe.denoiser.latent_shape(w.settings)
+    assert tuple(w.guidance.controls[0].latents.shape) == pipe.denoiser.latent_shape(w.settings)
 
 
 def test_a_transfer_refuses_cfg_parallelism_before_any_step(pipe):

@@ -6,7 +6,7 @@ import torch
 
 import cosmos3_runtime
 from cosmos3_runtime.geometry import TEMPORAL_FACTOR
-from cosmos3_runtime.transformer import TrackTokens
+from cosmos3_runtime.transformer import Segment
 
 require("diffusers", minversion="0.42.1")
 import diffusers_reference as ref  # noqa: E402
@@ -68,8 +68,8 @@ def test_sound_and_action_heads_match_diffusers(models):
         _timestep(700),
         ours.encode_text(ids),
         noisy_frames=[1, 2],
-        tracks=[TrackTokens("sound", sound.t(), fps=ours.config.sound_latent_fps),
-                TrackTokens("action", action, list(range(1, 8)), base_temporal_factor=TEMPORAL_FACTOR, start_frame=1,
+        tracks=[Segment("sound", sound.t(), fps=ours.config.sound_latent_fps),
+                Segment("action", action, list(range(1, 8)), base_temporal_factor=TEMPORAL_FACTOR, start_frame=1,
                             domain=8)],
     )
     sound_v, action_v = got.tracks

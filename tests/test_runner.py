@@ -5,6 +5,7 @@ import inspect
 
 import pytest
 
+from cosmos3_runtime.errors import InputError
 from cosmos3_runtime.pipeline import Cosmos3Pipeline
 from cosmos3_runtime.runner import Runner
 from cosmos3_runtime.workers import WorkerPool
@@ -13,7 +14,13 @@ METHODS = [name for name, value in vars(Runner).items() if callable(value) and n
 
 
 def test_the_protocol_names_what_callers_use():
-    assert {"plan", "generate", "decode", "encode", "raw_latents"} <= set(METHODS)
+    assert {"plan", "generate", "session", "decode", "encode", "raw_latents"} <= set(METHODS)
+
+
+def test_the_worker_pool_refuses_a_session_by_name():
+    """A session's history lives between ticks in one process: the pool says so before it touches a worker."""
+    with pytest.raises(InputError, match="sessions run in one process: load the model on one GPU"):
+        WorkerPool.session(object.__new__(WorkerPool), "the robot folds a towel")
 
 
 @pytest.mark.parametrize("runner, local", [(Cosmos3Pipeline, True), (WorkerPool, False)])

@@ -84,7 +84,7 @@ class CausalSession:
         self.run = self.decoder = None  # the old history's memory goes first
         self.run = runs.Rollout(self.pipe.parts, self.plan.settings, self.plan.request, self.plan.cond_ids, None,
                                 open=True)
-        self.decoder = self.pipe.vae.decode_stream()
+        self.decoder = self.pipe.codec.decode_stream(self.run.fast)
         self.chunk_index, self.lost = 0, False
 
     def _resume(self) -> None:
@@ -103,7 +103,7 @@ class CausalSession:
                 extend(self.run)
                 pipe.denoiser.hooks = replace(pipe.transformer.hooks, block=DecoderLayer.media)
                 runs.execute(self.run, pipe.parts, int(self.plan.request.seed), callback, None, progress, None)
-                frames = image_frames(self.decoder(pipe.vae.denormalize(self.run.latents)).float())
+                frames = image_frames(self.decoder(self.run.latents).float())
                 if self.guardrails is not None:  # a blocked tick is a failed one
                     frames = self.guardrails.filter_frames(frames)
         except BaseException:

@@ -20,7 +20,7 @@ class Codec:
         self.vae, self.sound_tokenizer, self.device = vae, sound_tokenizer, device
         # told of every decode's pixels during a generation (its finite check), else None
         self.observe: Callable[[str, torch.dtype, torch.Tensor], None] | None = None
-        self.fast: dict[tuple[str, str], TinyDecoder] = {}  # fast decoders loaded, by (file, latent space)
+        self.fast: dict[tuple[str, str], TinyDecoder] = {}  # the fast decoder loaded, by (file, latent space)
 
     def vae_for(self, what: str) -> WanVAE:
         """The VAE, or a refusal naming `what` needs it."""
@@ -41,9 +41,9 @@ class Codec:
         return vae.normalize((stream or vae.encode)(pixels.to(self.device, vae.dtype))).float()
 
     def fast_decoder(self, path: str | None, latents: str = "auto") -> TinyDecoder | None:
-        """The tiny autoencoder's decoder in `path` (None: none, the VAE decodes), loaded once on this device (in the
-        VAE's dtype) and refused by name when the file is not one; `latents`: which latents it takes
-        (`tiny_decoder.latent_space_of`)."""
+        """The tiny autoencoder's decoder in `path` (None: none, the VAE decodes), loaded on this device (in the VAE's
+        dtype) and kept until another file is asked for, refused by name when the file is not one; `latents`: which
+        latents it takes (`tiny_decoder.latent_space_of`)."""
         if path is None:
             return None
         key = (str(path), latent_space_of(path, latents))
@@ -51,7 +51,7 @@ class Codec:
             if key[1] == "raw":
                 self.vae_for(f"the fast decoder {key[0]} (it takes the VAE's raw latents)")
             dtype = self.vae.dtype if self.vae is not None else torch.float32
-            self.fast[key] = TinyDecoder.load(path, key[1], self.device, dtype)
+            self.fast = {key: TinyDecoder.load(path, key[1], self.device, dtype)}
         return self.fast[key]
 
     def _in_space_of(self, fast: TinyDecoder, z: torch.Tensor, raw: bool) -> torch.Tensor:

@@ -42,3 +42,13 @@ def write(path: Path, state: dict[str, torch.Tensor] | None = None, **options) -
     else:
         torch.save(state, path)
     return path
+
+
+if __name__ == "__main__":  # a random file to try the fast decoder with (docs/causal.md)
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a Wan 2.2 tiny autoencoder file in its published layout with "
+                                                 "random weights (for trying: its frames mean nothing)")
+    parser.add_argument("path", type=Path, help="a .safetensors or .pth file; named lighttae* it takes raw latents")
+    args = parser.parse_args()
+    print(f"wrote {write(args.path)}")

@@ -210,6 +210,7 @@ class CausalRun(Run):
             raise InputError("a causal rollout runs on one process; turn sequence and CFG parallelism off")
         vae = parts.codec.vae_for("a causal rollout (it encodes its first frame or control clip and decodes the clip)")
         self.parts, self.s, self.r, self.cond_ids, self.open = parts, s, r, cond_ids, open
+        self.fast = parts.codec.fast_decoder(r.fast_decoder, r.fast_decoder_latents)  # loaded (or refused) first
         self.plan: causal.Rollout = s.kind.rollout
         self.model = parts.denoiser.transformer
         self.tokens = math.prod(-(-n // self.model.config.latent_patch_size) for n in latent_size(s.height, s.width))
@@ -264,7 +265,7 @@ class CausalRun(Run):
             if not self.open and self.r.output == "frames":
                 self.history = None  # its memory goes back before the whole clip is decoded
                 self.frames = self.parts.codec.decode(self.latents, tile=self.r.vae_tile,
-                                                      progress=stage(progress, "decode"))
+                                                      progress=stage(progress, "decode"), fast=self.fast)
 
     @property
     def result(self) -> Generation:

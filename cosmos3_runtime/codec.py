@@ -9,7 +9,10 @@ import torch
 
 from .errors import InputError
 from .sound import SoundTokenizer
-from .vae import DecodeStream, EncodeStream, Progress, TileSpec, WanVAE, image_frames
+from .tiny_decoder import TinyDecoder, latent_space_of
+from .vae import EncodeStream, Progress, TileSpec, WanVAE, image_frames
+
+Pixels = Callable[[torch.Tensor], torch.Tensor]  # a clip's next normalized latents -> their pixels in [-1, 1]
 
 
 class Codec:
@@ -17,6 +20,7 @@ class Codec:
         self.vae, self.sound_tokenizer, self.device = vae, sound_tokenizer, device
         # told of every decode's pixels during a generation (its finite check), else None
         self.observe: Callable[[str, torch.dtype, torch.Tensor], None] | None = None
+        self.fast: dict[tuple[str, str], TinyDecoder] = {}  # the fast decoder loaded, by (file, latent space)
 
     def vae_for(self, what: str) -> WanVAE:
         """The VAE, or a refusal naming `what` needs it."""
@@ -25,7 +29,7 @@ class Codec:
         return self.vae
 
     def to(self, device: torch.device) -> None:
-        for part in (self.vae, self.sound_tokenizer):
+        for part in (self.vae, self.sound_tokenizer, *self.fast.values()):
             if part is not None:
                 part.to(device)
         self.device = device
@@ -36,18 +40,60 @@ class Codec:
         vae = self.vae_for("encoding frames")
         return vae.normalize((stream or vae.encode)(pixels.to(self.device, vae.dtype))).float()
 
+    def fast_decoder(self, path: str | None, latents: str = "auto") -> TinyDecoder | None:
+        """The tiny autoencoder's decoder in `path` (None: none, the VAE decodes), loaded on this device (in the VAE's
+        dtype) and kept until another file is asked for, refused by name when the file is not one; `latents`: which
+        latents it takes (`tiny_decoder.latent_space_of`)."""
+        if path is None:
+            return None
+        key = (str(path), latent_space_of(path, latents))
+        if key not in self.fast:
+            if key[1] == "raw":
+                self.vae_for(f"the fast decoder {key[0]} (it takes the VAE's raw latents)")
+            dtype = self.vae.dtype if self.vae is not None else torch.float32
+            self.fast = {key: TinyDecoder.load(path, key[1], self.device, dtype)}
+        return self.fast[key]
+
+    def _in_space_of(self, fast: TinyDecoder, z: torch.Tensor, raw: bool) -> torch.Tensor:
+        """Latents (normalized, or with `raw` the VAE's own) in the space `fast` takes."""
+        if raw == (fast.latent_space == "raw"):
+            return z
+        vae = self.vae_for("the fast decoder's latents")
+        return vae.normalize(z) if raw else vae.denormalize(z)
+
     def decode_pixels(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
-                      raw: bool = False, stream: DecodeStream | None = None) -> torch.Tensor:
+                      raw: bool = False, fast: TinyDecoder | None = None, stream: Pixels | None = None
+                      ) -> torch.Tensor:
         """Latents [1, 48, T, h, w] (normalized, or with `raw` the VAE's own) -> pixels [1, 3, F, H, W] in [-1, 1],
-        float32 on the device. `progress(done, total)` runs after every latent frame of every tile. Through `stream`
-        (`WanVAE.decode_stream`, untiled), the frames after those it has decoded."""
-        vae = self.vae_for("decoding")
+        float32 on the device, by the VAE or the `fast` decoder (`fast_decoder`; no tiles). `progress(done, total)`
+        runs after every latent frame of every tile. Through `stream` (`decode_stream(fast)`; normalized latents,
+        untiled), the frames after those it has decoded."""
         z = latents.to(self.device)
-        z = z if raw else vae.denormalize(z)
-        pixels = vae.decode(z, tile=tile, progress=progress) if stream is None else stream(z, progress)
+        if fast is not None:
+            part, dtype = "the fast decoder", fast.dtype
+        else:
+            vae = self.vae_for("decoding")
+            part, dtype = "the VAE decoder", vae.dtype
+        if stream is not None:
+            pixels = stream(z)
+        elif fast is not None:
+            pixels = fast.decode(self._in_space_of(fast, z, raw), progress)
+        else:
+            pixels = vae.decode(z if raw else vae.denormalize(z), tile=tile, progress=progress)
         if self.observe is not None:
-            self.observe("the VAE decoder", vae.dtype, pixels)
+            self.observe(part, dtype, pixels)
         return pixels.float()
+
+    def decode_stream(self, fast: TinyDecoder | None = None) -> Pixels:
+        """A decode fed a clip's normalized latents a few frames at a time, as a causal session makes them, by the VAE
+        (`DecodeStream`) or the `fast` decoder: pixels [1, 3, F, H, W] in [-1, 1], the pieces joined equal to one
+        decode of the whole clip."""
+        if fast is not None:
+            stream = fast.stream()
+            return lambda latents: stream(self._in_space_of(fast, latents, raw=False))
+        vae = self.vae_for("decoding")
+        stream = vae.decode_stream()
+        return lambda latents: stream(vae.denormalize(latents))
 
     @torch.inference_mode()
     def encode(self, frames: torch.Tensor, progress: Progress | None = None, raw: bool = False) -> torch.Tensor:
@@ -61,9 +107,9 @@ class Codec:
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor, tile: TileSpec | None = None, progress: Progress | None = None,
-               raw: bool = False) -> torch.Tensor:
+               raw: bool = False, fast: TinyDecoder | None = None) -> torch.Tensor:
         """Latents [1, 48, T, h, w] -> frames [F, H, W, 3] float32 in 0..1 on the CPU (`decode_pixels`)."""
-        return image_frames(self.decode_pixels(latents, tile, progress, raw))
+        return image_frames(self.decode_pixels(latents, tile, progress, raw, fast))
 
     @torch.inference_mode()
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:

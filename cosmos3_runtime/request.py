@@ -16,6 +16,7 @@ from typing import Any
 from .errors import InputError
 from .geometry import SPATIAL_FACTOR
 from .sound import as_audio
+from .tiny_decoder import LATENT_SPACES
 from .transfer import canonical
 from .vae import TileSpec
 
@@ -141,6 +142,14 @@ class Request:
     output: str = option("frames", "frames (decoded) or latents (no VAE decode)", cli=False)
     vae_tile: Any = option(None, "decode in tiles of this many latents, overlap a quarter (0: no tiling)",
                            flag="--tile", type=int)
+    fast_decoder: str | None = option(None, "decode the frames with the Wan 2.2 tiny autoencoder in this file "
+                                      "(taew2_2 or lighttaew2_2, .safetensors or .pth, as ComfyUI's models/vae_approx "
+                                      "holds them) instead of the VAE: many times faster, softer detail; not for long "
+                                      "videos or transfers, which encode each chunk's frames again")
+    fast_decoder_latents: str = option("auto", "the latents the fast decoder's file takes: auto (by its name: "
+                                       "lighttae* the VAE's raw latents, as lightx2v decodes them; others the "
+                                       "model's normalized latents, as TAEHV's), normalized or raw",
+                                       choices=LATENT_SPACES)
     action: Any = option(None, "an ActionRequest: policy, forward or inverse dynamics (checkpoints with an action "
                          "head); it sets the frame count, size and conditioning", cli=False)
     sound: bool = option(False, "generate the sound track with the video (checkpoints with a sound head and a sound "
@@ -227,9 +236,14 @@ class Request:
         set_(self, "audio", as_audio(self.audio))
         for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS),
                               ("cache", CACHES), ("causal_cache", CAUSAL_CACHES), ("causal_seeds", CAUSAL_SEEDS),
-                              ("causal_history", CAUSAL_HISTORY)):
+                              ("causal_history", CAUSAL_HISTORY), ("fast_decoder_latents", LATENT_SPACES)):
             if getattr(self, name) not in choices:
                 raise InputError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        if self.fast_decoder is not None:
+            set_(self, "fast_decoder", str(self.fast_decoder))
+            if self.vae_tile is not None:
+                raise InputError("vae_tile tiles the VAE's decode; the fast decoder decodes whole frames in little "
+                                 "memory: give one of them")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
             raise InputError(f"negative_prompt must be a string, got {type(self.negative_prompt).__name__}")
         for name in ("width", "height"):

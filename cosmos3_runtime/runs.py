@@ -42,6 +42,7 @@ class Single(Run):
         self.parts, self.s, self.r = parts, s, r
         self.guidance = CFG(cond_ids, uncond_ids, s.guidance_scale, s.guidance_interval)
         self.result: Generation | None = None
+        self.fast = parts.codec.fast_decoder(r.fast_decoder, r.fast_decoder_latents)  # loaded (or refused) first
 
     def window(self, k: int) -> Window:
         held = held_for(self.parts.codec, self.s, self.r, self.parts.denoiser.latent_shape(self.s))
@@ -53,7 +54,8 @@ class Single(Run):
     def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
         frames = None
         if self.r.output == "frames":
-            frames = self.parts.codec.decode(latents, tile=self.r.vae_tile, progress=stage(progress, "decode"))
+            frames = self.parts.codec.decode(latents, tile=self.r.vae_tile, progress=stage(progress, "decode"),
+                                             fast=self.fast)
         self.result = Generation(latents.cpu(), frames, self.s)
         for track in tracks:
             self.result = replace(self.result, **track.finish(self.parts, self.s, self.r))
@@ -65,6 +67,10 @@ class Chunked(Run):
 
     def __init__(self, parts: Parts, s: Settings, r: Request, p: chunks.Chunks, what: str, frames_out: bool):
         parts.codec.vae_for(what)
+        if r.fast_decoder is not None:
+            raise InputError("the fast decoder decodes one-window runs and causal rollouts; a long video or a "
+                             "transfer starts each chunk from the last one's frames, encoded again, which the VAE "
+                             "decodes: leave fast_decoder unset")
         self.parts, self.s, self.r, self.chunks, self.count, self.chunked = parts, s, r, p, p.count, True
         self.frames = chunks.Stitched(p, s.height, s.width) if frames_out else None
         self.previous: torch.Tensor | None = None  # the decoded frames the next chunk starts from

@@ -88,7 +88,7 @@ class CausalSession:
         self.run = self.decoder = None  # the old history's memory goes first
         p = self.plan
         self.run = CausalRun(self.parts, p.settings, p.request, p.cond_ids, p.uncond_ids, None, open=True)
-        self.decoder = self.parts.codec.vae_for("a session").decode_stream()
+        self.decoder = self.parts.codec.decode_stream(self.run.fast)
         self.chunk_index, self.lost = 0, False
 
     def _resume(self) -> None:
@@ -105,7 +105,8 @@ class CausalSession:
             with running(self.parts, self.plan.settings, DecoderLayer.media, interrupt, self.guardrails) as guarded:
                 extend(self.run)
                 runs.execute(self.run, self.parts, int(self.plan.request.seed), callback, None, progress, None)
-                frames = guarded(image_frames(self.parts.codec.decode_pixels(self.run.latents, stream=self.decoder)))
+                frames = guarded(image_frames(self.parts.codec.decode_pixels(self.run.latents, fast=self.run.fast,
+                                                                             stream=self.decoder)))
         except BaseException:
             self.run = self.decoder = None  # freed now, rebuilt by the next tick (not while this error holds them)
             self.lost = True

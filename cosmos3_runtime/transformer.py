@@ -332,8 +332,10 @@ class MoTAttention(nn.Module):
             k, v = shards.to_heads(k)[: shards.tokens], shards.to_heads(v)[: shards.tokens]
             text_k, text_v = shards.my_heads(text_k), shards.my_heads(text_v)
         if history is not None:
-            k, v = history.update(k, v)
-        out = (attend or self.media_attention or attention)(q, torch.cat([text_k, k]), torch.cat([text_v, v]))
+            k, v = history.update(k, v, text_k, text_v)
+        else:
+            k, v = torch.cat([text_k, k]), torch.cat([text_v, v])
+        out = (attend or self.media_attention or attention)(q, k, v)
         if shards is not None:
             out = shards.to_tokens(out.view(out.shape[0], -1, self.head_dim)).flatten(1)
         return self.to_add_out(out)
@@ -472,35 +474,49 @@ class Velocity:
 @dataclass(frozen=True)
 class LayerKV:
     """One layer's view of a `MediaKV` in one forward: the layer's key and value rows [rows, K, D], the first `held`
-    of them earlier forwards'."""
+    of them earlier forwards', and the buffers [text_rows + rows, K, D] attention reads them from, the prompt's `text`
+    rows right before the history."""
 
     keys: torch.Tensor
     values: torch.Tensor
     held: int
+    buffers: tuple[torch.Tensor, torch.Tensor]  # the cache's own slabs (`in_place`) or the workspace the layers share
+    text_rows: int
+    text: int
+    in_place: bool
     scales: torch.Tensor | None = None  # an fp8 cache's: [rows, 2, K, 1] float32, the keys' then the values'
     zeroed: slice | None = None  # this forward's rows whose values are zero (`Segment.zeroed`)
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this forward's k, v [n, K, D] after the held rows -> the held and the written rows, where k is (views
-        where the cache lives there; a cache kept in CPU memory brings this layer's rows to the device now; an fp8
-        cache's held rows come back dequantized, this forward's as they are)."""
+    def update(self, k: torch.Tensor, v: torch.Tensor, text_k: torch.Tensor,
+               text_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's k, v [n, K, D] after the held rows -> [text ; held ; written] keys and values, views
+        of one buffer each, so attention reads the history where it is: the cache's own slab where it lives on k's
+        device as it is (its text written once per prompt by `MediaKV.views`); else the workspace, which gets this
+        layer's text, its held rows brought to the device (a cache in CPU memory) or dequantized (fp8), and k, v."""
         if self.zeroed is not None:
             v = v.clone()
             v[self.zeroed] = 0
         end = self.held + k.shape[0]
-        if self.scales is None:
+        first, last = self.text_rows - self.text, self.text_rows + end
+        if self.in_place:
             self.keys[self.held : end] = k
             self.values[self.held : end] = v
-            # blocking: a later eviction rewrites these rows in place
-            return self.keys[:end].to(k.device), self.values[:end].to(v.device)
-        held = []
-        for i, (store, new) in enumerate(((self.keys, k), (self.values, v))):
-            scale = new.detach().abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-            store[self.held : end] = (new.float() / scale).to(FP8).view(torch.uint8).to(store.device)
-            self.scales[self.held : end, i] = scale.to(self.scales.device)
-            old = store[: self.held].to(new.device).view(FP8).to(new.dtype)  # e4m3 values are exact in bf16
-            held.append(torch.cat([old * self.scales[: self.held, i].to(new.device, new.dtype), new]))
-        return held[0], held[1]
+            return self.buffers[0][first:last], self.buffers[1][first:last]
+        for i, (buffer, store, text, new) in enumerate(zip(self.buffers, (self.keys, self.values), (text_k, text_v),
+                                                            (k, v))):
+            buffer[first : self.text_rows] = text
+            held = buffer[self.text_rows : self.text_rows + self.held]
+            if self.scales is None:
+                store[self.held : end] = new
+                held.copy_(store[: self.held])  # blocking: a later eviction rewrites these rows in place
+            else:
+                scale = new.detach().abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+                store[self.held : end] = (new.float() / scale).to(FP8).view(torch.uint8).to(store.device)
+                self.scales[self.held : end, i] = scale.to(self.scales.device)
+                old = store[: self.held].to(new.device).view(FP8).to(new.dtype)  # e4m3 values are exact in bf16
+                torch.mul(old, self.scales[: self.held, i].to(new.device, new.dtype), out=held)
+            buffer[self.text_rows + self.held : last] = new
+        return self.buffers[0][first:last], self.buffers[1][first:last]
 
 
 class MediaKV:
@@ -512,8 +528,13 @@ class MediaKV:
     them, each row under its latent frame (`MediaTokens.frames`). Keys are stored with their rotary positions
     applied, so every row keeps the absolute position it was written at, and since no mask orders the keys, `evict`
     fills the rows it frees with the latest rows instead of shifting the history. Not under sequence parallelism.
-    Kept on the CPU (`device` "cpu" beside a GPU's forwards: pinned memory), each layer's rows come to the forward's
-    device as the layer runs.
+
+    Attention reads [text ; held ; own] as one view, never a concatenated copy (per layer per forward that copy was
+    the whole history: ~311 GB a Sim-Transfer chunk at 150 held latent frames). On the forwards' device and not fp8,
+    each layer's slab holds the prompt's text K/V right before its history (`slabs`; `keys` and `values` are the
+    history's rows of them). Kept on the CPU (`device` "cpu" beside a GPU's forwards: pinned memory) or in fp8, each
+    layer's rows come to the forward's device, or are dequantized, as the layer runs, into a workspace the layers
+    share, after the layer's text.
     """
 
     def __init__(self, config: TransformerConfig, rows: int, dtype: torch.dtype, device: torch.device,
@@ -526,20 +547,57 @@ class MediaKV:
         self.scales = torch.zeros((L, rows, 2, K, 1), device=device, pin_memory=pinned) if fp8 else None
         self.frames = torch.zeros(0, dtype=torch.long)  # the latent frame of each held row, on the host
         self.written = torch.zeros(0, dtype=torch.long)  # the latent frame of each row the last forward wrote
+        self.dtype = dtype
+        self.slabs = (self.keys, self.values)  # [L, text_rows + rows, K, D]: room for text_rows before the history
+        self.text_rows = 0
+        self.text: TextKV | None = None  # the prompt whose K/V the slabs hold
+        self.workspace: tuple[torch.Tensor, torch.Tensor] | None = None  # [text_rows + rows, K, D] each
 
     @property
     def held(self) -> int:
         return self.frames.numel()
 
-    def views(self, seq: "MediaTokens") -> list[LayerKV]:
-        """Every layer's view for a forward over `seq`."""
+    def views(self, seq: "MediaTokens", text: TextKV) -> list[LayerKV]:
+        """Every layer's view for a forward over `seq` after `text`."""
         tokens = seq.hidden.shape[0]
         if self.held + tokens > self.keys.shape[1]:
             raise InputError(f"the media K/V cache has {self.keys.shape[1]} rows: the {self.held} held and a forward's "
                              f"{tokens} do not fit; evict frames first, or make it larger")
         self.written = seq.frames()
+        in_place = self.scales is None and self.keys.device == seq.hidden.device
+        if text.length > self.text_rows:
+            self._make_text_rows(text.length, in_place)
+        if in_place and text is not self.text:  # a new prompt: its K/V written once, before the history
+            for slab, rows in zip(self.slabs, (text.keys, text.values)):
+                for layer, r in zip(slab, rows):
+                    layer[self.text_rows - text.length : self.text_rows] = r
+            self.text = text
+        if not in_place and (self.workspace is None or self.workspace[0].device != seq.hidden.device):
+            shape = (self.text_rows + self.keys.shape[1], *self.keys.shape[2:])
+            self.workspace = tuple(torch.empty(shape, dtype=self.dtype, device=seq.hidden.device) for _ in range(2))
+        buffers = zip(*self.slabs) if in_place else [self.workspace] * len(self.keys)
         scales = [None] * len(self.keys) if self.scales is None else self.scales
-        return [LayerKV(k, v, self.held, s, seq.zeroed) for k, v, s in zip(self.keys, self.values, scales)]
+        return [LayerKV(k, v, self.held, b, self.text_rows, text.length, in_place, s, seq.zeroed)
+                for k, v, b, s in zip(self.keys, self.values, buffers, scales)]
+
+    def _make_text_rows(self, rows: int, in_place: bool) -> None:
+        """Room for a prompt of `rows` tokens before the history: the slabs remade, the held rows kept (where none
+        are held, the old slab goes first); a workspace is remade at its next use."""
+        self.text_rows, self.text, self.workspace = rows, None, None
+        if not in_place:
+            return
+        history, device = self.keys.shape[1], self.keys.device
+        slabs, self.slabs = [], ()
+        for name in ("keys", "values"):
+            held = getattr(self, name)[:, : self.held] if self.held else None  # none held: the old slab goes first
+            L, _, K, D = getattr(self, name).shape
+            setattr(self, name, None)
+            slab = torch.zeros((L, rows + history, K, D), dtype=self.dtype, device=device)
+            if held is not None:
+                slab[:, rows : rows + self.held] = held
+            slabs.append(slab)
+            setattr(self, name, slab[:, rows:])
+        self.slabs = tuple(slabs)
 
     def append(self) -> None:
         """Keep what the last forward wrote."""
@@ -798,7 +856,7 @@ class Cosmos3Transformer(nn.Module):
                              "them: a causal rollout's forwards")
 
         def run(hidden: torch.Tensor) -> torch.Tensor:
-            history = [None] * len(self.layers) if hooks.cache is None else hooks.cache.views(seq)
+            history = [None] * len(self.layers) if hooks.cache is None else hooks.cache.views(seq, text)
             for i, (layer, k, v, held) in enumerate(zip(self.layers, text.keys, text.values, history)):
                 cancel.check()
                 if hooks.layer is not None:

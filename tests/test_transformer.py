@@ -105,3 +105,29 @@ def test_a_forward_the_cache_cannot_hold_is_refused(model, inputs):
         model(latents[:, :, 2:4], torch.tensor(700), text, hooks=hooks)
     with pytest.raises(ValueError, match="wrote 0 rows"):
         cache.append()
+
+
+def test_attention_reads_the_text_and_the_history_in_place(model, inputs):
+    """Every layer's attention gets its keys and values as views of the cache's own slab, [text ; held ; this
+    forward's], not a concatenated copy; a longer prompt later makes room for its text and keeps the held rows: the
+    forward after it equals one over a cache that had the room from the start, bit for bit."""
+    text, latents = inputs
+    longer = model.encode_text(torch.arange(14) % 500)
+    seen = []
+
+    def attend(q, k, v):
+        seen.append(all(t.untyped_storage().data_ptr() in slabs for t in (k, v)))
+        return cosmos3_runtime.transformer.attention(q, k, v)
+
+    grown = MediaKV(model.config, 8 * TOKENS, torch.float32, torch.device("cpu"))
+    hooks = rollout(model, latents, text, [(0, 2), (2, 4)], grown)
+    slabs = {t.untyped_storage().data_ptr() for t in grown.slabs}
+    model(latents[:, :, 4:], torch.tensor(700), text, None, FPS, hooks=replace(hooks, start_frame=4, attention=attend))
+    assert len(seen) == model.config.num_hidden_layers and all(seen)
+
+    roomy = MediaKV(model.config, 8 * TOKENS, torch.float32, torch.device("cpu"))
+    model(latents[:, :, :2], torch.tensor(0), longer, [], FPS, hooks=replace(model.hooks, cache=roomy))  # not kept
+    rollout(model, latents, text, [(0, 2), (2, 4)], roomy)
+    after = [model(latents[:, :, 4:], torch.tensor(700), longer, None, FPS,
+                   hooks=replace(model.hooks, cache=cache, start_frame=4)).vision for cache in (grown, roomy)]
+    assert grown.text_rows == roomy.text_rows == longer.length and torch.equal(*after)

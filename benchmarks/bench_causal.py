@@ -10,6 +10,10 @@ frames, and what a chunk costs at Cosmos3-Nano's released shape.
 2. Computed, no device: FLOPs of one chunk at Nano's released shape, 832x480, window full (the four denoising forwards
    over [text | history | control chunk | itself] and the commits), counted on the meta device, and the real-time
    factor that implies on one H200 at its dense bf16 peak (989 TFLOP/s; a real run reaches a fraction of it).
+3. Counted, no device: the bytes one such chunk copies (`cat` and `copy_`, read and written) with 150 latent frames of
+   history held on the device, and how much of that the history adds to an empty one: attention reads the held keys
+   and values where they are, so the history adds nothing (its frame index on the host aside); what `copy_` copies is
+   the chunk's own K/V rows written into the cache, what `cat` copies RoPE's rotation.
 
     python benchmarks/bench_causal.py [--chunks 20 --size 256]
 """
@@ -19,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,9 +31,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cosmos3_runtime  # noqa: E402
-from cosmos3_runtime import timing  # noqa: E402
+from cosmos3_runtime import devices, timing  # noqa: E402
+from cosmos3_runtime.devices import DeviceFacts  # noqa: E402
 from cosmos3_runtime.tiny import RELEASED, make_tiny_checkpoint, sim_transfer_block  # noqa: E402
-from cosmos3_runtime.transformer import TransformerConfig  # noqa: E402
+from cosmos3_runtime.transformer import Cosmos3Transformer, MediaKV, TransformerConfig  # noqa: E402
+from bench_roofline import Counts, counted_attention  # noqa: E402
 
 H200_BF16 = 989e12  # dense bf16 FLOP/s, NVIDIA's H200 datasheet
 
@@ -71,6 +78,42 @@ def flops_per_chunk(window: int, chunk: int, text_tokens: int = 300) -> float:
     commits = chunk * timing.forward_flops(config, (1, 30, 52), text_tokens + history + chunk * tokens, 0,
                                            torch.bfloat16)
     return 4 * forward + control + commits
+
+
+COPY_OPS = ("cat", "copy_")
+
+
+def copied_bytes_per_chunk(variant: str, chunk: int, held_frames: int, text_tokens: int = 300) -> dict[str, int]:
+    """The bytes a chunk at 832x480 copies (`COPY_OPS`, read and written: `BytesMoved`) with `held_frames` latent
+    frames of Sim-Transfer history (control and RGB rows) held on the device, counted on the meta device in bf16: the
+    control commit, four denoising forwards and a commit a frame, as `flops_per_chunk` counts them; the prompt's text
+    K/V already placed (once per prompt)."""
+    config = TransformerConfig(**RELEASED[variant])
+    meta = torch.device("meta")
+    devices.remember(meta, DeviceFacts("cuda", (9, 0)))
+    with meta:
+        model = Cosmos3Transformer(config).to(torch.bfloat16)
+    tokens = 26 * 15
+    cache = MediaKV(config, (2 * held_frames + 2 * chunk) * tokens, torch.bfloat16, meta)
+    cache.frames = torch.arange(2 * held_frames).repeat_interleave(tokens)
+    counts = Counts()
+
+    def forward(frames: int, start: int, keep: bool) -> None:
+        latents = torch.empty(1, config.latent_channel, frames, 30, 52, device=meta)
+        model(latents, torch.tensor(900), text, None, hooks=replace(model.hooks, cache=cache, start_frame=start))
+        if keep:
+            cache.append()
+
+    with torch.inference_mode(), counted_attention(counts):
+        text = model.encode_text(torch.zeros(text_tokens, dtype=torch.long), meta)
+        forward(chunk, 2 * held_frames, False)  # the prompt's first forward places its text K/V
+        with counts:
+            forward(chunk, 2 * held_frames, True)  # the control chunk's commit
+            for _ in range(4):
+                forward(chunk, 2 * held_frames + chunk, False)
+            for f in range(chunk):
+                forward(1, 2 * held_frames + chunk + f, True)
+    return {op: counts.by_op.get(op, [0, 0])[1] for op in COPY_OPS}
 
 
 def main() -> None:
@@ -121,6 +164,11 @@ def main() -> None:
         print(f"Nano at 832x480, {what}: {f / 1e12:.1f} TFLOP a chunk of {chunk} latent frame(s) = {4 * chunk} "
               f"frames; at the H200's dense bf16 peak {seconds * 1e3:.0f} ms, {clip_seconds / seconds:.2f}x real time "
               f"at 30 fps (an upper bound: real runs reach a fraction of the peak)")
+    for chunk, what in ((4, "chunkwise"), (1, "framewise")):
+        held, empty = copied_bytes_per_chunk("nano", chunk, 150), copied_bytes_per_chunk("nano", chunk, 0)
+        print(f"Nano at 832x480, {what}, 150 latent frames of history held on the device: copied a chunk (read and "
+              f"written) cat {held['cat'] / 1e9:.2f} GB, copy_ {held['copy_'] / 1e9:.2f} GB; the history adds "
+              f"{(sum(held.values()) - sum(empty.values())) / 1e9:.3f} GB to an empty one's")
 
 
 if __name__ == "__main__":

@@ -341,6 +341,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3CoreTextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template",
                                   "duration_template", "json_captions", "fps"],
         "Cosmos3ConditionFrames": ["condition_frames"],
+        "Cosmos3CoreSimControl": [],
         "Cosmos3LoraLoader": ["lora_name", "strength"],
         "Cosmos3EdgeControl": ["derive"],
         "Cosmos3BlurControl": ["derive"],

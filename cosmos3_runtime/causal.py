@@ -212,7 +212,15 @@ def seed_sglang(seed: int, chunk_start: int, step: int | None) -> int:
     return seed + chunk_start if step is None else seed + chunk_start * 1_000_003 + step * 9_176
 
 
-SEEDS = {"framework": seed_framework, "sglang": seed_sglang}
+def seed_comfyui(seed: int, chunk_start: int, step: int | None) -> int:
+    """ComfyUI's SamplerARVideo (`sample_ar_video`): step k of block b re-noises from seed + b·1 000 + k, its blocks a
+    framewise rollout's chunks (b the chunk's start frame); the first noise is the clip's, drawn once from the seed
+    as ComfyUI's noise nodes draw it (`CLIP_NOISE`), each chunk its frames of it."""
+    return seed if step is None else seed + chunk_start * 1000 + step
+
+
+SEEDS = {"framework": seed_framework, "sglang": seed_sglang, "comfyui": seed_comfyui}
+CLIP_NOISE = {"comfyui"}  # formulas whose chunks start from their frames of one noise over the clip
 
 
 def canvas_for(height: int, width: int) -> tuple[int, int]:

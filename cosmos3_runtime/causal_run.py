@@ -222,6 +222,13 @@ class CausalRun(Run):
             self.conditioner = Conditioner()
         self.history = KVHistory(self) if self.plan.mode == "kv" else Recompute(self)
         self.seed, self.seeds = int(r.seed), causal.SEEDS[self.plan.seeds]
+        self.clip_noise = None  # a formula's one noise over the clip (`causal.CLIP_NOISE`), drawn as ComfyUI draws it
+        if self.plan.seeds in causal.CLIP_NOISE:
+            if open:
+                raise InputError(f"causal_seeds {self.plan.seeds!r} draws the first noise over the whole clip, which a "
+                                 "session does not know ahead; give framework, sglang or auto")
+            generator = torch.Generator("cpu").manual_seed(self.seeds(self.seed, 0, None))
+            self.clip_noise = parts.denoiser.start_latents(parts.denoiser.latent_shape(s), generator, None)
         # the chunks known: a batch's, or a session's so far (its history is sized for the planned run's)
         self.chunks = self.plan.chunks[: self.conditioner.first] if open else self.plan.chunks
         self.done = self.conditioner.first  # chunks run so far
@@ -249,7 +256,8 @@ class CausalRun(Run):
         frames = pixel_frames(end) if start == 0 else TEMPORAL_FACTOR * (end - start)  # latent frame 0 holds one
         chunk = replace(self.s, kind=kinds.SINGLE, num_frames=frames)
         noise = torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, None))
-        return Window(chunk, None, CFG(self.cond_ids, self.cond_ids, 1.0, None), noise,
+        first = None if self.clip_noise is None else self.clip_noise[:, :, start:end]
+        return Window(chunk, None, CFG(self.cond_ids, self.cond_ids, 1.0, None), noise, first,
                       lambda i: torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, i)),
                       self.history.window(self, start, end))
 
@@ -270,3 +278,45 @@ class CausalRun(Run):
     @property
     def result(self) -> Generation:
         return Generation(self.latents.cpu(), self.frames, self.s)
+
+
+class HostBlocks:
+    """A batch rollout whose steps a host's block sampler takes (ComfyUI's SamplerARVideo, `sample_ar_video`): it
+    calls `forward` for each step of a block, then once at sigma 0 with the denoised block, which commits it. The
+    history is the run's own (`KVHistory`: its window, sinks, control frames); the host's cache is a dict whose
+    `end` it counts in frames x ceil(h/2) x ceil(w/2) rows, each forward adding its block's and the sampler taking
+    them back after every forward but the commit: here only counted and checked, so a cache handled otherwise is
+    refused instead of silently diverging."""
+
+    def __init__(self, run: CausalRun):
+        if not isinstance(run.history, KVHistory):
+            raise InputError("a host's block sampler drives the K/V history: causal_cache 'kv'")
+        self.run, self.block, self.inputs = run, None, None
+
+    def forward(self, x: torch.Tensor, timestep: torch.Tensor, cache: dict, start: int) -> torch.Tensor:
+        """One forward over the block at latent frame `start` -> its velocity (at sigma 0: the commit, zeros)."""
+        run, end = self.run, start + x.shape[2]
+        rows = math.prod(-(-n // 2) for n in x.shape[3:])  # the sampler's rows per frame (not the history's)
+        if cache.get("end") != start * rows:
+            raise InputError(f"the Cosmos3 causal cache holds {cache.get('end')} rows at latent frame {start}, not the "
+                             f"{start * rows} SamplerARVideo keeps: sample this MODEL with SamplerARVideo")
+        if (start, end) not in run.chunks[run.conditioner.first :]:
+            size = run.plan.config.chunk_size
+            if size > 1 and run.conditioner.opening is None:
+                raise InputError(f"this chunkwise Sim-Transfer checkpoint rolls out latent frame 0 alone, then {size} "
+                                 "at a time, which SamplerARVideo's equal blocks cannot give: sample it with Cosmos3 "
+                                 "Sim-Transfer Sampler")
+            raise InputError(f"SamplerARVideo gave latent frames [{start}, {end}); this checkpoint was trained on "
+                             f"chunks of {size} latent frame(s) after frame 0: set num_frame_per_block to {size}")
+        if self.block != start:  # the block's first forward: its history evicted, its control frames committed
+            self.block, self.inputs = start, run.history.window(run, start, end)
+        if not bool(timestep.any()):  # sigma 0: the clean block, committed (the sampler keeps its input)
+            run.history.keep(run, x, start, end, False)
+            velocity = torch.zeros_like(x)
+        else:
+            denoiser, inputs = run.parts.denoiser, self.inputs
+            hooks = replace(denoiser.hooks, cache=inputs.cache, start_frame=start, attention=inputs.attention)
+            velocity = run.model(x, timestep, denoiser.text_kv(run.cond_ids), list(range(x.shape[2])), run.s.fps,
+                                 list(inputs.conditions), hooks=hooks).vision
+        cache["end"] += x.shape[2] * rows
+        return velocity

@@ -26,7 +26,7 @@ PRECISION_POLICIES = ("checkpoint", "on", "off")
 OUTPUTS = ("frames", "latents")
 KEEP = ("first", "last")
 CAUSAL_CACHES = ("kv", "recompute")
-CAUSAL_SEEDS = ("auto", "framework", "sglang")
+CAUSAL_SEEDS = ("auto", "framework", "sglang", "comfyui")
 CAUSAL_HISTORY = ("device", "cpu", "fp8")
 LONGEST_WINDOW = 201  # frames generated in one window by default; longer videos run in chunks (NVIDIA lists <= 200 at 720p)
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
@@ -188,7 +188,9 @@ class Request:
                                  "half of bf16, close to the same result)", choices=list(CAUSAL_HISTORY))
     causal_seeds: str = option("auto", "causal checkpoints: the per-step noise seeds, framework (seed + chunk start "
                                "x 1000003 + (step + 1) x 9176, NVIDIA's framework's newest Sim-Transfer code) or "
-                               "sglang (step x 9176, SGLang's and the framework's Sim-Bimanual code); auto: "
+                               "sglang (step x 9176, SGLang's and the framework's Sim-Bimanual code), comfyui (framewise "
+                               "Sim-Transfer: block x 1000 + step from one noise over the clip, ComfyUI's "
+                               "SamplerARVideo); auto: "
                                "framework for Sim-Transfer, sglang for Sim-Bimanual",
                                choices=list(CAUSAL_SEEDS))
     emphasize_control: bool | None = option(None, "causal Sim-Transfer: add the sentence telling the model to follow "

@@ -206,7 +206,7 @@ def execute(run: Run, parts: Parts, seed: int, callback: StepCallback | None,
             progress("chunk", k + 1, run.count)
         w = run.window(k)
         shape = parts.denoiser.latent_shape(w.settings) if w.held is None else tuple(w.held.clean.shape)
-        latents = parts.denoiser.start_latents(shape, w.noise or generator, w.held)
+        latents = parts.denoiser.start_latents(shape, w.noise or generator, w.held) if w.first is None else w.first
         tracks = run.tracks(w, generator)
         parts.denoiser.encode_prompts(w.guidance.cond, w.guidance.uncond, w.settings, parallel, progress)
         latents = parts.denoiser.denoise(latents, w.settings, w.guidance, w.held, generator, run.steps(callback, k),

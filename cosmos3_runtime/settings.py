@@ -269,6 +269,10 @@ def _causal_refusals(variant: Variant, r: Request, steps: tuple[int, ...]) -> No
     if r.chunk_frames is not None:  # (an overlap alone, a sampler's widget, means nothing without them)
         raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
                          f"{c.chunk_size} at a time): leave chunk_frames unset")
+    if r.causal_seeds == "comfyui" and (c.chunk_size != 1 or c.takes_actions):
+        raise InputError("causal_seeds 'comfyui' counts SamplerARVideo's blocks, a framewise Sim-Transfer rollout's "
+                         f"chunks; this checkpoint's chunks are latent frame 0, then {c.chunk_size} at a time: give "
+                         "framework, sglang or auto")
 
 
 def _history_window(c, r: Request) -> int | None:

@@ -66,6 +66,7 @@ class Window:
     held: Held | None
     guidance: CFG | transfer.Guidance
     noise: torch.Generator | None = None  # its first latents' (None: the run's one generator)
+    first: torch.Tensor | None = None  # its first latents themselves (None: drawn from `noise`)
     step_noise: Callable[[int], torch.Generator] | None = None  # step i's re-noising (None: the run's generator)
     inputs: WindowInputs = WINDOW
     k: int = 0  # its place among the run's windows

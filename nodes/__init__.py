@@ -7,7 +7,7 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 from . import serving, services, transfer
 from .core.lora import Cosmos3LoraLoader
 from .guardrails import Cosmos3GuardrailLoader
-from .core.nodes import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreTextEncode
+from .core.nodes import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreSimControl, Cosmos3CoreTextEncode
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
@@ -52,6 +52,7 @@ NODES = (
     (Cosmos3CoreTextEncode, "Cosmos3 Text Encode (core)"),
     (Cosmos3ConditionFrames, "Cosmos3 Condition Frames (core)"),
     (Cosmos3LoraLoader, "Cosmos3 LoRA Loader (core)"),
+    (Cosmos3CoreSimControl, "Cosmos3 Sim Control (core)"),
     (Cosmos3EdgeControl, "Cosmos3 Edge Control"),
     (Cosmos3BlurControl, "Cosmos3 Blur Control"),
     (Cosmos3DepthControl, "Cosmos3 Depth Control"),

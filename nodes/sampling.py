@@ -11,7 +11,7 @@ from ..cosmos3_runtime.geometry import SPATIAL_FACTOR, latent_frames
 from ..cosmos3_runtime.pipeline import prompt_list
 from ..cosmos3_runtime.prompts import parse_caption
 from ..cosmos3_runtime.request import CACHES, KEEP, MAX_SIZE, SCHEDULES, Request, help_of, parse_frame_indexes
-from ..cosmos3_runtime.schedulers import unipc_schedule
+from ..cosmos3_runtime.schedulers import distilled_schedule, unipc_schedule
 from ..cosmos3_runtime.settings import resolve as resolve_settings
 from . import services
 from .core.prompt_marker import Refusing, refusing
@@ -102,6 +102,8 @@ class SigmasNeedTheModel(Refusing):
 def schedule_sigmas(pipe, options: dict, frames: int | None):
     """The sigmas (float32, ending in 0) Cosmos3 Sampler would walk for these options."""
     request = Request.build(**options, num_frames=frames)
+    if pipe is not None and pipe.variant.causal is not None:  # (its settings need a control clip or actions)
+        return distilled_schedule(pipe.variant.causal.t_list, True).sigmas  # its fixed list, for SamplerARVideo
     if pipe is not None:
         return pipe.denoiser.schedule_for(resolve_settings(pipe.variant, request)).sigmas
     if request.schedule not in ("auto", "unipc"):  # (the schedule output still serves Cosmos3 Sampler)

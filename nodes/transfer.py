@@ -19,10 +19,10 @@ from ..cosmos3_runtime.media import save_video
 from ..cosmos3_runtime.request import CAUSAL_CACHES, CAUSAL_HISTORY, help_of
 from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
+from .core.prompt_marker import CONTROLS
 from .guardrails import GUARDRAIL_INPUT, check_prompt, filter_frames
 from .sampling import auto_help, cache_widgets, compile_option, seed_widget, size_widgets, speed_widgets, words_of
 
-CONTROLS = "COSMOS3_CONTROLS"
 GIVEN = "off: the images are the control"  # the derive widget's "don't derive" choice
 
 

@@ -45,7 +45,8 @@ CONTROL_NODES = ("Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthContro
                  "Cosmos3WorldScenarioMapControl")
 MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
                "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames", *CONTROL_NODES)
-SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "KSamplerSelect", "RandomNoise",
+SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "BasicGuider", "KSamplerSelect",
+                "SamplerARVideo", "RandomNoise",
                 "Cosmos3Scheduler", "Cosmos3TransferSampler", "Cosmos3SimTransferSampler", "Cosmos3Reason")
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
                 "Cosmos3ActionPlot", "VAEDecode", "PreviewAny")
@@ -54,6 +55,7 @@ ROW_GAP = 16  # between the two rows of groups (the transfer workflows' tall sam
 MEDIA_NODES_ON_TOP = 4  # more input-media nodes than this: the prompt moves to the bottom row
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
+TALL_COLUMN_HEIGHT = 640  # where no arrangement of COLUMN_HEIGHT columns is zoomed in enough to draw text
 REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
 REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler",
              "Cosmos3SimTransferSampler", "Cosmos3Reason",
@@ -114,14 +116,17 @@ def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list
     rows = (TOP_ROW, BOTTOM_ROW)
     if sum(stage == "Input media" for stage in stage_of.values()) > MEDIA_NODES_ON_TOP:  # keep the rows balanced
         rows = (TOP_ROW[:-1], ("Prompt", *BOTTOM_ROW))
-    for arrangement in (rows, ((*TOP_ROW, "Sample"), ("Output",))):  # a tall sampler: beside the inputs
-        placed, groups = place(arrangement, prompt, stage_of, registry, input_counts)
+    # a tall sampler: beside the inputs; many short stages: taller columns
+    for arrangement, height in ((rows, COLUMN_HEIGHT), (((*TOP_ROW, "Sample"), ("Output",)), COLUMN_HEIGHT),
+                                (rows, TALL_COLUMN_HEIGHT)):
+        placed, groups = place(arrangement, prompt, stage_of, registry, input_counts, height)
         if saved_view(groups)["scale"] >= TEXT_SCALE:
             break
     return placed, groups
 
 
-def place(rows: tuple, prompt: dict, stage_of: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
+def place(rows: tuple, prompt: dict, stage_of: dict, registry: dict, input_counts: dict,
+          column_height: int) -> tuple[dict, list]:
     placed, groups = {}, []
     y = MARGIN + GROUP_TITLE
     for row in rows:
@@ -130,14 +135,14 @@ def place(rows: tuple, prompt: dict, stage_of: dict, registry: dict, input_count
             members = [n for n in prompt if stage_of[n] == stage]
             if not members:
                 continue
-            # Nodes fill columns of at most COLUMN_HEIGHT; a short output chain reads left to right.
+            # Nodes fill columns of at most column_height; a short output chain reads left to right.
             one_per_column = stage == "Output" and len(members) <= 3
             left, columns = x, []  # the height filled in each column of this stage
             for node_id in members:
                 cls = registry[prompt[node_id]["class_type"]]
                 height = node_height(cls, input_counts[node_id])
                 height_with_report = TITLE_BAR + height + (REPORT_SPACE if prompt[node_id]["class_type"] in REPORTING else 0)
-                fits = [c for c, used in enumerate(columns) if used + height_with_report <= COLUMN_HEIGHT]
+                fits = [c for c, used in enumerate(columns) if used + height_with_report <= column_height]
                 if one_per_column or not fits:  # a new column
                     columns.append(0)
                 column = len(columns) - 1 if one_per_column or not fits else fits[0]

@@ -212,6 +212,22 @@ class CFGGuider(CoreSampling):
                              "cfg": ("FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01})}}
 
 
+class BasicGuider(CoreSampling):
+    RETURN_TYPES = ("GUIDER",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "conditioning": ("CONDITIONING",)}}
+
+
+class SamplerARVideo(CoreSampling):
+    RETURN_TYPES = ("SAMPLER",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"num_frame_per_block": ("INT", {"default": 1, "min": 1, "max": 64})}}
+
+
 class KSamplerSelect(CoreSampling):
     RETURN_TYPES = ("SAMPLER",)
 
@@ -270,8 +286,8 @@ class TorchCompileModel(CoreSampling):
         return {"required": {"model": ("MODEL",), "backend": (["inductor", "cudagraphs"], {"default": "inductor"})}}
 
 
-CORE_SAMPLING = (EasyCache, TorchCompileModel, KSampler, SamplerCustomAdvanced, CFGGuider, KSamplerSelect, RandomNoise,
-                 Wan22ImageToVideoLatent, VAEDecode)
+CORE_SAMPLING = (EasyCache, TorchCompileModel, KSampler, SamplerCustomAdvanced, CFGGuider, BasicGuider, KSamplerSelect,
+                 SamplerARVideo, RandomNoise, Wan22ImageToVideoLatent, VAEDecode)
 CORE_NODES = {cls.__name__: cls for cls in (SaveImage, LoadImage, LoadAudio, CreateVideo, SaveVideo, LoadVideo, GetVideoComponents,
                                             PreviewAny, *CORE_SAMPLING)}
 

@@ -119,6 +119,8 @@ def models_dir(tmp_path, monkeypatch, tiny_factory, tiny_gguf):
         "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
         "nvidia/Cosmos3-Edge-Policy-DROID": dict(kind="edge", action=True),
         "Cosmos3-Nano-Sim-Transfer": dict(kind="gated", distilled=True, causal=sim_transfer_block()),
+        "Cosmos3-Nano-Sim-Transfer-framewise": dict(kind="gated", distilled=True,
+                                                    causal=sim_transfer_block(1, window_frames=4, sink_frames=1)),
         "Cosmos3-Nano-Sim-Bimanual": dict(kind="gated", distilled=True, action=True, causal=sim_bimanual_block()),
     }
     for name, options in layout.items():

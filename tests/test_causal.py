@@ -1,6 +1,9 @@
 """Causal rollouts (Cosmos3-Nano-Sim-Transfer's layout, tiny and random, fp32 on the CPU): the rolling K/V cache
 against the whole-sequence recompute under the block-causal mask, a one-chunk rollout against the bidirectional
-forward, causality, the sampler and seed arithmetic, the commit pass, the prompt, and the refusals."""
+forward, causality, the sampler and seed arithmetic, the commit pass, the prompt, and the refusals; a host's block
+sampler (`causal_run.HostBlocks`) driven by a stand-in written line by line from ComfyUI 0.33's `sample_ar_video` (its
+K/V `end` contract, re-noising seeds, sigma-0 commit pass, the core model's x0 = x - sigma v) equal to the pack's
+rollout with its seed formula (`test_comfyui_core.py` runs the real sampler)."""
 
 import json
 from dataclasses import replace
@@ -294,3 +297,73 @@ def test_a_recompute_too_large_to_mask_and_compile_are_refused_by_name(chunkwise
     with pytest.raises(InputError, match="compile is not supported for causal rollouts"):
         rollout(chunkwise, 17, compile=True)
     assert "of 1 FPS" in causal.prompt_text("a cat", None, False, 17, 0.5, 480, 832)  # not a division by zero
+
+
+PROMPT = "a robot arm stacks cubes"
+
+
+def host_run(pipe, frames: int, seed: int) -> causal_run.HostBlocks:
+    plan = pipe.plan(PROMPT, control_videos={"edge": clip(frames)}, width=W, height=H, seed=seed)
+    return causal_run.HostBlocks(causal_run.CausalRun(pipe.parts, plan.settings, plan.request, plan.cond_ids,
+                                                      plan.uncond_ids, None))
+
+
+def sample_ar_video(blocks, x, sigmas, seed, num_frame_per_block, cache=None):
+    """ComfyUI's loop (comfy/k_diffusion/sampling.py), the model call being the core MODEL's: t = 1000 sigma, the
+    velocity turned into x0 = x - sigma v."""
+    def model(x, sigma):
+        return x - sigma * blocks.forward(x, sigma * 1000.0, cache, start)
+
+    _, _, lat_t, lat_h, lat_w = x.shape
+    frame_seq_len = -(-lat_h // 2) * -(-lat_w // 2)
+    cache = {"end": 0} if cache is None else cache
+    output, start = torch.zeros_like(x), 0
+    for block_idx in range(-(-lat_t // num_frame_per_block)):
+        bf = min(num_frame_per_block, lat_t - start)
+        noisy = x[:, :, start : start + bf]
+        for i in range(len(sigmas) - 1):
+            denoised = model(noisy, sigmas[i])
+            if sigmas[i + 1] == 0:
+                noisy = denoised
+            else:
+                torch.manual_seed(seed + block_idx * 1000 + i)
+                noisy = (1.0 - sigmas[i + 1]) * denoised + sigmas[i + 1] * torch.randn_like(denoised)
+                cache["end"] -= bf * frame_seq_len
+        output[:, :, start : start + bf] = noisy
+        cache["end"] -= bf * frame_seq_len
+        model(noisy, sigmas.new_zeros([]))
+        start += bf
+    return output
+
+
+def sigmas_of(pipe) -> torch.Tensor:
+    return torch.tensor([*pipe.variant.causal.t_list, 0.0])
+
+
+def test_the_host_sampler_equals_the_pack_rollout_with_its_seed_formula(framewise):
+    frames, seed = 25, 7  # 7 latent frames, each a block: eviction from the fourth on
+    blocks = host_run(framewise, frames, seed)
+    sigmas = sigmas_of(framewise)
+    noise = torch.randn(blocks.run.latents.shape, generator=torch.manual_seed(seed))  # ComfyUI's prepare_noise
+    got = sample_ar_video(blocks, sigmas[0] * noise, sigmas, seed, 1)
+    expected = framewise.generate(PROMPT, control_videos={"edge": clip(frames)}, width=W, height=H, seed=seed,
+                                  causal_seeds="comfyui").latents
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    other = framewise.generate(PROMPT, control_videos={"edge": clip(frames)}, width=W, height=H, seed=seed).latents  # the framework's seeds: another video
+    assert (other - expected).abs().max() > 0.1
+
+
+def test_what_the_host_sampler_cannot_drive_is_refused_by_name(framewise, chunkwise):
+    blocks, sigmas = host_run(framewise, 9, 1), sigmas_of(framewise)
+    x = torch.randn(blocks.run.latents.shape)
+    with pytest.raises(InputError, match="set num_frame_per_block to 1"):
+        sample_ar_video(blocks, x, sigmas, 1, 2)
+    with pytest.raises(InputError, match="sample this MODEL with SamplerARVideo"):
+        sample_ar_video(host_run(framewise, 9, 1), x, sigmas, 1, 1, cache={"end": 5})
+    with pytest.raises(InputError, match="chunkwise Sim-Transfer.*Cosmos3 Sim-Transfer Sampler"):
+        blocks = host_run(chunkwise, 17, 1)
+        sample_ar_video(blocks, torch.randn(blocks.run.latents.shape), sigmas_of(chunkwise), 1, 4)
+    with pytest.raises(InputError, match="causal_seeds 'comfyui' counts SamplerARVideo's blocks"):
+        chunkwise.plan(PROMPT, control_videos={"edge": clip(17)}, width=W, height=H, causal_seeds="comfyui")
+    with pytest.raises(InputError, match="a session does not know ahead"):
+        framewise.session(PROMPT, control="edge", num_frames=9, width=W, height=H, causal_seeds="comfyui")

@@ -562,3 +562,53 @@ def test_a_gguf_transformer_from_diffusion_models_runs_on_the_core_path(core, mo
     write_lora(loras / "on_gguf.safetensors", transformer, "transformer.", modules=LORA_MODULES[:1])
     with pytest.raises(core.pack.vae.InputError, match="stored quantized .*GGUF"):
         core.pack.Cosmos3LoraLoader().load(model, "on_gguf.safetensors", 1.0)
+
+
+@pytest.fixture(scope="module")
+def sim_transfer(core, tmp_path_factory):
+    """Tiny framewise and chunkwise Sim-Transfer checkpoints under ComfyUI's models/cosmos3 names."""
+    from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_transfer_block
+
+    root = tmp_path_factory.mktemp("cosmos3_sim")
+    for name, block in {"Cosmos3-Nano-Sim-Transfer-Framewise": sim_transfer_block(1, window_frames=4, sink_frames=1),
+                        "Cosmos3-Nano-Sim-Transfer": sim_transfer_block()}.items():
+        make_tiny_checkpoint(root / name, kind="gated", dtype="float32", distilled=True, causal=block, reasoner=False)
+    core.folders.add_model_folder_path("cosmos3", str(root))
+    return root
+
+
+def ar_video(core, name, frames, seed, num_frame_per_block=1, sigmas=None):
+    """SamplerCustomAdvanced with BasicGuider, RandomNoise and SamplerARVideo (ComfyUI's own nodes) on a causal
+    Sim-Transfer checkpoint: its edge control through Cosmos3 Sim Control (core), its sigmas from Cosmos3 Scheduler."""
+    from comfy_extras.nodes_ar_video import SamplerARVideo
+    from comfy_extras.nodes_custom_sampler import BasicGuider, RandomNoise, SamplerCustomAdvanced
+
+    handle, model, _ = load(core, name)
+    control = torch.rand(frames, 32, 48, 3, generator=torch.Generator().manual_seed(0))
+    controls = core.pack.Cosmos3EdgeControl().add(control, core.pack.transfer.GIVEN)["result"][0]
+    positive, _ = encode(core, "a robot arm stacks cubes", fps=30.0)
+    positive, = core.pack.Cosmos3CoreSimControl().attach(positive, controls)
+    if sigmas is None:
+        _, sigmas = core.pack.Cosmos3Scheduler().build("auto", 0, 0.0, handle)
+    latent = {"samples": torch.zeros(1, 48, (frames - 1) // 4 + 1, 2, 3)}
+    out = SamplerCustomAdvanced.execute(RandomNoise.execute(seed).result[0],
+                                        BasicGuider.execute(model, positive).result[0],
+                                        SamplerARVideo.execute(num_frame_per_block).result[0], sigmas, latent).result
+    return handle.pipeline, control, model.model.process_latent_in(out[0]["samples"])  # the pack's normalised latents
+
+
+def test_a_framewise_sim_transfer_on_sampler_ar_video_equals_the_pack_rollout(core, sim_transfer):
+    pipe, control, got = ar_video(core, "Cosmos3-Nano-Sim-Transfer-Framewise", 25, seed=7)
+    expected = pipe.generate("a robot arm stacks cubes", control_videos={"edge": control}, width=48, height=32,
+                             fps=30.0, seed=7, causal_seeds="comfyui").latents
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_what_sampler_ar_video_cannot_run_on_a_causal_checkpoint_is_refused(core, sim_transfer):
+    InputError = core.pack.vae.InputError
+    with pytest.raises(InputError, match="set num_frame_per_block to 1"):
+        ar_video(core, "Cosmos3-Nano-Sim-Transfer-Framewise", 9, 1, num_frame_per_block=2)
+    with pytest.raises(InputError, match="chunkwise Sim-Transfer.*Cosmos3 Sim-Transfer Sampler"):
+        ar_video(core, "Cosmos3-Nano-Sim-Transfer", 17, 1, num_frame_per_block=4)
+    with pytest.raises(InputError, match="fixed sigmas"):
+        ar_video(core, "Cosmos3-Nano-Sim-Transfer-Framewise", 9, 1, sigmas=torch.tensor([1.0, 0.5, 0.0]))

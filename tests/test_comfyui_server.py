@@ -50,6 +50,8 @@ CHECKPOINTS = {  # model folder names the shipped workflows use
     "Cosmos3-Super-Image2Video-4Step": dict(kind="gated", distilled=True),
     "nvidia/Cosmos3-Edge-Policy-DROID": dict(kind="edge", action=True),
     "Cosmos3-Nano-Sim-Transfer": dict(kind="gated", distilled=True, causal=sim_transfer_block()),
+    "Cosmos3-Nano-Sim-Transfer-framewise": dict(kind="gated", distilled=True,
+                                                causal=sim_transfer_block(1, window_frames=4, sink_frames=1)),
     # a window of 8 latent frames: a session slides its history from its third tick
     "Cosmos3-Nano-Sim-Bimanual": dict(kind="gated", distilled=True, action=True, causal=sim_bimanual_block(8)),
     # big enough that /free is measurable: 185M parameters, 740 MB in fp32 (what a CPU server loads)

@@ -22,7 +22,8 @@ def real_inputs(node_id: str) -> dict:
 
     cls = comfy_nodes.NODE_CLASS_MAPPINGS.get(node_id)
     for module in ("comfy_extras.nodes_video", "comfy_extras.nodes_custom_sampler", "comfy_extras.nodes_wan",
-                   "comfy_extras.nodes_easycache", "comfy_extras.nodes_torch_compile", "comfy_extras.nodes_preview_any"):
+                   "comfy_extras.nodes_easycache", "comfy_extras.nodes_torch_compile", "comfy_extras.nodes_preview_any",
+                   "comfy_extras.nodes_ar_video"):
         found = importlib.import_module(module)
         cls = cls or getattr(found, node_id, None) or getattr(found, node_id + "Node", None)
     if hasattr(cls, "GET_NODE_INFO_V1"):

@@ -41,7 +41,7 @@ EXAMPLE_ACTIONS = "agibot_actions.csv"  # the Sim-Bimanual workflow's actions, c
 ACTION = [p for p in API if "_droid_" in p.name]  # action workflows (Edge-Policy-DROID)
 CORE = [p for p in API if p.stem.endswith(("_core", "_easycache"))]  # ComfyUI samples them (test_comfyui_server.py)
 TRANSFER = [p for p in API if "_transfer_" in p.name and "_sim_" not in p.name]  # Cosmos3 Transfer Sampler: frames out
-SIM_TRANSFER = [p for p in API if "_sim_transfer_" in p.name]  # Cosmos3 Sim-Transfer Sampler: a causal rollout
+SIM_TRANSFER = [p for p in API if "_sim_transfer_" in p.name and p not in CORE]  # Cosmos3 Sim-Transfer Sampler
 SIM_BIMANUAL = [p for p in API if "_sim_bimanual" in p.name]  # a causal rollout of actions from a file
 REASON = [p for p in API if "_reason_" in p.name]  # the Reasoner alone: text out
 GUARDED = [p for p in API if "_guardrail" in p.name]  # NVIDIA's guardrail package (stand-ins for its models)
@@ -341,6 +341,7 @@ def test_widget_order_of_our_nodes(pack):
         "Cosmos3CoreTextEncode": ["prompt", "negative_prompt", "system_prompt", "resolution_template",
                                   "duration_template", "json_captions", "fps"],
         "Cosmos3ConditionFrames": ["condition_frames"],
+        "Cosmos3CoreSimControl": [],
         "Cosmos3LoraLoader": ["lora_name", "strength"],
         "Cosmos3EdgeControl": ["derive"],
         "Cosmos3BlurControl": ["derive"],

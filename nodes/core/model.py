@@ -11,6 +11,9 @@ ModelSamplingSD3, Wan22ImageToVideoLatent's noise mask) work on, around the pack
   separate forwards.
 - Clean frames (noise_mask 0, as Wan22ImageToVideoLatent sets on encoded frames) stay clean every
   step and get no time embedding: Cosmos3's rule, not Wan's t = 0.
+- A causal checkpoint's network (`Cosmos3CausalNetwork`) is one ComfyUI's SamplerARVideo drives: `extra_conds` plans
+  the pack's own rollout for the prompt and control clip (`causal_run.HostBlocks`: its history, window, sinks and
+  control frames), and each forward under `ar_state` is a step of it.
 
 Importing this module imports ComfyUI: only nodes that run inside ComfyUI import it.
 """
@@ -28,16 +31,18 @@ import torch
 
 from ...cosmos3_runtime import InputError, Request, TextKV, cancel
 from ...cosmos3_runtime.budget import estimate
+from ...cosmos3_runtime.causal_run import CausalRun, HostBlocks
 from ...cosmos3_runtime.geometry import SPATIAL_FACTOR, RunGeometry, pixel_frames
 from ...cosmos3_runtime.settings import default_flow_shift
 from ...cosmos3_runtime.transformer import media_block
 from ...cosmos3_runtime.weights import precision
 from .. import services
-from .prompt_marker import PROMPT_KEY, PromptMarker
+from .prompt_marker import CONTROLS_KEY, PROMPT_KEY, PromptMarker
 
 log = logging.getLogger("cosmos3")
 TEXT_KV = "cosmos3_text_kv"
 FPS = "cosmos3_fps"
+CAUSAL = "cosmos3_causal"  # a causal checkpoint's rollout (`HostBlocks`); None for a negative prompt
 COMPILE = "cosmos3_compile"  # transformer_options: False runs the media block eagerly (default: compiled where it can)
 REFUSED_COND_KEYS = {
     "area": "area conditioning (ConditioningSetArea) crops the latent, which breaks Cosmos3's joint attention",
@@ -110,6 +115,20 @@ class Cosmos3Network(torch.nn.Module):
         ).execute(x, timestep, context, control, transformer_options, **kwargs)
 
 
+class Cosmos3CausalNetwork(Cosmos3Network):
+    """A causal checkpoint's network: what SamplerARVideo asks of a causal model. Its K/V cache is one dict whose
+    `end` the sampler counts (the history itself is the rollout's, `HostBlocks`); the text K/V are held once per
+    prompt by the rollout's denoiser, so there is no cross-attention cache."""
+
+    def init_kv_caches(self, batch_size, max_seq_len, device, dtype):
+        if batch_size != 1:
+            raise InputError(f"a Cosmos3 causal rollout makes one video: this LATENT's batch is {batch_size}; give 1")
+        return [{"end": 0}]
+
+    def init_crossattn_caches(self, batch_size, device, dtype):
+        return []
+
+
 class VelocityForward:
     """What the wrapper executor runs: one object per network, since torch.compile guards on the callable's identity.
     Not a bound method of the network: that would be a reference cycle, and the weights would then wait for a
@@ -120,6 +139,8 @@ class VelocityForward:
         self.policy = policy  # a quantized checkpoint's step policy (`weights.precision`): the step from the sigmas
 
     def __call__(self, x, timestep, context, control, transformer_options, **kwargs):
+        if CAUSAL in kwargs:
+            return causal_step(kwargs[CAUSAL], x, timestep, transformer_options)
         if TEXT_KV not in kwargs:
             raise InputError("the Cosmos3 MODEL got no Cosmos3 prompt: connect Cosmos3 Text Encode (core) to the "
                              "sampler's positive and negative inputs")
@@ -154,6 +175,25 @@ class VelocityForward:
         return precision.for_step(self.policy, step, steps)
 
 
+def causal_step(blocks: HostBlocks | None, x, timestep, transformer_options) -> torch.Tensor:
+    """One forward of SamplerARVideo's loop on a causal checkpoint, what it cannot drive refused by name."""
+    state = transformer_options.get("ar_state")
+    if state is None:
+        raise InputError("a causal Cosmos3 checkpoint rolls out block by block: sample it with SamplerARVideo "
+                         "(SamplerCustomAdvanced's sampler), or with Cosmos3 Sim-Transfer Sampler")
+    if blocks is None:
+        raise InputError("a causal Cosmos3 checkpoint samples at guidance 1 with no negative pass: use BasicGuider "
+                         "(or cfg 1)")
+    fixed = (*blocks.run.plan.config.t_list, 0.0)
+    sigmas = transformer_options.get("sample_sigmas")
+    if sigmas is not None and (len(sigmas) != len(fixed) or not torch.allclose(sigmas.flatten().float().cpu(),
+                                                                               torch.tensor(fixed), atol=1e-4)):
+        raise InputError(f"this causal checkpoint samples with its fixed sigmas {list(fixed)}, not "
+                         f"{[round(float(v), 4) for v in sigmas.flatten()]}: take them from Cosmos3 Scheduler with "
+                         "the model connected")
+    return blocks.forward(x, timestep[0], state["kv_caches"][0], state["start_frame"])
+
+
 def noisy_frames(mask: torch.Tensor) -> list[int]:
     """Latent frames with anything left to denoise in a noise mask [C, T, h, w] (1 = denoise)."""
     return [t for t, m in enumerate(mask.float().amax(dim=(0, 2, 3)).tolist()) if m > 0]
@@ -163,7 +203,8 @@ class Cosmos3Model(comfy.model_base.BaseModel):
     def __init__(self, config: Cosmos3Config, pipeline, device=None):
         super().__init__(config, comfy.model_base.ModelType.FLOW, device=device)
         self.policy = pipeline.variant.precision
-        self.diffusion_model = Cosmos3Network(pipeline.transformer, pipeline.variant.is_distilled, self.policy)
+        network = Cosmos3CausalNetwork if pipeline.variant.causal is not None else Cosmos3Network
+        self.diffusion_model = network(pipeline.transformer, pipeline.variant.is_distilled, self.policy)
         self.pipeline = pipeline  # the tokenizer and the variant (not a module: holds no second copy)
 
     def apply_model(self, *args, **kwargs):
@@ -189,6 +230,9 @@ class Cosmos3Model(comfy.model_base.BaseModel):
             raise InputError(f"the Cosmos3 MODEL samples {channels}-channel Wan 2.2 video latents [B, {channels}, T, "
                              f"h, w]; this LATENT is {list(noise.shape)}. Make it with Wan22ImageToVideoLatent (or "
                              "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")
+        if self.pipeline.variant.causal is not None:
+            blocks = None if prompt.negative else causal_blocks(self.pipeline, prompt, kwargs.get(CONTROLS_KEY), noise)
+            return {CAUSAL: comfy.conds.CONDConstant(blocks)}
         ids = prompt_ids(self.pipeline, prompt, noise.shape)
         # once per run, on the device the sampler runs on (ComfyUI may leave small modules in CPU memory)
         with precision.for_text(self.policy), cancel.checking(services.progress.check_interrupt):
@@ -229,6 +273,22 @@ def prompt_ids(pipeline, prompt, latent_shape) -> list[int]:
     else:
         _, ids, _ = pipeline.planner.prepare(prompt.text, request)
     return ids
+
+
+def causal_blocks(pipeline, prompt, controls, noise) -> HostBlocks:
+    """The pack's rollout of a causal checkpoint for a core-path prompt and control clip over a latent [1, C, T, h, w],
+    its steps the host sampler's."""
+    if pipeline.variant.causal.takes_actions:
+        raise InputError("Sim-Bimanual on ComfyUI's SamplerARVideo is not supported yet: sample it with Cosmos3 "
+                         "Sampler and Cosmos3 Action")
+    if controls is None:
+        raise InputError("this causal Sim-Transfer checkpoint follows a control clip: connect a Cosmos3 control node "
+                         "through Cosmos3 Sim Control (core) to the positive conditioning")
+    _, _, frames, h, w = noise.shape
+    request = Request.build(**prompt.options, control_videos=controls, num_frames=pixel_frames(frames),
+                            height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, fps=prompt.fps, check_memory=False)
+    s, cond_ids, uncond_ids = pipeline.planner.prepare(prompt.text, request)
+    return HostBlocks(CausalRun(pipeline.parts, s, request, cond_ids, uncond_ids, None))
 
 
 def model_patcher(pipeline, load_device, offload_device, reload=None, disable_dynamic=False):

@@ -11,7 +11,7 @@ from ...cosmos3_runtime import InputError
 from ...cosmos3_runtime.request import help_of, parse_frame_indexes
 from .. import services
 from ..prompting import prompt_inputs, prompt_options
-from .prompt_marker import CorePrompt, conditioning
+from .prompt_marker import CONTROLS, CONTROLS_KEY, CorePrompt, conditioning
 
 
 class Cosmos3CoreModel:
@@ -115,3 +115,22 @@ class Cosmos3ConditionFrames:
         if samples.get("noise_mask") is not None:  # frames another node already keeps clean stay clean
             mask = torch.minimum(mask, samples["noise_mask"].reshape(b, -1, t, h, w)[:, :1].float().cpu())
         return ({**samples, "noise_mask": mask},)
+
+
+class Cosmos3CoreSimControl:
+    DESCRIPTION = ("A causal Sim-Transfer checkpoint's control clip for ComfyUI's SamplerARVideo: one control from a "
+                   "Cosmos3 control node (edge, blur, depth or segmentation), attached to the positive conditioning "
+                   "of Cosmos3 Text Encode (core). Sample with SamplerCustomAdvanced, BasicGuider, SamplerARVideo "
+                   "(num_frame_per_block 1) and Cosmos3 Scheduler's sigmas.")
+    CATEGORY = "cosmos3/core"
+    RETURN_TYPES = ("CONDITIONING",)
+    RETURN_NAMES = ("positive",)
+    FUNCTION = "attach"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"positive": ("CONDITIONING",),
+                             "controls": (CONTROLS, {"tooltip": "one control from a Cosmos3 control node"})}}
+
+    def attach(self, positive, controls):
+        return ([[marker, {**options, CONTROLS_KEY: controls}] for marker, options in positive],)

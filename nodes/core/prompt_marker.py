@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 PROMPT_KEY = "cosmos3_prompt"
+CONTROLS = "COSMOS3_CONTROLS"  # the control nodes' type: {hint: frames}
+CONTROLS_KEY = "cosmos3_controls"  # a causal Sim-Transfer's controls in a core conditioning (Cosmos3 Sim Control (core))
 
 
 @dataclass(frozen=True)

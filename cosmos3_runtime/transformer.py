@@ -498,9 +498,10 @@ class LayerKV:
             v[self.zeroed] = 0
         end = self.held + k.shape[0]
         first, last = self.text_rows - self.text, self.text_rows + end
-        if self.in_place:
-            self.keys[self.held : end] = k
-            self.values[self.held : end] = v
+        if self.in_place:  # written through the slab alone: a compiled block given two aliasing views of it (the
+            # history's and the slab's) wrote every layer's rows into the first layer's under AOTAutograd
+            for buffer, new in zip(self.buffers, (k, v)):
+                buffer[self.text_rows + self.held : last] = new
             return self.buffers[0][first:last], self.buffers[1][first:last]
         for i, (buffer, store, text, new) in enumerate(zip(self.buffers, (self.keys, self.values), (text_k, text_v),
                                                             (k, v))):

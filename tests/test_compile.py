@@ -21,7 +21,8 @@ from cosmos3_runtime import devices
 from cosmos3_runtime.devices import DeviceFacts
 from cosmos3_runtime.reasoner.chat import question_messages
 from cosmos3_runtime.reasoner.language import KVCache
-from cosmos3_runtime.transformer import DecoderLayer, MediaKV
+from cosmos3_runtime.tiny import transformer_config
+from cosmos3_runtime.transformer import Cosmos3Transformer, DecoderLayer, MediaKV, TransformerConfig
 
 CPU_FP8 = devices.facts(torch.device("cpu")).fp8_rowwise  # this torch's CPU has torch._scaled_mm
 LIKE = {
@@ -65,6 +66,34 @@ def test_the_media_block_compiles_whole(edge, like, cached):
             cache.append()
             out = model(latents, torch.tensor(700), text, hooks=hooks)
     assert torch.isfinite(out.vision).all()
+
+
+def test_a_compiled_block_writes_each_layers_keys_and_values_into_its_own_history():
+    """Through AOTAutograd (inductor's front end; aot_eager here, no code generation), the block every layer shares
+    wrote every layer's keys and values into the first layer's history, the others' left zero: it was handed the
+    layer's history and its slab, two views of one buffer, and reused the graph of the first layer's offsets
+    (pytorch#139789). It writes through the slab alone now: the history and the output equal the eager block's."""
+    config = TransformerConfig.from_dict(transformer_config("gated"))
+    model = Cosmos3Transformer(config)
+    for p in model.parameters():
+        p.data.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    latents = torch.randn(1, 48, 2, 4, 6, generator=torch.Generator().manual_seed(1))
+
+    def two_forwards(block):
+        cache = MediaKV(config, 24, torch.float32, torch.device("cpu"))
+        hooks = replace(model.hooks, block=block, cache=cache)
+        with torch.inference_mode():
+            text = model.encode_text(torch.arange(20) % 500)
+            model(latents, torch.tensor(700.0), text, hooks=hooks)
+            cache.append()
+            out = model(latents, torch.tensor(600.0), text, hooks=replace(hooks, start_frame=2))
+        return out.vision, cache.keys, cache.values
+
+    eager = two_forwards(DecoderLayer.media)
+    torch._dynamo.reset()
+    compiled = two_forwards(torch.compile(DecoderLayer.media, backend="aot_eager", fullgraph=True))
+    torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
 
 
 def test_the_transformer_forward_compiles_whole(edge, like):

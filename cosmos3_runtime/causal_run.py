@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from . import causal, kinds
+from . import causal, chunk_step, kinds
 from .conditioning import preprocess_image, preprocess_video
 from .denoiser import WindowInputs
 from .errors import InputError
@@ -145,6 +145,7 @@ class KVHistory:
         rows = plan.history_frames() * (run.tokens + plan.action_tokens)
         self.cache = MediaKV(model.config, rows, model.dtype, home, pinned=home.type == "cpu" and device.type == "cuda",
                              fp8=plan.history == "fp8")
+        self.step = chunk_step.for_run(model, device, plan.history)  # the denoising forwards' (None: eager)
 
     def window(self, run: "CausalRun", start: int, end: int) -> WindowInputs:
         plan, conditioner = run.plan, run.conditioner
@@ -154,7 +155,8 @@ class KVHistory:
             self.cache.evict(plan.sink_frames, plan.recent(start))
         for clean in conditioner.clean(start, end):  # in one forward before the chunk's own frames
             self.commit(run, clean, start)
-        return WindowInputs(cache=self.cache, start_frame=start, conditions=tuple(conditioner.tracks(start, end)))
+        return WindowInputs(cache=self.cache, start_frame=start, conditions=tuple(conditioner.tracks(start, end)),
+                            forward=self.step)
 
     def keep(self, run: "CausalRun", latents: torch.Tensor, start: int, end: int, last: bool) -> None:
         if run.open or not last:

@@ -36,6 +36,8 @@ class WindowInputs:
     attention: Callable | None = None  # the media attention to run (a recompute's mask; None: the layers')
     context: tuple[Segment, ...] = ()  # clean segments before the video (a recompute's controls, committed frames)
     conditions: tuple[Segment, ...] = ()  # clean segments after the window's tracks (action tokens)
+    forward: Callable | None = None  # what runs its forwards, with the transformer's arguments (a causal chunk's
+    # fixed-shape step, `chunk_step.ChunkStep`); None: the transformer
 
 
 WINDOW = WindowInputs()
@@ -120,9 +122,9 @@ class Denoiser:
         def velocities(k, ids, context) -> list[torch.Tensor]:
             # The conditional branch of a CFG-parallel job never encodes the unconditional prompt.
             hooks = window_hooks if cache is None else replace(window_hooks, stack=cache.layers(k))  # each pass its own
-            out = self.transformer(latents, timesteps[i], self.text_kv(ids), noisy, s.fps,
-                                   [*(track.tokens() for track in tracks), *inputs.conditions], sp=sp,
-                                   context=[*inputs.context, *context], hooks=hooks)
+            out = (inputs.forward or self.transformer)(latents, timesteps[i], self.text_kv(ids), noisy, s.fps,
+                                                       [*(track.tokens() for track in tracks), *inputs.conditions],
+                                                       sp=sp, context=[*inputs.context, *context], hooks=hooks)
             return [out.vision.float()] + [v.float() for v in out.tracks[: len(tracks)]]
 
         for i, t in enumerate(schedule.timesteps.tolist()):

@@ -637,6 +637,8 @@ class Hooks:
     start_frame: int = 0  # the latent frame in the clip this forward's video starts at
     attention: Callable | None = None  # this forward's media attention (a recompute's mask); None: the layers' own
     # (`Cosmos3Transformer.use_media_attention`: SDPA or a host's backend)
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # this forward's rotary tables (cos, sin), made before it
+    # (a fixed-shape step's static buffers: `chunk_step`); None: made from its segments' positions
 
 
 @dataclass(frozen=True)
@@ -785,34 +787,27 @@ class Cosmos3Transformer(nn.Module):
         """
         hooks = self.hooks if hooks is None else hooks
         segments = [*context, Segment(VIDEO, latents, noisy_frames, start_frame=hooks.start_frame), *tracks]
-        seq = self.embed(segments, timestep, text.length, fps, latents.device)
+        seq = self.embed(segments, timestep, text.length, fps, latents.device, hooks.rope)
         if sp is not None:
             self.shard(seq, sp, hooks)
         video, *rows = self.read_out(self.blocks(seq, text, hooks), seq, seq.placed[len(context) :])
         return Velocity(video, rows)
 
-    def embed(self, segments: Sequence[Segment], timestep, text_length: int, fps: float,
-              device: torch.device) -> MediaTokens:
-        """The media sequence embedded on `device`, segment by segment. Its own intermediates (patches, per-segment
-        embeddings) are gone when it returns: the layer stack holds one copy of the tokens."""
-        c = self.config
+    def embed(self, segments: Sequence[Segment], timestep, text_length: int, fps: float, device: torch.device,
+              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> MediaTokens:
+        """The media sequence embedded on `device`, segment by segment, with its rotary tables (`rope`: given;
+        None: `rotary`'s). Its own intermediates (patches, per-segment embeddings) are gone when it returns: the layer
+        stack holds one copy of the tokens."""
         temb = self.time_embedding(timestep, device)
-        offset = text_length + c.unified_3d_mrope_temporal_modality_margin
-        tokens, positions, placed, zeroed, row = [], [], [], None, 0
+        tokens, placed, zeroed, row = [], [], None, 0
         for s in segments:
             if s.head == VIDEO:
                 patches, grid = self.patchify(s.latents.to(device=device, dtype=self.dtype)[0])
                 x = self.proj_in(patches).view(grid[0], grid[1] * grid[2], -1)
-                # frames placed after the first (a rollout's) are video frames however few this forward holds
-                where = self.segment_positions(grid, offset, fps, TEMPORAL_FACTOR, None, s.start_frame,
-                                               s.start_frame > 0, device)
             else:
                 proj_in, _, modality = self.track_head(s.head)
                 x = (_project(proj_in, s.latents.to(device, self.dtype), s.domain) + modality.to(device)).unsqueeze(1)
                 grid = (x.shape[0], 1, 1)
-                where = self.segment_positions((1, 1, 1) if s.zeroed else grid, offset, fps if s.fps is None else s.fps,
-                                               1, s.base_temporal_factor, s.start_frame, False, device)
-                where = where.expand(-1, x.shape[0])
             noisy = _frames(s.noisy, grid[0])
             if _count(noisy):
                 x[noisy] += temb
@@ -822,11 +817,30 @@ class Cosmos3Transformer(nn.Module):
                     raise InputError("one forward takes one segment of zeroed tokens")
                 zeroed = slice(row, row + n)
             tokens.append(x.flatten(0, 1))
-            positions.append(where)
             placed.append(Placed(s, slice(row, row + n), grid))
             row += n
-        cos, sin = self.rope(torch.cat(positions, dim=1), self.dtype)
+        cos, sin = self.rotary(segments, text_length, fps, device) if rope is None else rope
         return MediaTokens(torch.cat(tokens), cos, sin, placed, zeroed=zeroed)
+
+    def rotary(self, segments: Sequence[Segment], text_length: int, fps: float,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables (cos, sin) of a media sequence's tokens, segment by segment where each sits."""
+        offset = text_length + self.config.unified_3d_mrope_temporal_modality_margin
+        positions = []
+        for s in segments:
+            if s.head == VIDEO:
+                p = self.config.latent_patch_size
+                grid = (s.latents.shape[2], *(-(-n // p) for n in s.latents.shape[3:]))
+                # frames placed after the first (a rollout's) are video frames however few this forward holds
+                where = self.segment_positions(grid, offset, fps, TEMPORAL_FACTOR, None, s.start_frame,
+                                               s.start_frame > 0, device)
+            else:
+                rows = s.latents.shape[0]
+                where = self.segment_positions((1, 1, 1) if s.zeroed else (rows, 1, 1), offset,
+                                               fps if s.fps is None else s.fps, 1, s.base_temporal_factor,
+                                               s.start_frame, False, device).expand(-1, rows)
+            positions.append(where)
+        return self.rope(torch.cat(positions, dim=1), self.dtype)
 
     def segment_positions(self, grid, offset: int, fps: float, temporal_factor: int, base_temporal_factor: int | None,
                         start_frame: int, in_video: bool, device: torch.device) -> torch.Tensor:

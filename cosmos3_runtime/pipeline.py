@@ -481,7 +481,8 @@ class Cosmos3Pipeline:
                 report.write(timing.note(guess, lambda options: ", ".join(f"{k}={v}" for k, v in options.items())))
             callback, progress = report.around(callback, progress)
         s = plan.settings
-        eager_because = ("a causal rollout's history changes every chunk" if isinstance(s.kind, Causal) else
+        eager_because = ("the causal recompute's mask changes every chunk" if isinstance(s.kind, Causal) and
+                         s.kind.rollout.mode == "recompute" else
                          "sequence parallelism" if parallel is not None and parallel.sp is not None else None)
         block = media_block(plan.request.compile, self.device, eager_because)
         with running(self.parts, s, block, interrupt, guardrails, progress) as guarded:

@@ -225,7 +225,7 @@ class Request:
     compile: bool | None = option(None, "compile the transformer's media block with torch.compile (one compile "
                                   "serves every layer; the first run pays it, and once more at a new size): auto (on "
                                   "a CUDA GPU where torch.compile can make kernels, i.e. Triton is installed; eager "
-                                  "elsewhere, and for causal rollouts and sequence parallelism), on or off",
+                                  "elsewhere, and for the causal recompute and sequence parallelism), on or off",
                                   tri_state=True)
 
     def __post_init__(self):

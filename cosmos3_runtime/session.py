@@ -35,7 +35,7 @@ from .guardrails import Guardrails
 from .request import Request
 from .running import running
 from .tracks import Parts
-from .transformer import DecoderLayer
+from .transformer import media_block
 from .vae import image_frames
 
 
@@ -102,7 +102,8 @@ class CausalSession:
         filtered by the guardrails). A tick that fails or is cancelled loses the history (half-committed): its memory
         is freed at once and the next tick starts again at chunk 0."""
         try:
-            with running(self.parts, self.plan.settings, DecoderLayer.media, interrupt, self.guardrails) as guarded:
+            block = media_block(self.plan.request.compile, self.parts.device)
+            with running(self.parts, self.plan.settings, block, interrupt, self.guardrails) as guarded:
                 extend(self.run)
                 runs.execute(self.run, self.parts, int(self.plan.request.seed), callback, None, progress, None)
                 frames = guarded(image_frames(self.parts.codec.decode_pixels(self.run.latents, fast=self.run.fast,

@@ -263,9 +263,9 @@ def _causal_refusals(variant: Variant, r: Request, steps: tuple[int, ...]) -> No
                              f"1: {name} {value:g} cannot apply; leave it unset (or {allowed[0]:g})")
     if r.schedule not in ("auto", "distilled"):
         raise InputError(f"this causal checkpoint samples only with its fixed sigmas, not schedule {r.schedule!r}")
-    if r.compile:
-        raise InputError("compile is not supported for causal rollouts yet (their history changes every chunk); leave "
-                         "it on auto or off")
+    if r.compile and r.causal_cache == "recompute":
+        raise InputError("compile runs the K/V rollout; the recompute reference runs eagerly (its mask changes every "
+                         "chunk): leave compile on auto or off, or use causal_cache 'kv'")
     if r.chunk_frames is not None:  # (an overlap alone, a sampler's widget, means nothing without them)
         raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
                          f"{c.chunk_size} at a time): leave chunk_frames unset")

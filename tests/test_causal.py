@@ -294,8 +294,8 @@ def test_a_recompute_too_large_to_mask_and_compile_are_refused_by_name(chunkwise
     monkeypatch.setattr(causal_run, "RECOMPUTE_MASK", 1000)  # a 33-frame clip's mask here is 36 x 36 (2 tokens a frame)
     with pytest.raises(InputError, match="'recompute' is a reference for short clips"):
         rollout(chunkwise, 33, causal_cache="recompute")
-    with pytest.raises(InputError, match="compile is not supported for causal rollouts"):
-        rollout(chunkwise, 17, compile=True)
+    with pytest.raises(InputError, match="compile runs the K/V rollout; the recompute reference runs eagerly"):
+        rollout(chunkwise, 17, compile=True, causal_cache="recompute")
     assert "of 1 FPS" in causal.prompt_text("a cat", None, False, 17, 0.5, 480, 832)  # not a division by zero
 
 

@@ -3,21 +3,23 @@ static buffers and replayed, on the CPU. A CUDA graph replays the kernels its ca
 buffers; here a stand-in replays by calling the captured forward again on them (`Rerun`), or by a torch.compile'd
 whole graph of it (`Traced`, fullgraph: a host read or a graph break in the captured region fails it). The rollouts
 and a session through it equal the eager ones bit for bit; the CUDA capture itself runs on the meta device with
-torch.cuda's stream and graph calls recorded, and no host read or host data inside it."""
+torch.cuda's stream and graph calls recorded, and no host read or host data inside it; and compile applies to causal
+rollouts, the compiled block's history equal to the eager one."""
 
 from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from virtual_device import TO_HOST, VirtualDevice
 
 import cosmos3_runtime
-from cosmos3_runtime import chunk_step, devices
+from cosmos3_runtime import chunk_step, devices, transformer
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.devices import DeviceFacts
 from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block, transformer_config
-from cosmos3_runtime.transformer import Cosmos3Transformer, MediaKV, Segment, TransformerConfig
+from cosmos3_runtime.transformer import Cosmos3Transformer, DecoderLayer, MediaKV, Segment, TransformerConfig
 
 W, H = 48, 32  # a 3 x 2 latent grid: 2 x 1 patches a frame
 META = torch.device("meta")
@@ -250,3 +252,32 @@ def test_what_a_capture_cannot_hold_is_caught(fake_cuda, fault, message):
         else:
             meta_step(timesteps=torch.device("cpu"))
     assert fake_cuda == ["side stream"]
+
+
+@pytest.fixture
+def compiled_block(monkeypatch):
+    """compile=True's block compiled by AOTAutograd without code generation (aot_eager: what inductor's graphs go
+    through, its mutations of inputs included), fullgraph: a graph break in the block raises."""
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(transformer, "compiled_media_block",
+                        lambda: torch.compile(DecoderLayer.media, backend="aot_eager", fullgraph=True))
+    yield
+    torch._dynamo.reset()
+
+
+def test_compile_applies_to_a_causal_rollout_and_equals_eager(framewise, eager_framewise, compiled_block):
+    """The compiled block writes each layer's rows into that layer's history (under AOTAutograd every layer's went to
+    the first layer's rows: the history's view and the slab's aliased, pytorch#139789)."""
+    assert torch.equal(rollout(framewise, 21, compile=True), eager_framewise)
+    assert counters["stats"]["unique_graphs"] and not counters["graph_break"]
+
+
+def test_compile_applies_to_a_session(framewise, compiled_block):
+    def ticks(compile):
+        with framewise.session("a robot arm", control="edge", num_frames=9, width=W, height=H, seed=3,
+                               compile=compile) as s:
+            return torch.cat([s.tick(clip(9)[:1]), s.tick(clip(9)[1:5])])
+
+    assert torch.equal(ticks(True), ticks(False))
+    assert counters["stats"]["unique_graphs"] and not counters["graph_break"]

@@ -334,8 +334,8 @@ def test_make_tiny_writes_a_framewise_sim_transfer_checkpoint(tmp_path, capsys):
 
 
 def test_request_options_causal_rollouts_refuse_and_bad_caps_are_refused_at_start(pipe):
-    with pytest.raises(InputError, match="compile is not supported for causal rollouts yet"):
-        isaaclab.Service(pipe, compile=True)
+    with pytest.raises(InputError, match="steps 8 cannot apply"):
+        isaaclab.Service(pipe, steps=8)
     with pytest.raises(InputError, match="max_episode_frames 10: an episode cap is 1 \\+ 4k frames"):
         isaaclab.Service(pipe, 10)
 

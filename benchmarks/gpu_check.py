@@ -17,7 +17,8 @@ generation; offload_text and blocks_to_swap bit-identical; fp8 weight-only and f
 with block swap, and with layers left in CPU memory); a model whose small modules stay in CPU memory while its
 linears are on the device (as ComfyUI's low-VRAM loading leaves it) equal to one held wholly on the device; a
 two-control transfer over two chunks; a causal Sim-Transfer rollout; a Sim-Bimanual session (three ticks against the
-batch run and fp32 on the CPU, history in CPU memory); audio-conditioned image-to-video (the soundtrack encoded on
+batch run and fp32 on the CPU, history in CPU memory); a causal rollout whose steady chunks replay a CUDA graph against
+it eager (bit-identical expected, and the time per chunk both ways); audio-conditioned image-to-video (the soundtrack encoded on
 the device, held, handed back); the Reasoner of both families.
 Device and code paths: the device record (`cosmos3_runtime.devices.facts`) printed, its grouped-K/V answer for bf16
 and fp32 against torch's own SDPA kernel choice; one generate with the media block compiled (inductor; the eager
@@ -44,6 +45,7 @@ import dataclasses
 import importlib.util
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -319,6 +321,51 @@ def check_session(c: Check) -> None:
     c.row("Sim-Bimanual session, 3 ticks", same <= 1 / 255 and error < BOUNDS["causal"] and torch.equal(host, ticks),
           f"ticks vs batch max abs {same:.5f}; vs fp32 on the CPU mean abs {error:.4f}; history in CPU memory "
           f"bit-identical={torch.equal(host, ticks)}; {seconds:.2f} s a tick (tiny model, 128x96)")
+
+
+def check_chunk_step(c: Check) -> None:
+    """A framewise Sim-Transfer rollout whose steady-state chunks replay a CUDA graph (`chunk_step`: window 4, chunk 3
+    eager, 4 captured, 5 to 10 replayed) against the same rollout eager on the device, and the seconds per steady
+    chunk both ways. Expected bit-identical: the replay runs the kernels the eager forward runs, on the same values;
+    it passes within the causal bf16 bound and says which, as cuBLAS may choose another algorithm inside a capture."""
+    from cosmos3_runtime import chunk_step
+
+    if c.device.type != "cuda":
+        raise Skip("CUDA graphs need an NVIDIA GPU (tests/test_chunk_step.py runs the step's buffers and its capture "
+                   "path on the CPU)")
+    root = c.folder / "sim-transfer-framewise"
+    if not root.exists():
+        make_tiny_checkpoint(root, kind="gated", size="small", distilled=True,
+                             causal=sim_transfer_block(1, window_frames=4, sink_frames=1))
+    pipe = cosmos3_runtime.load(root, device=c.device, dtype="bf16")
+    control = torch.rand(41, 96, 128, 3, generator=torch.Generator().manual_seed(0))
+    original, made = chunk_step.for_run, []
+
+    def rollout() -> tuple[torch.Tensor, float]:
+        stamps = []
+
+        def progress(stage, done, total):
+            if stage == "chunk":
+                c.sync()
+                stamps.append(time.perf_counter())
+
+        latents = pipe.generate("a cat", control_videos={"edge": control}, width=128, height=96, seed=3,
+                                compile=False, progress=progress).latents
+        return latents, statistics.median(b - a for a, b in zip(stamps[5:], stamps[6:]))
+
+    chunk_step.for_run = lambda *args: made.append(original(*args)) or made[-1]
+    try:
+        graphed, graphed_seconds = rollout()
+        chunk_step.for_run = lambda *args: None
+        eager, eager_seconds = rollout()
+    finally:
+        chunk_step.for_run = original
+    captured = made[0] is not None and made[0].replay is not None
+    same, error = torch.equal(graphed, eager), relative(graphed, eager)
+    c.row("causal chunk step, CUDA graphs", captured and (same or error < BOUNDS["causal"]),
+          f"captured={captured}; bit-identical to eager={same}, relative mean difference {error:.5f}; a steady chunk "
+          f"{eager_seconds * 1e3:.1f} ms eager, {graphed_seconds * 1e3:.1f} ms graphed "
+          f"({eager_seconds / graphed_seconds:.2f}x; tiny model, 128x96)")
 
 
 def check_audio(c: Check) -> None:
@@ -905,7 +952,7 @@ def check_workloads(c: Check) -> None:
 CHECKS = [  # the most valuable first: the deadline skips what is left
     ("bf16", check_bf16), ("low VRAM", check_low_vram), ("fp8", check_fp8), ("fp8_scaled", check_fp8_scaled),
     ("GGUF", check_gguf), ("host placement", check_host_placement), ("transfer", check_transfer),
-    ("causal", check_causal), ("session", check_session), ("audio", check_audio),
+    ("causal", check_causal), ("session", check_session), ("causal graphs", check_chunk_step), ("audio", check_audio),
     ("Reasoner", check_reasoner),
     ("device record", check_device_record), ("attention kernels", check_attention_kernels),
     ("compiled block", check_compiled_block), ("first load", check_first_load), ("SDPA kernels", check_sdpa_backends),

@@ -12,32 +12,17 @@ from dataclasses import replace
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from test_causal import H, W, chunkwise, clip, framewise, rollout  # noqa: F401 (fixtures)
 from virtual_device import TO_HOST, VirtualDevice
 
 import cosmos3_runtime
 from cosmos3_runtime import chunk_step, devices, transformer
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.devices import DeviceFacts
-from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block, transformer_config
+from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block, transformer_config
 from cosmos3_runtime.transformer import Cosmos3Transformer, DecoderLayer, MediaKV, Segment, TransformerConfig
 
-W, H = 48, 32  # a 3 x 2 latent grid: 2 x 1 patches a frame
 META = torch.device("meta")
-
-
-@pytest.fixture(scope="module")
-def framewise(tmp_path_factory):
-    root = make_tiny_checkpoint(tmp_path_factory.mktemp("fw") / "ckpt", kind="gated", dtype="float32",
-                                distilled=True, causal=sim_transfer_block(1, window_frames=4, sink_frames=1),
-                                reasoner=False)
-    return cosmos3_runtime.load(root, dtype="fp32")
-
-
-@pytest.fixture(scope="module")
-def chunkwise(tmp_path_factory):
-    root = make_tiny_checkpoint(tmp_path_factory.mktemp("cw") / "ckpt", kind="gated", dtype="float32",
-                                distilled=True, causal=sim_transfer_block(), reasoner=False)
-    return cosmos3_runtime.load(root, dtype="fp32")
 
 
 @pytest.fixture(scope="module")
@@ -85,39 +70,30 @@ def stepped(monkeypatch):
     return use
 
 
-def clip(frames: int) -> torch.Tensor:
-    return torch.rand(frames, H, W, 3, generator=torch.Generator().manual_seed(0))
-
-
-def rollout(pipe, frames: int, **options):
-    return pipe.generate("a robot arm stacks cubes", control_videos={"edge": clip(frames)}, width=W, height=H, seed=3,
-                         **options).latents
-
-
 @pytest.fixture(scope="module")
 def eager_framewise(framewise):
-    return rollout(framewise, 21)
+    return rollout(framewise, 21).latents
 
 
 def test_a_framewise_rollout_through_the_traced_step_is_bit_identical(framewise, eager_framewise, stepped):
     """Window 4 with 1 sink: chunks 3 to 5 hold the same history; chunk 3 runs eagerly, 4 is captured, 4 and 5
     replay. Chunks before (more history each time) and the commits run eagerly."""
     events = stepped(Traced)
-    assert torch.equal(rollout(framewise, 21), eager_framewise)
+    assert torch.equal(rollout(framewise, 21).latents, eager_framewise)
     assert events == ["capture"] + ["replay"] * 8  # 2 chunks of 4 steps
 
 
 def test_a_chunkwise_rollout_with_eviction_through_the_step_is_bit_identical(chunkwise, stepped):
     """Chunks of 4 in a window of 5: the chunks at 1, 5 and 9 each keep 1 latent frame of history."""
-    eager = rollout(chunkwise, 49, causal_window=5)
+    eager = rollout(chunkwise, 49, causal_window=5).latents
     events = stepped(Rerun)
-    assert torch.equal(rollout(chunkwise, 49, causal_window=5), eager)
+    assert torch.equal(rollout(chunkwise, 49, causal_window=5).latents, eager)
     assert events == ["capture"] + ["replay"] * 8
 
 
 def test_a_rollout_that_keeps_all_history_never_captures(chunkwise, stepped):
     events = stepped(Rerun)
-    rollout(chunkwise, 49)
+    rollout(chunkwise, 33)
     assert events == []
 
 
@@ -269,7 +245,7 @@ def compiled_block(monkeypatch):
 def test_compile_applies_to_a_causal_rollout_and_equals_eager(framewise, eager_framewise, compiled_block):
     """The compiled block writes each layer's rows into that layer's history (under AOTAutograd every layer's went to
     the first layer's rows: the history's view and the slab's aliased, pytorch#139789)."""
-    assert torch.equal(rollout(framewise, 21, compile=True), eager_framewise)
+    assert torch.equal(rollout(framewise, 21, compile=True).latents, eager_framewise)
     assert counters["stats"]["unique_graphs"] and not counters["graph_break"]
 
 

@@ -88,6 +88,7 @@ class CausalSession:
         self.run = self.decoder = None  # the old history's memory goes first
         p = self.plan
         self.run = CausalRun(self.parts, p.settings, p.request, p.cond_ids, p.uncond_ids, None, open=True)
+        self.block = media_block(p.request.compile, self.parts.device)  # one a session: its chunk step keys on it
         self.decoder = self.parts.codec.decode_stream(self.run.fast)
         self.chunk_index, self.lost = 0, False
 
@@ -102,8 +103,7 @@ class CausalSession:
         filtered by the guardrails). A tick that fails or is cancelled loses the history (half-committed): its memory
         is freed at once and the next tick starts again at chunk 0."""
         try:
-            block = media_block(self.plan.request.compile, self.parts.device)
-            with running(self.parts, self.plan.settings, block, interrupt, self.guardrails) as guarded:
+            with running(self.parts, self.plan.settings, self.block, interrupt, self.guardrails) as guarded:
                 extend(self.run)
                 runs.execute(self.run, self.parts, int(self.plan.request.seed), callback, None, progress, None)
                 frames = guarded(image_frames(self.parts.codec.decode_pixels(self.run.latents, fast=self.run.fast,

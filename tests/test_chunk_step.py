@@ -97,19 +97,20 @@ def test_a_rollout_that_keeps_all_history_never_captures(chunkwise, stepped):
     assert events == []
 
 
-def test_sim_bimanual_ticks_through_the_step_equal_the_eager_batch(bimanual, stepped):
+def test_sim_bimanual_ticks_through_the_step_equal_the_eager_batch(bimanual, stepped, compiled_block):
     """Window 5, chunks of 4: from the tick at latent frame 5 on each holds 5 frames of history; its actions (rows
-    beside the video, their positions moving with the chunk) go through static buffers too."""
+    beside the video, their positions moving with the chunk) go through static buffers too. The ticks run compiled:
+    a session's block is made once (made each tick, a new one each time, no shape repeated and nothing was captured)."""
     table = torch.randn(64, 29, generator=torch.Generator().manual_seed(1))
     first = torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(0))
 
-    def request(actions=None):
+    def request(actions=None, compile=False):
         return dict(action=ActionRequest(mode="forward_dynamics", image=first, actions=actions, domain="agibotworld"),
-                    width=W, height=H, seed=7)
+                    width=W, height=H, seed=7, compile=compile)
 
     eager = bimanual.generate("the robot folds a towel", **request(table)).frames
     events = stepped(Rerun)
-    with bimanual.session("the robot folds a towel", **request()) as s:
+    with bimanual.session("the robot folds a towel", **request(compile=True)) as s:
         ticks = torch.cat([s.tick(table[16 * k : 16 * (k + 1)]) for k in range(4)])
     assert torch.equal(ticks, eager)
     assert events == ["capture"] + ["replay"] * 4  # ticks 3 and 4, two steps each

@@ -93,6 +93,13 @@ class ControlClip(Conditioner):
         return ran + self.latents.shape[2]
 
 
+def first_image_latents(parts: Parts, image, s: Settings) -> torch.Tensor:
+    """Sim-Bimanual's latent frame 0: the first image cover-resized and centre-cropped to the rollout's size, encoded
+    (normalized)."""
+    first = preprocess_image(image, s.height, s.width).unsqueeze(2)
+    return parts.codec.encode_pixels(first.to(parts.denoiser.transformer.dtype))
+
+
 class ActionTable(Conditioner):
     """Sim-Bimanual: latent frame 0 is the first image (cover-resized, centre-cropped, encoded), committed clean beside
     null action tokens before the first chunk; each later latent frame f is denoised and committed beside its four
@@ -106,8 +113,7 @@ class ActionTable(Conditioner):
         self.width, self.device = model.config.action_dim, parts.device
         self.rows = torch.zeros(0, self.width, device=parts.device)  # normalized [n, width], read every forward
         self.dropped = 0  # rows before `rows`
-        first = preprocess_image(r.action.image, s.height, s.width).unsqueeze(2)
-        self.opening = parts.codec.encode_pixels(first.to(model.dtype))
+        self.opening = first_image_latents(parts, r.action.image, s)
         if not open:  # (a batch without actions is refused with its plan: `Planner.check`)
             self.extend(torch.as_tensor(r.action.actions, dtype=torch.float32)[: s.num_frames - 1], 0)
 
@@ -295,6 +301,8 @@ class HostBlocks:
         if not isinstance(run.history, KVHistory):
             raise InputError("a host's block sampler drives the K/V history: causal_cache 'kv'")
         self.run, self.block, self.inputs = run, None, None
+        config = run.plan.config  # the fixed lists a host may walk (Sim-Bimanual: its default two steps, or all)
+        self.schedules = [torch.tensor([*sigmas, 0.0]) for sigmas in dict.fromkeys((config.sigmas(), config.t_list))]
 
     def forward(self, x: torch.Tensor, timestep: torch.Tensor, cache: dict, start: int) -> torch.Tensor:
         """One forward over the block at latent frame `start` -> its velocity (at sigma 0: the commit, zeros)."""

@@ -103,7 +103,7 @@ def schedule_sigmas(pipe, options: dict, frames: int | None):
     """The sigmas (float32, ending in 0) Cosmos3 Sampler would walk for these options."""
     request = Request.build(**options, num_frames=frames)
     if pipe is not None and pipe.variant.causal is not None:  # (its settings need a control clip or actions)
-        return distilled_schedule(pipe.variant.causal.t_list, True).sigmas  # its fixed list, for SamplerARVideo
+        return distilled_schedule(pipe.variant.causal.sigmas(request.steps), True).sigmas  # for SamplerARVideo
     if pipe is not None:
         return pipe.denoiser.schedule_for(resolve_settings(pipe.variant, request)).sigmas
     if request.schedule not in ("auto", "unipc"):  # (the schedule output still serves Cosmos3 Sampler)

@@ -14,7 +14,7 @@ from ...cosmos3_runtime.request import help_of, parse_frame_indexes
 from ...cosmos3_runtime.settings import resolve as resolve_settings
 from .. import services
 from ..prompting import prompt_inputs, prompt_options
-from ..sampling import size_widgets
+from ..widgets import size_widgets
 from .prompt_marker import ACTION_KEY, CONTROLS, CONTROLS_KEY, CorePrompt, conditioning
 
 

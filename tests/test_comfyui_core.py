@@ -636,7 +636,7 @@ def sim_actions(core, rows, seed, steps=0, num_frame_per_block=4, sigmas=None):
     """Sim-Bimanual on SamplerARVideo: Cosmos3 Action's first image and actions through Cosmos3 Sim Actions (core)
     (the MODEL's first image, the conditioning, the latent), sigmas from Cosmos3 Scheduler."""
     handle, model, _ = load(core, "Cosmos3-Nano-Sim-Bimanual")
-    image = torch.rand(1, 32, 64, 3, generator=torch.Generator().manual_seed(0))
+    image = torch.randint(0, 256, (1, 32, 64, 3), generator=torch.Generator().manual_seed(0)) / 255  # as LoadImage's
     table = torch.randn(rows, 29, generator=torch.Generator().manual_seed(1))
     action, = core.pack.Cosmos3Action().build("forward_dynamics", "agibotworld", 0, "auto", "auto", "auto",
                                               image=image, actions={"actions": table})
@@ -654,6 +654,22 @@ def test_sim_bimanual_on_sampler_ar_video_equals_the_pack_rollout(core, sim_bima
     expected = pipe.generate("the robot folds a towel", action=action, width=64, height=32, fps=30.0, seed=5,
                              steps=steps or None, causal_seeds="comfyui").latents
     assert got.shape == expected.shape == (1, 48, 13, 2, 4)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_sim_bimanual_takes_its_first_image_from_arvideoi2v_too(core, sim_bimanual):
+    """ARVideoI2V's MODEL (the image encoded by the core VAE) with the latent of Cosmos3 Sim Actions (core): the
+    rollout is the pack's. (The pack rounds an image to 8 bits before encoding it, as diffusers' PIL path does;
+    ARVideoI2V encodes it as it comes: the same for an 8-bit image, as Load Image gives.)"""
+    from comfy_extras.nodes_ar_video import ARVideoI2V
+
+    pipe, action, expected = sim_actions(core, 16, seed=3)
+    handle, model, vae = load(core, "Cosmos3-Nano-Sim-Bimanual")
+    positive, _ = encode(core, "the robot folds a towel", fps=30.0)
+    _, positive, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action, 64, 32)
+    model, _ = ARVideoI2V.execute(model, vae, action.image, 64, 32, 17, 1).result
+    _, sigmas = core.pack.Cosmos3Scheduler().build("auto", 0, 0.0, handle)
+    got = sample_ar(model, positive, latent, sigmas, 3, 4)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 

@@ -632,16 +632,17 @@ def sim_bimanual(core, tmp_path_factory):
     return root
 
 
-def sim_actions(core, rows, seed, steps=0, num_frame_per_block=4, sigmas=None):
-    """Sim-Bimanual on SamplerARVideo: Cosmos3 Action's first image and actions through Cosmos3 Sim Actions (core)
-    (the MODEL's first image, the conditioning, the latent), sigmas from Cosmos3 Scheduler."""
+def sim_actions(core, rows, seed, steps=0, num_frame_per_block=4, sigmas=None, size=(32, 64)):
+    """Sim-Bimanual on SamplerARVideo: Cosmos3 Action's first image (8-bit, as Load Image's) and actions through
+    Cosmos3 Sim Actions (core) (the MODEL's first image, the conditioning, the latent: at 832x480, the trained canvas
+    nearest 2:1), sigmas from Cosmos3 Scheduler."""
     handle, model, _ = load(core, "Cosmos3-Nano-Sim-Bimanual")
-    image = torch.randint(0, 256, (1, 32, 64, 3), generator=torch.Generator().manual_seed(0)) / 255  # as LoadImage's
+    image = torch.randint(0, 256, (1, *size, 3), generator=torch.Generator().manual_seed(0)) / 255
     table = torch.randn(rows, 29, generator=torch.Generator().manual_seed(1))
     action, = core.pack.Cosmos3Action().build("forward_dynamics", "agibotworld", 0, "auto", "auto", "auto",
                                               image=image, actions={"actions": table})
     positive, _ = encode(core, "the robot folds a towel", fps=30.0)
-    model, positive, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action, 64, 32)
+    model, positive, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action)
     if sigmas is None:
         _, sigmas = core.pack.Cosmos3Scheduler().build("auto", steps, 0.0, handle)
     got = sample_ar(model, positive, latent, sigmas, seed, num_frame_per_block)
@@ -651,23 +652,23 @@ def sim_actions(core, rows, seed, steps=0, num_frame_per_block=4, sigmas=None):
 @pytest.mark.parametrize("steps", [0, 4])  # NVIDIA's two steps a chunk ("step42"), the whole t_list
 def test_sim_bimanual_on_sampler_ar_video_equals_the_pack_rollout(core, sim_bimanual, steps):
     pipe, action, got = sim_actions(core, 48, seed=5, steps=steps)  # 1 + 12 latent frames: the window evicts
-    expected = pipe.generate("the robot folds a towel", action=action, width=64, height=32, fps=30.0, seed=5,
-                             steps=steps or None, causal_seeds="comfyui").latents
-    assert got.shape == expected.shape == (1, 48, 13, 2, 4)
+    expected = pipe.generate("the robot folds a towel", action=action, fps=30.0, seed=5, steps=steps or None,
+                             causal_seeds="comfyui", output="latents").latents
+    assert got.shape == expected.shape == (1, 48, 13, 30, 52)  # 832x480: the trained canvas nearest 2:1
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_sim_bimanual_takes_its_first_image_from_arvideoi2v_too(core, sim_bimanual):
     """ARVideoI2V's MODEL (the image encoded by the core VAE) with the latent of Cosmos3 Sim Actions (core): the
-    rollout is the pack's. (The pack rounds an image to 8 bits before encoding it, as diffusers' PIL path does;
-    ARVideoI2V encodes it as it comes: the same for an 8-bit image, as Load Image gives.)"""
+    rollout is the pack's for an 8-bit image at the canvas's size. (The pack resizes with antialiasing and rounds to 8
+    bits before encoding, as diffusers' PIL path does; ARVideoI2V resizes bilinearly and encodes the floats.)"""
     from comfy_extras.nodes_ar_video import ARVideoI2V
 
-    pipe, action, expected = sim_actions(core, 16, seed=3)
+    pipe, action, expected = sim_actions(core, 16, seed=3, size=(480, 832))
     handle, model, vae = load(core, "Cosmos3-Nano-Sim-Bimanual")
     positive, _ = encode(core, "the robot folds a towel", fps=30.0)
-    _, positive, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action, 64, 32)
-    model, _ = ARVideoI2V.execute(model, vae, action.image, 64, 32, 17, 1).result
+    _, positive, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action)
+    model, _ = ARVideoI2V.execute(model, vae, action.image, 832, 480, 17, 1).result
     _, sigmas = core.pack.Cosmos3Scheduler().build("auto", 0, 0.0, handle)
     got = sample_ar(model, positive, latent, sigmas, 3, 4)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
@@ -686,9 +687,9 @@ def test_what_sampler_ar_video_cannot_run_on_sim_bimanual_is_refused(core, sim_b
     with pytest.raises(InputError, match="rolls out from its first image"):
         action, = core.pack.Cosmos3Action().build("forward_dynamics", "agibotworld", 0, "auto", "auto", "auto",
                                                   image=torch.rand(1, 32, 64, 3), actions={"actions": torch.randn(16, 29)})
-        _, with_actions, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action, 64, 32)
+        _, with_actions, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action)
         _, sigmas = core.pack.Cosmos3Scheduler().build("auto", 0, 0.0, handle)
         sample_ar(model, with_actions, latent, sigmas, 1, 4)  # the MODEL without its first image
     _, transfer, _ = load(core, "Cosmos3-Nano-Sim-Transfer-Framewise")
     with pytest.raises(InputError, match="conditions a causal Sim-Bimanual checkpoint"):
-        core.pack.Cosmos3CoreSimActions().attach(transfer, positive, action, 64, 32)
+        core.pack.Cosmos3CoreSimActions().attach(transfer, positive, action)

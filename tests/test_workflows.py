@@ -103,7 +103,7 @@ def small(prompt: dict) -> dict:
             node["inputs"]["steps"] = 3
         if node["class_type"] == "Cosmos3TransferSampler":  # 13 frames in two chunks
             node["inputs"].update(width=64, height=48, chunk_frames=9)
-        if node["class_type"] in ("Cosmos3SimTransferSampler", "Cosmos3CoreSimActions"):
+        if node["class_type"] == "Cosmos3SimTransferSampler":  # latent frame 0, then chunks of 4
             node["inputs"].update(width=64, height=48)
         if node["class_type"] in ("Cosmos3Reason", "Cosmos3UpsamplePrompt"):
             node["inputs"]["max_new_tokens"] = 8
@@ -342,7 +342,7 @@ def test_widget_order_of_our_nodes(pack):
                                   "duration_template", "json_captions", "fps"],
         "Cosmos3ConditionFrames": ["condition_frames"],
         "Cosmos3CoreSimControl": [],
-        "Cosmos3CoreSimActions": ["width", "height"],
+        "Cosmos3CoreSimActions": [],
         "Cosmos3LoraLoader": ["lora_name", "strength"],
         "Cosmos3EdgeControl": ["derive"],
         "Cosmos3BlurControl": ["derive"],

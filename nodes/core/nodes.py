@@ -14,7 +14,6 @@ from ...cosmos3_runtime.request import help_of, parse_frame_indexes
 from ...cosmos3_runtime.settings import resolve as resolve_settings
 from .. import services
 from ..prompting import prompt_inputs, prompt_options
-from ..widgets import size_widgets
 from .prompt_marker import ACTION_KEY, CONTROLS, CONTROLS_KEY, CorePrompt, conditioning
 
 
@@ -144,9 +143,9 @@ class Cosmos3CoreSimActions:
     DESCRIPTION = ("A causal Sim-Bimanual checkpoint's first image and actions for ComfyUI's SamplerARVideo, from Cosmos3 "
                    "Action (forward_dynamics): the MODEL with the image as latent frame 0 (what ARVideoI2V sets, "
                    "resized and encoded as the pack's rollout does), the positive conditioning with the actions, and "
-                   "the empty latent they fill: 1 + N frames for N actions, at the trained canvas nearest the image "
-                   "unless width and height say otherwise. Sample with SamplerCustomAdvanced, BasicGuider, "
-                   "SamplerARVideo (num_frame_per_block 4) and Cosmos3 Scheduler's sigmas.")
+                   "the empty latent they fill: 1 + N frames for N actions, at the trained 480p canvas nearest the "
+                   "image's shape. Sample with SamplerCustomAdvanced, BasicGuider, SamplerARVideo "
+                   "(num_frame_per_block 4) and Cosmos3 Scheduler's sigmas.")
     CATEGORY = "cosmos3/core"
     RETURN_TYPES = ("MODEL", "CONDITIONING", "LATENT")
     RETURN_NAMES = ("model", "positive", "latent")
@@ -159,17 +158,15 @@ class Cosmos3CoreSimActions:
         return {"required": {"model": ("MODEL", {"tooltip": "from Cosmos3 Core Model, on a Sim-Bimanual checkpoint"}),
                              "positive": ("CONDITIONING",),
                              "action": ("COSMOS3_ACTION", {"tooltip": "Cosmos3 Action: forward_dynamics, the first "
-                                        "image and the actions"}),
-                             **size_widgets()}}
+                                        "image and the actions"})}}
 
-    def attach(self, model, positive, action, width, height):
+    def attach(self, model, positive, action):
         pipe = getattr(model.model, "pipeline", None)
         causal = None if pipe is None else pipe.variant.causal
         if causal is None or not causal.takes_actions:
             raise InputError("Cosmos3 Sim Actions (core) conditions a causal Sim-Bimanual checkpoint: connect the MODEL "
                              "of Cosmos3 Core Model loaded with one")
-        size = {"width": width or None, "height": height or None}
-        s = resolve_settings(pipe.variant, Request.build(action=action, **size))  # size and frames, before encoding
+        s = resolve_settings(pipe.variant, Request.build(action=action))  # size and frames, before encoding
         # raw latents: the sampler normalizes its initial latent itself (process_latent_in)
         first = pipe.parts.codec.raw_latents(first_image_latents(pipe.parts, action.image, s))
         patched = model.clone()

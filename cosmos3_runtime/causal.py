@@ -131,6 +131,13 @@ class CausalConfig:
     def takes_actions(self) -> bool:
         return bool(self.embodiments)
 
+    def sigmas(self, steps: int | None = None) -> tuple[float, ...]:
+        """The sigmas each chunk walks: the whole t_list, or for Sim-Bimanual by default (`steps` None or
+        `ACTION_SIGMAS`) t_list[0] and t_list[2] ("step42")."""
+        if not self.takes_actions or len(self.t_list) < 3 or (steps or ACTION_SIGMAS) == len(self.t_list):
+            return self.t_list
+        return self.t_list[0], self.t_list[2]
+
     def embodiment(self, name: str | None) -> Embodiment:
         """The embodiment `name` (None: the contract's default); others are refused with the list."""
         name = self.default_embodiment if name is None else name
@@ -201,22 +208,23 @@ def whole_chunks(pixel: int, chunk: int) -> int:
     return pixel_frames(1 + (latent_frames(pixel) - 1) // chunk * chunk)
 
 
-def seed_framework(seed: int, chunk_start: int, step: int | None) -> int:
+def seed_framework(seed: int, chunk_start: int, block: int, step: int | None) -> int:
     """NVIDIA's framework: a chunk's first noise from seed + its start frame; step k's re-noising from
     seed + start·1 000 003 + (k + 1)·9 176 (its newest code starts at one: step 0's seed would repeat frame 0's)."""
     return seed + chunk_start if step is None else seed + chunk_start * 1_000_003 + (step + 1) * 9_176
 
 
-def seed_sglang(seed: int, chunk_start: int, step: int | None) -> int:
+def seed_sglang(seed: int, chunk_start: int, block: int, step: int | None) -> int:
     """SGLang's (and the framework's older) seeds: the step term is k·9 176."""
     return seed + chunk_start if step is None else seed + chunk_start * 1_000_003 + step * 9_176
 
 
-def seed_comfyui(seed: int, chunk_start: int, step: int | None) -> int:
-    """ComfyUI's SamplerARVideo (`sample_ar_video`): step k of block b re-noises from seed + b·1 000 + k, its blocks a
-    framewise rollout's chunks (b the chunk's start frame); the first noise is the clip's, drawn once from the seed
-    as ComfyUI's noise nodes draw it (`CLIP_NOISE`), each chunk its frames of it."""
-    return seed if step is None else seed + chunk_start * 1000 + step
+def seed_comfyui(seed: int, chunk_start: int, block: int, step: int | None) -> int:
+    """ComfyUI's SamplerARVideo (`sample_ar_video`): step k of block b re-noises from seed + b·1 000 + k, its blocks
+    the chunks the rollout denoises, counted from 0 (a framewise Sim-Transfer's start at latent frame 0; Sim-Bimanual's
+    after frame 0, the image the sampler is given); the first noise is the clip's, drawn once from the seed as
+    ComfyUI's noise nodes draw it (`CLIP_NOISE`), each chunk its frames of it."""
+    return seed if step is None else seed + block * 1000 + step
 
 
 SEEDS = {"framework": seed_framework, "sglang": seed_sglang, "comfyui": seed_comfyui}

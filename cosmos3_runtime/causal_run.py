@@ -93,6 +93,13 @@ class ControlClip(Conditioner):
         return ran + self.latents.shape[2]
 
 
+def first_image_latents(parts: Parts, image, s: Settings) -> torch.Tensor:
+    """Sim-Bimanual's latent frame 0: the first image cover-resized and centre-cropped to the rollout's size, encoded
+    (normalized)."""
+    first = preprocess_image(image, s.height, s.width).unsqueeze(2)
+    return parts.codec.encode_pixels(first.to(parts.denoiser.transformer.dtype))
+
+
 class ActionTable(Conditioner):
     """Sim-Bimanual: latent frame 0 is the first image (cover-resized, centre-cropped, encoded), committed clean beside
     null action tokens before the first chunk; each later latent frame f is denoised and committed beside its four
@@ -106,8 +113,7 @@ class ActionTable(Conditioner):
         self.width, self.device = model.config.action_dim, parts.device
         self.rows = torch.zeros(0, self.width, device=parts.device)  # normalized [n, width], read every forward
         self.dropped = 0  # rows before `rows`
-        first = preprocess_image(r.action.image, s.height, s.width).unsqueeze(2)
-        self.opening = parts.codec.encode_pixels(first.to(model.dtype))
+        self.opening = first_image_latents(parts, r.action.image, s)
         if not open:  # (a batch without actions is refused with its plan: `Planner.check`)
             self.extend(torch.as_tensor(r.action.actions, dtype=torch.float32)[: s.num_frames - 1], 0)
 
@@ -229,7 +235,7 @@ class CausalRun(Run):
             if open:
                 raise InputError(f"causal_seeds {self.plan.seeds!r} draws the first noise over the whole clip, which a "
                                  "session does not know ahead; give framework, sglang or auto")
-            generator = torch.Generator("cpu").manual_seed(self.seeds(self.seed, 0, None))
+            generator = torch.Generator("cpu").manual_seed(self.seeds(self.seed, 0, 0, None))
             self.clip_noise = parts.denoiser.start_latents(parts.denoiser.latent_shape(s), generator, None)
         # the chunks known: a batch's, or a session's so far (its history is sized for the planned run's)
         self.chunks = self.plan.chunks[: self.conditioner.first] if open else self.plan.chunks
@@ -255,12 +261,13 @@ class CausalRun(Run):
 
     def window(self, k: int) -> Window:
         start, end = self.chunks[k + self.done]
+        block = k + self.done - self.conditioner.first  # among the chunks denoised
         frames = pixel_frames(end) if start == 0 else TEMPORAL_FACTOR * (end - start)  # latent frame 0 holds one
         chunk = replace(self.s, kind=kinds.SINGLE, num_frames=frames)
-        noise = torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, None))
+        noise = torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, block, None))
         first = None if self.clip_noise is None else self.clip_noise[:, :, start:end]
         return Window(chunk, None, CFG(self.cond_ids, self.cond_ids, 1.0, None), noise, first,
-                      lambda i: torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, i)),
+                      lambda i: torch.Generator("cpu").manual_seed(self.seeds(self.seed, start, block, i)),
                       self.history.window(self, start, end))
 
     def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
@@ -284,16 +291,20 @@ class CausalRun(Run):
 
 class HostBlocks:
     """A batch rollout whose steps a host's block sampler takes (ComfyUI's SamplerARVideo, `sample_ar_video`): it
-    calls `forward` for each step of a block, then once at sigma 0 with the denoised block, which commits it. The
-    history is the run's own (`KVHistory`: its window, sinks, control frames); the host's cache is a dict whose
-    `end` it counts in frames x ceil(h/2) x ceil(w/2) rows, each forward adding its block's and the sampler taking
-    them back after every forward but the commit: here only counted and checked, so a cache handled otherwise is
-    refused instead of silently diverging."""
+    calls `forward` for each step of a block, then once at sigma 0 with the denoised block, which commits it. A
+    rollout that starts from a given frame (Sim-Bimanual's first image) takes it from the host's first call, at sigma 0
+    over latent frame 0 (ARVideoI2V's `initial_latent`): what the host gives is the clip's frame 0. The history is the
+    run's own (`KVHistory`: its window, sinks, control frames); the host's cache is a dict whose `end` it counts in
+    frames x ceil(h/2) x ceil(w/2) rows, each forward adding its block's and the sampler taking them back after every
+    forward but the commit: here only counted and checked, so a cache handled otherwise is refused instead of
+    silently diverging."""
 
     def __init__(self, run: CausalRun):
         if not isinstance(run.history, KVHistory):
             raise InputError("a host's block sampler drives the K/V history: causal_cache 'kv'")
         self.run, self.block, self.inputs = run, None, None
+        config = run.plan.config  # the fixed lists a host may walk (Sim-Bimanual: its default two steps, or all)
+        self.schedules = [torch.tensor([*sigmas, 0.0]) for sigmas in dict.fromkeys((config.sigmas(), config.t_list))]
 
     def forward(self, x: torch.Tensor, timestep: torch.Tensor, cache: dict, start: int) -> torch.Tensor:
         """One forward over the block at latent frame `start` -> its velocity (at sigma 0: the commit, zeros)."""
@@ -302,23 +313,35 @@ class HostBlocks:
         if cache.get("end") != start * rows:
             raise InputError(f"the Cosmos3 causal cache holds {cache.get('end')} rows at latent frame {start}, not the "
                              f"{start * rows} SamplerARVideo keeps: sample this MODEL with SamplerARVideo")
-        if (start, end) not in run.chunks[run.conditioner.first :]:
-            size = run.plan.config.chunk_size
-            if size > 1 and run.conditioner.opening is None:
-                raise InputError(f"this chunkwise Sim-Transfer checkpoint rolls out latent frame 0 alone, then {size} "
-                                 "at a time, which SamplerARVideo's equal blocks cannot give: sample it with Cosmos3 "
-                                 "Sim-Transfer Sampler")
-            raise InputError(f"SamplerARVideo gave latent frames [{start}, {end}); this checkpoint was trained on "
-                             f"chunks of {size} latent frame(s) after frame 0: set num_frame_per_block to {size}")
-        if self.block != start:  # the block's first forward: its history evicted, its control frames committed
-            self.block, self.inputs = start, run.history.window(run, start, end)
-        if not bool(timestep.any()):  # sigma 0: the clean block, committed (the sampler keeps its input)
-            run.history.keep(run, x, start, end, False)
-            velocity = torch.zeros_like(x)
+        first, clean = run.conditioner.first, not bool(timestep.any())
+        if start == 0 and end == first and clean:  # the given frame: the clip's frame 0, committed before chunk 1
+            run.conditioner.opening, velocity = x, torch.zeros_like(x)
+        elif (start, end) in run.chunks[first:]:
+            velocity = self.step(x, timestep, start, end, clean)
         else:
-            denoiser, inputs = run.parts.denoiser, self.inputs
-            hooks = replace(denoiser.hooks, cache=inputs.cache, start_frame=start, attention=inputs.attention)
-            velocity = run.model(x, timestep, denoiser.text_kv(run.cond_ids), list(range(x.shape[2])), run.s.fps,
-                                 list(inputs.conditions), hooks=hooks).vision
+            raise InputError(self.refusal(start, end))
         cache["end"] += x.shape[2] * rows
         return velocity
+
+    def step(self, x: torch.Tensor, timestep: torch.Tensor, start: int, end: int, clean: bool) -> torch.Tensor:
+        run = self.run
+        if self.block != start:  # the block's first forward: its history evicted, its given frames committed
+            self.block, self.inputs = start, run.history.window(run, start, end)
+        if clean:  # sigma 0: the denoised block, committed (the sampler keeps its input)
+            run.history.keep(run, x, start, end, False)
+            return torch.zeros_like(x)
+        denoiser, inputs = run.parts.denoiser, self.inputs
+        hooks = replace(denoiser.hooks, cache=inputs.cache, start_frame=start, attention=inputs.attention)
+        return run.model(x, timestep, denoiser.text_kv(run.cond_ids), list(range(x.shape[2])), run.s.fps,
+                         list(inputs.conditions), hooks=hooks).vision
+
+    def refusal(self, start: int, end: int) -> str:
+        run, size = self.run, self.run.plan.config.chunk_size
+        if run.conditioner.first and start < run.conditioner.first:
+            return ("this Sim-Bimanual checkpoint rolls out from its first image as latent frame 0: give it to "
+                    "SamplerARVideo through the MODEL of Cosmos3 Sim Actions (core) (or ARVideoI2V)")
+        if size > 1 and not run.conditioner.first:
+            return (f"this chunkwise Sim-Transfer checkpoint rolls out latent frame 0 alone, then {size} at a time, "
+                    "which SamplerARVideo's equal blocks cannot give: sample it with Cosmos3 Sim-Transfer Sampler")
+        return (f"SamplerARVideo gave latent frames [{start}, {end}); this checkpoint was trained on chunks of {size} "
+                f"latent frame(s) after frame 0: set num_frame_per_block to {size}")

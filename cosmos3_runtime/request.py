@@ -189,8 +189,8 @@ class Request:
     causal_seeds: str = option("auto", "causal checkpoints: the per-step noise seeds, framework (seed + chunk start "
                                "x 1000003 + (step + 1) x 9176, NVIDIA's framework's newest Sim-Transfer code) or "
                                "sglang (step x 9176, SGLang's and the framework's Sim-Bimanual code), comfyui (framewise "
-                               "Sim-Transfer: block x 1000 + step from one noise over the clip, ComfyUI's "
-                               "SamplerARVideo); auto: "
+                               "Sim-Transfer and Sim-Bimanual: block x 1000 + step from one noise over the clip, "
+                               "ComfyUI's SamplerARVideo); auto: "
                                "framework for Sim-Transfer, sglang for Sim-Bimanual",
                                choices=list(CAUSAL_SEEDS))
     emphasize_control: bool | None = option(None, "causal Sim-Transfer: add the sentence telling the model to follow "

@@ -269,10 +269,10 @@ def _causal_refusals(variant: Variant, r: Request, steps: tuple[int, ...]) -> No
     if r.chunk_frames is not None:  # (an overlap alone, a sampler's widget, means nothing without them)
         raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
                          f"{c.chunk_size} at a time): leave chunk_frames unset")
-    if r.causal_seeds == "comfyui" and (c.chunk_size != 1 or c.takes_actions):
-        raise InputError("causal_seeds 'comfyui' counts SamplerARVideo's blocks, a framewise Sim-Transfer rollout's "
-                         f"chunks; this checkpoint's chunks are latent frame 0, then {c.chunk_size} at a time: give "
-                         "framework, sglang or auto")
+    if r.causal_seeds == "comfyui" and c.chunk_size != 1 and not c.takes_actions:
+        raise InputError("causal_seeds 'comfyui' counts SamplerARVideo's equal blocks: a framewise Sim-Transfer's "
+                         "chunks, or Sim-Bimanual's after its first image; this checkpoint's chunks are latent frame 0, "
+                         f"then {c.chunk_size} at a time: give framework, sglang or auto")
 
 
 def _history_window(c, r: Request) -> int | None:
@@ -334,10 +334,9 @@ def _bimanual(variant: Variant, r: Request, notes: list[str]) -> tuple[Causal, d
         width, height = canvas_for(h, w)
     else:
         width, height = _size(variant, r, False, notes)
-    steps = r.steps or causal.ACTION_SIGMAS
-    if steps != full and full < 3:
+    if (r.steps or causal.ACTION_SIGMAS) != full and full < 3:
         raise InputError(f"this checkpoint's t_list has {full} sigmas: give steps={full}")
-    sigmas = c.t_list if steps == full else (c.t_list[0], c.t_list[2])
+    sigmas = c.sigmas(r.steps)
     rollout = Rollout(c, None, tuple(chunk_ranges(latent_frames(frames), c.chunk_size)), window, c.sink_frames,
                       "kv", "sglang" if r.causal_seeds == "auto" else r.causal_seeds, r.causal_history, False,
                       embodiment)

@@ -7,7 +7,8 @@ Nodes translate ComfyUI types and call `cosmos3_runtime`; ComfyUI services are r
 from . import serving, services, transfer
 from .core.lora import Cosmos3LoraLoader
 from .guardrails import Cosmos3GuardrailLoader
-from .core.nodes import Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreSimControl, Cosmos3CoreTextEncode
+from .core.nodes import (Cosmos3ConditionFrames, Cosmos3CoreModel, Cosmos3CoreSimActions, Cosmos3CoreSimControl,
+                         Cosmos3CoreTextEncode)
 from .actions import Cosmos3Action, Cosmos3ActionPlot, Cosmos3LoadActions, Cosmos3RobotState, Cosmos3SaveActions
 from .loader import Cosmos3DefaultNegativePrompt, Cosmos3ModelLoader
 from .prompting import Cosmos3JSONCaption
@@ -53,6 +54,7 @@ NODES = (
     (Cosmos3ConditionFrames, "Cosmos3 Condition Frames (core)"),
     (Cosmos3LoraLoader, "Cosmos3 LoRA Loader (core)"),
     (Cosmos3CoreSimControl, "Cosmos3 Sim Control (core)"),
+    (Cosmos3CoreSimActions, "Cosmos3 Sim Actions (core)"),
     (Cosmos3EdgeControl, "Cosmos3 Edge Control"),
     (Cosmos3BlurControl, "Cosmos3 Blur Control"),
     (Cosmos3DepthControl, "Cosmos3 Depth Control"),

@@ -56,6 +56,7 @@ MEDIA_NODES_ON_TOP = 4  # more input-media nodes than this: the prompt moves to 
 TITLE_BAR = 30  # drawn above a node's pos
 COLUMN_HEIGHT = 560
 TALL_COLUMN_HEIGHT = 640  # where no arrangement of COLUMN_HEIGHT columns is zoomed in enough to draw text
+TEMPLATE_WIDTH = 2016  # the widest graph the template browser's fit (narrower than the saved view) draws text for
 REPORT_SPACE = 90  # room left under nodes whose report (web/cosmos3.js) appears after a run
 REPORTING = ("Cosmos3ModelLoader", "Cosmos3TextEncode", "Cosmos3Sampler", "Cosmos3TransferSampler",
              "Cosmos3SimTransferSampler", "Cosmos3Reason",
@@ -111,7 +112,7 @@ def node_height(cls, inputs: int) -> int:
 
 def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list]:
     """Node positions and sizes, and the groups around each stage: the stages in two rows, the first arrangement whose
-    saved view draws text (a zoom of at least TEXT_SCALE)."""
+    saved view and template view draw text (a zoom of at least TEXT_SCALE)."""
     stage_of = stages(prompt)
     rows = (TOP_ROW, BOTTOM_ROW)
     if sum(stage == "Input media" for stage in stage_of.values()) > MEDIA_NODES_ON_TOP:  # keep the rows balanced
@@ -120,7 +121,8 @@ def layout(prompt: dict, registry: dict, input_counts: dict) -> tuple[dict, list
     for arrangement, height in ((rows, COLUMN_HEIGHT), (((*TOP_ROW, "Sample"), ("Output",)), COLUMN_HEIGHT),
                                 (rows, TALL_COLUMN_HEIGHT)):
         placed, groups = place(arrangement, prompt, stage_of, registry, input_counts, height)
-        if saved_view(groups)["scale"] >= TEXT_SCALE:
+        width = max(g["bounding"][0] + g["bounding"][2] for g in groups)
+        if saved_view(groups)["scale"] >= TEXT_SCALE and width <= TEMPLATE_WIDTH:
             break
     return placed, groups
 

@@ -1,8 +1,7 @@
 """Causal rollouts (Cosmos3-Nano-Sim-Transfer's layout, tiny and random, fp32 on the CPU): the rolling K/V cache
 against the whole-sequence recompute under the block-causal mask, a one-chunk rollout against the bidirectional
 forward, causality, the sampler and seed arithmetic, the commit pass, the prompt, and the refusals; a host's block
-sampler (`causal_run.HostBlocks`) driven by a stand-in written line by line from ComfyUI 0.33's `sample_ar_video` (its
-K/V `end` contract, re-noising seeds, sigma-0 commit pass, the core model's x0 = x - sigma v) equal to the pack's
+sampler (`causal_run.HostBlocks`) driven by a stand-in of ComfyUI 0.33's `sample_ar_video` (`ar_video.py`) equal to the pack's
 rollout with its seed formula (`test_comfyui_core.py` runs the real sampler)."""
 
 import json
@@ -17,6 +16,8 @@ from cosmos3_runtime.errors import CheckpointError, InputError
 from cosmos3_runtime.kinds import Causal
 from cosmos3_runtime.schedulers import distilled_schedule, stepper_for
 from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_transfer_block
+
+from ar_video import sample_ar_video
 
 TOL = 1e-5
 W, H = 48, 32  # a 3 x 2 latent grid: 2 x 1 patches a frame
@@ -105,12 +106,12 @@ def test_one_chunk_over_the_whole_clip_is_the_bidirectional_model_sampled_in_the
     got = runs.execute(run, chunkwise.parts, 3, None, None, None, None).latents
 
     seeds = causal.SEEDS["framework"]
-    x = torch.randn(1, 48, 3, 2, 3, generator=torch.Generator().manual_seed(seeds(3, 0, None)))
+    x = torch.randn(1, 48, 3, 2, 3, generator=torch.Generator().manual_seed(seeds(3, 0, 0, None)))
     text = chunkwise.denoiser.text_kv(plan.cond_ids)
     sigmas = list(chunkwise.variant.causal.t_list) + [0.0]
     for i in range(4):
         v = chunkwise.transformer(x, torch.tensor(sigmas[i] * 1000), text, None, s.fps).vision
-        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(seeds(3, 0, i)))
+        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(seeds(3, 0, 0, i)))
         x = (1 - sigmas[i + 1]) * (x - sigmas[i] * v) + sigmas[i + 1] * noise
     torch.testing.assert_close(got, x, atol=TOL, rtol=0)
 
@@ -141,9 +142,10 @@ def test_the_commit_is_a_clean_forward_not_the_last_steps_keys_and_values(chunkw
 
 
 def test_the_sampler_and_the_seeds_by_hand():
-    assert causal.seed_framework(5, 9, None) == causal.seed_sglang(5, 9, None) == 14
-    assert causal.seed_framework(5, 9, 2) == 5 + 9 * 1_000_003 + 3 * 9_176
-    assert causal.seed_sglang(5, 9, 2) == 5 + 9 * 1_000_003 + 2 * 9_176
+    assert causal.seed_framework(5, 9, 2, None) == causal.seed_sglang(5, 9, 2, None) == 14
+    assert causal.seed_framework(5, 9, 2, 2) == 5 + 9 * 1_000_003 + 3 * 9_176
+    assert causal.seed_sglang(5, 9, 2, 2) == 5 + 9 * 1_000_003 + 2 * 9_176
+    assert causal.seed_comfyui(5, 9, 2, None) == 5 and causal.seed_comfyui(5, 9, 2, 1) == 5 + 2 * 1000 + 1
     assert causal.chunk_ranges(9, 4) == [(0, 1), (1, 5), (5, 9)] and causal.chunk_ranges(4, 1)[-1] == (3, 4)
     assert causal.whole_chunks(21, 4) == 17 and causal.whole_chunks(33, 4) == 33 and causal.whole_chunks(13, 1) == 13
     schedule = distilled_schedule(causal.DEFAULT_T_LIST, stochastic=True)
@@ -308,34 +310,6 @@ def host_run(pipe, frames: int, seed: int) -> causal_run.HostBlocks:
                                                       plan.uncond_ids, None))
 
 
-def sample_ar_video(blocks, x, sigmas, seed, num_frame_per_block, cache=None):
-    """ComfyUI's loop (comfy/k_diffusion/sampling.py), the model call being the core MODEL's: t = 1000 sigma, the
-    velocity turned into x0 = x - sigma v."""
-    def model(x, sigma):
-        return x - sigma * blocks.forward(x, sigma * 1000.0, cache, start)
-
-    _, _, lat_t, lat_h, lat_w = x.shape
-    frame_seq_len = -(-lat_h // 2) * -(-lat_w // 2)
-    cache = {"end": 0} if cache is None else cache
-    output, start = torch.zeros_like(x), 0
-    for block_idx in range(-(-lat_t // num_frame_per_block)):
-        bf = min(num_frame_per_block, lat_t - start)
-        noisy = x[:, :, start : start + bf]
-        for i in range(len(sigmas) - 1):
-            denoised = model(noisy, sigmas[i])
-            if sigmas[i + 1] == 0:
-                noisy = denoised
-            else:
-                torch.manual_seed(seed + block_idx * 1000 + i)
-                noisy = (1.0 - sigmas[i + 1]) * denoised + sigmas[i + 1] * torch.randn_like(denoised)
-                cache["end"] -= bf * frame_seq_len
-        output[:, :, start : start + bf] = noisy
-        cache["end"] -= bf * frame_seq_len
-        model(noisy, sigmas.new_zeros([]))
-        start += bf
-    return output
-
-
 def sigmas_of(pipe) -> torch.Tensor:
     return torch.tensor([*pipe.variant.causal.t_list, 0.0])
 
@@ -363,7 +337,7 @@ def test_what_the_host_sampler_cannot_drive_is_refused_by_name(framewise, chunkw
     with pytest.raises(InputError, match="chunkwise Sim-Transfer.*Cosmos3 Sim-Transfer Sampler"):
         blocks = host_run(chunkwise, 17, 1)
         sample_ar_video(blocks, torch.randn(blocks.run.latents.shape), sigmas_of(chunkwise), 1, 4)
-    with pytest.raises(InputError, match="causal_seeds 'comfyui' counts SamplerARVideo's blocks"):
+    with pytest.raises(InputError, match="causal_seeds 'comfyui' counts SamplerARVideo's equal blocks"):
         chunkwise.plan(PROMPT, control_videos={"edge": clip(17)}, width=W, height=H, causal_seeds="comfyui")
     with pytest.raises(InputError, match="a session does not know ahead"):
         framewise.session(PROMPT, control="edge", num_frames=9, width=W, height=H, causal_seeds="comfyui")

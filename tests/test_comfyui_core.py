@@ -580,9 +580,6 @@ def sim_transfer(core, tmp_path_factory):
 def ar_video(core, name, frames, seed, num_frame_per_block=1, sigmas=None):
     """SamplerCustomAdvanced with BasicGuider, RandomNoise and SamplerARVideo (ComfyUI's own nodes) on a causal
     Sim-Transfer checkpoint: its edge control through Cosmos3 Sim Control (core), its sigmas from Cosmos3 Scheduler."""
-    from comfy_extras.nodes_ar_video import SamplerARVideo
-    from comfy_extras.nodes_custom_sampler import BasicGuider, RandomNoise, SamplerCustomAdvanced
-
     handle, model, _ = load(core, name)
     control = torch.rand(frames, 32, 48, 3, generator=torch.Generator().manual_seed(0))
     controls = core.pack.Cosmos3EdgeControl().add(control, core.pack.transfer.GIVEN)["result"][0]
@@ -591,10 +588,19 @@ def ar_video(core, name, frames, seed, num_frame_per_block=1, sigmas=None):
     if sigmas is None:
         _, sigmas = core.pack.Cosmos3Scheduler().build("auto", 0, 0.0, handle)
     latent = {"samples": torch.zeros(1, 48, (frames - 1) // 4 + 1, 2, 3)}
+    return handle.pipeline, control, sample_ar(model, positive, latent, sigmas, seed, num_frame_per_block)
+
+
+def sample_ar(model, positive, latent, sigmas, seed, num_frame_per_block):
+    """ComfyUI's SamplerCustomAdvanced with BasicGuider, RandomNoise and SamplerARVideo -> the pack's normalised
+    latents."""
+    from comfy_extras.nodes_ar_video import SamplerARVideo
+    from comfy_extras.nodes_custom_sampler import BasicGuider, RandomNoise, SamplerCustomAdvanced
+
     out = SamplerCustomAdvanced.execute(RandomNoise.execute(seed).result[0],
                                         BasicGuider.execute(model, positive).result[0],
                                         SamplerARVideo.execute(num_frame_per_block).result[0], sigmas, latent).result
-    return handle.pipeline, control, model.model.process_latent_in(out[0]["samples"])  # the pack's normalised latents
+    return model.model.process_latent_in(out[0]["samples"])
 
 
 def test_a_framewise_sim_transfer_on_sampler_ar_video_equals_the_pack_rollout(core, sim_transfer):
@@ -612,3 +618,78 @@ def test_what_sampler_ar_video_cannot_run_on_a_causal_checkpoint_is_refused(core
         ar_video(core, "Cosmos3-Nano-Sim-Transfer", 17, 1, num_frame_per_block=4)
     with pytest.raises(InputError, match="fixed sigmas"):
         ar_video(core, "Cosmos3-Nano-Sim-Transfer-Framewise", 9, 1, sigmas=torch.tensor([1.0, 0.5, 0.0]))
+
+
+@pytest.fixture(scope="module")
+def sim_bimanual(core, tmp_path_factory):
+    """A tiny Sim-Bimanual checkpoint (a window of 6 latent frames) under ComfyUI's models/cosmos3 names."""
+    from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block
+
+    root = tmp_path_factory.mktemp("cosmos3_bimanual")
+    make_tiny_checkpoint(root / "Cosmos3-Nano-Sim-Bimanual", kind="gated", dtype="float32", distilled=True,
+                         action=True, reasoner=False, causal=sim_bimanual_block(window_frames=6))
+    core.folders.add_model_folder_path("cosmos3", str(root))
+    return root
+
+
+def sim_actions(core, rows, seed, steps=0, num_frame_per_block=4, sigmas=None, size=(32, 64)):
+    """Sim-Bimanual on SamplerARVideo: Cosmos3 Action's first image (8-bit, as Load Image's) and actions through
+    Cosmos3 Sim Actions (core) (the MODEL's first image, the conditioning, the latent: at 832x480, the trained canvas
+    nearest 2:1), sigmas from Cosmos3 Scheduler."""
+    handle, model, _ = load(core, "Cosmos3-Nano-Sim-Bimanual")
+    image = torch.randint(0, 256, (1, *size, 3), generator=torch.Generator().manual_seed(0)) / 255
+    table = torch.randn(rows, 29, generator=torch.Generator().manual_seed(1))
+    action, = core.pack.Cosmos3Action().build("forward_dynamics", "agibotworld", 0, "auto", "auto", "auto",
+                                              image=image, actions={"actions": table})
+    positive, _ = encode(core, "the robot folds a towel", fps=30.0)
+    model, positive, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action)
+    if sigmas is None:
+        _, sigmas = core.pack.Cosmos3Scheduler().build("auto", steps, 0.0, handle)
+    got = sample_ar(model, positive, latent, sigmas, seed, num_frame_per_block)
+    return handle.pipeline, action, got
+
+
+@pytest.mark.parametrize("steps", [0, 4])  # NVIDIA's two steps a chunk ("step42"), the whole t_list
+def test_sim_bimanual_on_sampler_ar_video_equals_the_pack_rollout(core, sim_bimanual, steps):
+    pipe, action, got = sim_actions(core, 48, seed=5, steps=steps)  # 1 + 12 latent frames: the window evicts
+    expected = pipe.generate("the robot folds a towel", action=action, fps=30.0, seed=5, steps=steps or None,
+                             causal_seeds="comfyui", output="latents").latents
+    assert got.shape == expected.shape == (1, 48, 13, 30, 52)  # 832x480: the trained canvas nearest 2:1
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_sim_bimanual_takes_its_first_image_from_arvideoi2v_too(core, sim_bimanual):
+    """ARVideoI2V's MODEL (the image encoded by the core VAE) with the latent of Cosmos3 Sim Actions (core): the
+    rollout is the pack's for an 8-bit image at the canvas's size. (The pack resizes with antialiasing and rounds to 8
+    bits before encoding, as diffusers' PIL path does; ARVideoI2V resizes bilinearly and encodes the floats.)"""
+    from comfy_extras.nodes_ar_video import ARVideoI2V
+
+    pipe, action, expected = sim_actions(core, 16, seed=3, size=(480, 832))
+    handle, model, vae = load(core, "Cosmos3-Nano-Sim-Bimanual")
+    positive, _ = encode(core, "the robot folds a towel", fps=30.0)
+    _, positive, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action)
+    model, _ = ARVideoI2V.execute(model, vae, action.image, 832, 480, 17, 1).result
+    _, sigmas = core.pack.Cosmos3Scheduler().build("auto", 0, 0.0, handle)
+    got = sample_ar(model, positive, latent, sigmas, 3, 4)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_what_sampler_ar_video_cannot_run_on_sim_bimanual_is_refused(core, sim_bimanual, sim_transfer):
+    InputError = core.pack.vae.InputError
+    with pytest.raises(InputError, match="set num_frame_per_block to 4"):
+        sim_actions(core, 16, 1, num_frame_per_block=2)
+    with pytest.raises(InputError, match="fixed sigmas"):
+        sim_actions(core, 16, 1, sigmas=torch.tensor([1.0, 0.5, 0.0]))
+    handle, model, _ = load(core, "Cosmos3-Nano-Sim-Bimanual")
+    positive, _ = encode(core, "the robot folds a towel", fps=30.0)
+    with pytest.raises(InputError, match="connect Cosmos3 Action through Cosmos3 Sim Actions \\(core\\)"):
+        sample_ar(model, positive, {"samples": torch.zeros(1, 48, 5, 2, 4)}, torch.tensor([1.0, 0.0]), 1, 4)
+    with pytest.raises(InputError, match="rolls out from its first image"):
+        action, = core.pack.Cosmos3Action().build("forward_dynamics", "agibotworld", 0, "auto", "auto", "auto",
+                                                  image=torch.rand(1, 32, 64, 3), actions={"actions": torch.randn(16, 29)})
+        _, with_actions, latent = core.pack.Cosmos3CoreSimActions().attach(model, positive, action)
+        _, sigmas = core.pack.Cosmos3Scheduler().build("auto", 0, 0.0, handle)
+        sample_ar(model, with_actions, latent, sigmas, 1, 4)  # the MODEL without its first image
+    _, transfer, _ = load(core, "Cosmos3-Nano-Sim-Transfer-Framewise")
+    with pytest.raises(InputError, match="conditions a causal Sim-Bimanual checkpoint"):
+        core.pack.Cosmos3CoreSimActions().attach(transfer, positive, action)

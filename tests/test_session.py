@@ -11,12 +11,14 @@ import pytest
 import torch
 
 import cosmos3_runtime
-from cosmos3_runtime import budget, causal
+from cosmos3_runtime import budget, causal, causal_run
 from cosmos3_runtime.action import ActionRequest
 from cosmos3_runtime.errors import CheckpointError, InputError
 from cosmos3_runtime.pipeline import planner
 from cosmos3_runtime.session import TransferSession
 from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_bimanual_block, sim_transfer_block
+
+from ar_video import sample_ar_video
 
 W, H = 64, 32  # a 4 x 2 latent grid: 2 x 1 patches a frame
 WINDOW = 6  # latent frames of history: the third tick evicts
@@ -272,6 +274,36 @@ def test_a_session_takes_its_actions_a_tick_at_a_time(pipe):
     with pytest.raises(InputError, match=r"needs the actions to roll out, a table \[N, 29\] for agibotworld .* "
                                           r"open a session \(pipe.session in Python"):
         pipe.generate("a robot", **request())
+
+
+def host_blocks(pipe, table, seed: int) -> causal_run.HostBlocks:
+    plan = pipe.plan("a robot", **{**request(table), "seed": seed})
+    return causal_run.HostBlocks(causal_run.CausalRun(pipe.parts, plan.settings, plan.request, plan.cond_ids,
+                                                      plan.uncond_ids, None))
+
+
+def test_sim_bimanual_on_the_host_sampler_equals_the_pack_rollout_with_its_seed_formula(pipe):
+    """ComfyUI's SamplerARVideo (its stand-in): latent frame 0 the image given at sigma 0, then blocks of 4 counted
+    from 0, the window evicting; the pack's batch run with causal_seeds "comfyui" is the same video."""
+    table, seed = actions(48), 5  # 1 + 12 latent frames: three blocks, the window of 6 evicts
+    blocks = host_blocks(pipe, table, seed)
+    sigmas = pipe.denoiser.schedule_for(blocks.run.s).sigmas
+    noise = torch.randn(blocks.run.latents.shape, generator=torch.manual_seed(seed))  # ComfyUI's prepare_noise
+    got = sample_ar_video(blocks, sigmas[0] * noise, sigmas, seed, 4, initial_latent=blocks.run.conditioner.opening)
+    expected = pipe.generate("a robot", **{**request(table, causal_seeds="comfyui"), "seed": seed}).latents
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    other = pipe.generate("a robot", **{**request(table), "seed": seed}).latents  # SGLang's seeds: another video
+    assert (other[:, :, 1:] - expected[:, :, 1:]).abs().max() > 0.1
+
+
+def test_what_the_host_sampler_cannot_drive_on_sim_bimanual_is_refused_by_name(pipe):
+    blocks = host_blocks(pipe, actions(16), 1)
+    sigmas, x = pipe.denoiser.schedule_for(blocks.run.s).sigmas, torch.randn(blocks.run.latents.shape)
+    with pytest.raises(InputError, match="rolls out from its first image.*Cosmos3 Sim Actions \\(core\\)"):
+        sample_ar_video(blocks, x, sigmas, 1, 4)  # no initial latent: the first block would be frames [0, 4)
+    with pytest.raises(InputError, match="set num_frame_per_block to 4"):
+        opening = blocks.run.conditioner.opening
+        sample_ar_video(host_blocks(pipe, actions(16), 1), x, sigmas, 1, 2, initial_latent=opening)
 
 
 def test_the_block_round_trips_through_the_checkpoint_files(tmp_path):

@@ -42,7 +42,7 @@ ACTION = [p for p in API if "_droid_" in p.name]  # action workflows (Edge-Polic
 CORE = [p for p in API if p.stem.endswith(("_core", "_easycache"))]  # ComfyUI samples them (test_comfyui_server.py)
 TRANSFER = [p for p in API if "_transfer_" in p.name and "_sim_" not in p.name]  # Cosmos3 Transfer Sampler: frames out
 SIM_TRANSFER = [p for p in API if "_sim_transfer_" in p.name and p not in CORE]  # Cosmos3 Sim-Transfer Sampler
-SIM_BIMANUAL = [p for p in API if "_sim_bimanual" in p.name]  # a causal rollout of actions from a file
+SIM_BIMANUAL = [p for p in API if "_sim_bimanual" in p.name and p not in CORE]  # a causal rollout of actions
 REASON = [p for p in API if "_reason_" in p.name]  # the Reasoner alone: text out
 GUARDED = [p for p in API if "_guardrail" in p.name]  # NVIDIA's guardrail package (stand-ins for its models)
 UI = sorted((ROOT / "workflows").glob("*.json"))
@@ -342,6 +342,7 @@ def test_widget_order_of_our_nodes(pack):
                                   "duration_template", "json_captions", "fps"],
         "Cosmos3ConditionFrames": ["condition_frames"],
         "Cosmos3CoreSimControl": [],
+        "Cosmos3CoreSimActions": [],
         "Cosmos3LoraLoader": ["lora_name", "strength"],
         "Cosmos3EdgeControl": ["derive"],
         "Cosmos3BlurControl": ["derive"],

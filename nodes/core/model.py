@@ -37,7 +37,7 @@ from ...cosmos3_runtime.settings import default_flow_shift
 from ...cosmos3_runtime.transformer import media_block
 from ...cosmos3_runtime.weights import precision
 from .. import services
-from .prompt_marker import CONTROLS_KEY, PROMPT_KEY, PromptMarker
+from .prompt_marker import ACTION_KEY, CONTROLS_KEY, PROMPT_KEY, PromptMarker
 
 log = logging.getLogger("cosmos3")
 TEXT_KV = "cosmos3_text_kv"
@@ -180,17 +180,19 @@ def causal_step(blocks: HostBlocks | None, x, timestep, transformer_options) -> 
     state = transformer_options.get("ar_state")
     if state is None:
         raise InputError("a causal Cosmos3 checkpoint rolls out block by block: sample it with SamplerARVideo "
-                         "(SamplerCustomAdvanced's sampler), or with Cosmos3 Sim-Transfer Sampler")
+                         "(SamplerCustomAdvanced's sampler), or with the pack's Cosmos3 Sim-Transfer Sampler "
+                         "(Sim-Transfer) or Cosmos3 Sampler (Sim-Bimanual)")
     if blocks is None:
         raise InputError("a causal Cosmos3 checkpoint samples at guidance 1 with no negative pass: use BasicGuider "
                          "(or cfg 1)")
-    fixed = (*blocks.run.plan.config.t_list, 0.0)
     sigmas = transformer_options.get("sample_sigmas")
-    if sigmas is not None and (len(sigmas) != len(fixed) or not torch.allclose(sigmas.flatten().float().cpu(),
-                                                                               torch.tensor(fixed), atol=1e-4)):
-        raise InputError(f"this causal checkpoint samples with its fixed sigmas {list(fixed)}, not "
-                         f"{[round(float(v), 4) for v in sigmas.flatten()]}: take them from Cosmos3 Scheduler with "
-                         "the model connected")
+    if sigmas is not None and not any(len(sigmas) == len(fixed) and torch.allclose(sigmas.flatten().float().cpu(),
+                                                                                 fixed, atol=1e-4)
+                                      for fixed in blocks.schedules):
+        fixed = " or ".join(str([round(v, 4) for v in fixed.tolist()]) for fixed in blocks.schedules)
+        raise InputError(f"this causal checkpoint samples with its fixed sigmas {fixed}, not "
+                         f"{[round(float(v), 4) for v in sigmas.flatten()]}: take them from Cosmos3 Scheduler with the "
+                         "model connected")
     return blocks.forward(x, timestep[0], state["kv_caches"][0], state["start_frame"])
 
 
@@ -231,7 +233,8 @@ class Cosmos3Model(comfy.model_base.BaseModel):
                              f"h, w]; this LATENT is {list(noise.shape)}. Make it with Wan22ImageToVideoLatent (or "
                              "VAE Encode with the Cosmos3 VAE), not a 16-channel empty-latent node")
         if self.pipeline.variant.causal is not None:
-            blocks = None if prompt.negative else causal_blocks(self.pipeline, prompt, kwargs.get(CONTROLS_KEY), noise)
+            conditions = {"control_videos": kwargs.get(CONTROLS_KEY), "action": kwargs.get(ACTION_KEY)}
+            blocks = None if prompt.negative else causal_blocks(self.pipeline, prompt, conditions, noise)
             return {CAUSAL: comfy.conds.CONDConstant(blocks)}
         ids = prompt_ids(self.pipeline, prompt, noise.shape)
         # once per run, on the device the sampler runs on (ComfyUI may leave small modules in CPU memory)
@@ -275,17 +278,18 @@ def prompt_ids(pipeline, prompt, latent_shape) -> list[int]:
     return ids
 
 
-def causal_blocks(pipeline, prompt, controls, noise) -> HostBlocks:
-    """The pack's rollout of a causal checkpoint for a core-path prompt and control clip over a latent [1, C, T, h, w],
-    its steps the host sampler's."""
-    if pipeline.variant.causal.takes_actions:
-        raise InputError("Sim-Bimanual on ComfyUI's SamplerARVideo is not supported yet: sample it with Cosmos3 "
-                         "Sampler and Cosmos3 Action")
-    if controls is None:
-        raise InputError("this causal Sim-Transfer checkpoint follows a control clip: connect a Cosmos3 control node "
+def causal_blocks(pipeline, prompt, conditions: dict, noise) -> HostBlocks:
+    """The pack's rollout of a causal checkpoint for a core-path prompt and its conditions (a control clip, or the
+    actions and first image) over a latent [1, C, T, h, w], its steps the host sampler's."""
+    needed = "action" if pipeline.variant.causal.takes_actions else "control_videos"
+    if conditions[needed] is None:
+        raise InputError("this causal Sim-Bimanual checkpoint rolls out a first image and actions: connect Cosmos3 "
+                         "Action through Cosmos3 Sim Actions (core) to the positive conditioning and the sampler"
+                         if needed == "action" else
+                         "this causal Sim-Transfer checkpoint follows a control clip: connect a Cosmos3 control node "
                          "through Cosmos3 Sim Control (core) to the positive conditioning")
     _, _, frames, h, w = noise.shape
-    request = Request.build(**prompt.options, control_videos=controls, num_frames=pixel_frames(frames),
+    request = Request.build(**prompt.options, **{needed: conditions[needed]}, num_frames=pixel_frames(frames),
                             height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, fps=prompt.fps, check_memory=False)
     s, cond_ids, uncond_ids = pipeline.planner.prepare(prompt.text, request)
     return HostBlocks(CausalRun(pipeline.parts, s, request, cond_ids, uncond_ids, None))

@@ -7,11 +7,14 @@ sound and multi-GPU; what the core path cannot do is refused here with a message
 
 import torch
 
-from ...cosmos3_runtime import InputError
+from ...cosmos3_runtime import InputError, Request
+from ...cosmos3_runtime.causal_run import first_image_latents
+from ...cosmos3_runtime.geometry import latent_frames
 from ...cosmos3_runtime.request import help_of, parse_frame_indexes
+from ...cosmos3_runtime.settings import resolve as resolve_settings
 from .. import services
 from ..prompting import prompt_inputs, prompt_options
-from .prompt_marker import CONTROLS, CONTROLS_KEY, CorePrompt, conditioning
+from .prompt_marker import ACTION_KEY, CONTROLS, CONTROLS_KEY, CorePrompt, conditioning
 
 
 class Cosmos3CoreModel:
@@ -134,3 +137,40 @@ class Cosmos3CoreSimControl:
 
     def attach(self, positive, controls):
         return ([[marker, {**options, CONTROLS_KEY: controls}] for marker, options in positive],)
+
+
+class Cosmos3CoreSimActions:
+    DESCRIPTION = ("A causal Sim-Bimanual checkpoint's first image and actions for ComfyUI's SamplerARVideo, from Cosmos3 "
+                   "Action (forward_dynamics): the MODEL with the image as latent frame 0 (what ARVideoI2V sets, "
+                   "resized and encoded as the pack's rollout does), the positive conditioning with the actions, and "
+                   "the empty latent they fill: 1 + N frames for N actions, at the trained 480p canvas nearest the "
+                   "image's shape. Sample with SamplerCustomAdvanced, BasicGuider, SamplerARVideo "
+                   "(num_frame_per_block 4) and Cosmos3 Scheduler's sigmas.")
+    CATEGORY = "cosmos3/core"
+    RETURN_TYPES = ("MODEL", "CONDITIONING", "LATENT")
+    RETURN_NAMES = ("model", "positive", "latent")
+    OUTPUT_TOOLTIPS = ("the MODEL, its first image set for SamplerARVideo", "the positive conditioning with the "
+                       "actions", "the empty latent: 1 + N frames (N actions) at the image's canvas")
+    FUNCTION = "attach"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL", {"tooltip": "from Cosmos3 Core Model, on a Sim-Bimanual checkpoint"}),
+                             "positive": ("CONDITIONING",),
+                             "action": ("COSMOS3_ACTION", {"tooltip": "Cosmos3 Action: forward_dynamics, the first "
+                                        "image and the actions"})}}
+
+    def attach(self, model, positive, action):
+        pipe = getattr(model.model, "pipeline", None)
+        causal = None if pipe is None else pipe.variant.causal
+        if causal is None or not causal.takes_actions:
+            raise InputError("Cosmos3 Sim Actions (core) conditions a causal Sim-Bimanual checkpoint: connect the MODEL "
+                             "of Cosmos3 Core Model loaded with one")
+        s = resolve_settings(pipe.variant, Request.build(action=action))  # size and frames, before encoding
+        # raw latents: the sampler normalizes its initial latent itself (process_latent_in)
+        first = pipe.parts.codec.raw_latents(first_image_latents(pipe.parts, action.image, s))
+        patched = model.clone()
+        options = patched.model_options.setdefault("transformer_options", {})
+        options["ar_config"] = {**options.get("ar_config", {}), "initial_latent": first}
+        latent = torch.zeros(1, first.shape[1], latent_frames(s.num_frames), *first.shape[3:])
+        return (patched, [[marker, {**extra, ACTION_KEY: action}] for marker, extra in positive], {"samples": latent})

@@ -15,6 +15,7 @@ import torch
 PROMPT_KEY = "cosmos3_prompt"
 CONTROLS = "COSMOS3_CONTROLS"  # the control nodes' type: {hint: frames}
 CONTROLS_KEY = "cosmos3_controls"  # a causal Sim-Transfer's controls in a core conditioning (Cosmos3 Sim Control (core))
+ACTION_KEY = "cosmos3_action"  # a causal Sim-Bimanual's actions in a core conditioning (Cosmos3 Sim Actions (core))
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ CONTROL_NODES = ("Cosmos3EdgeControl", "Cosmos3BlurControl", "Cosmos3DepthContro
 MEDIA_NODES = ("Cosmos3ImageToVideo", "Cosmos3VideoToVideo", "Cosmos3LatentToVideo", "Cosmos3Action",
                "Wan22ImageToVideoLatent", "Cosmos3ConditionFrames", *CONTROL_NODES)
 SAMPLE_NODES = ("Cosmos3Sampler", "KSampler", "SamplerCustomAdvanced", "CFGGuider", "BasicGuider", "KSamplerSelect",
-                "SamplerARVideo", "RandomNoise",
+                "SamplerARVideo", "RandomNoise", "Cosmos3CoreSimActions",
                 "Cosmos3Scheduler", "Cosmos3TransferSampler", "Cosmos3SimTransferSampler", "Cosmos3Reason")
 OUTPUT_NODES = ("Cosmos3VAEDecode", "Cosmos3SoundDecode", "CreateVideo", "SaveVideo", "SaveImage", "Cosmos3SaveActions",
                 "Cosmos3ActionPlot", "VAEDecode", "PreviewAny")

@@ -63,11 +63,12 @@ class Conditioner:
 class ControlClip(Conditioner):
     """Sim-Transfer: the control clip's latents, each chunk's committed clean at its own frames before its RGB
     frames (a recompute runs them as a context item). A batch's clip is encoded once; a session's as its ticks bring
-    it, where the last left off, the latents of chunks run dropped (memory stays flat)."""
+    it, where the last left off, the latents of chunks run dropped (memory stays flat). A batch keeps no encoder
+    state past its one encode (at 480p the stream's causal state is ~0.4 GB on the device)."""
 
     def __init__(self, parts: Parts, vae, s: Settings, r: Request, hint: str, open: bool):
         self.parts, self.dtype = parts, parts.denoiser.transformer.dtype
-        self.encoder = vae.encode_stream()
+        self.encoder = vae.encode_stream() if open else None
         self.start = 0  # the latent frame `latents` starts at
         if open:
             shape = parts.denoiser.latent_shape(s)
@@ -77,7 +78,8 @@ class ControlClip(Conditioner):
             self.latents = self.encode(clip)
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Control pixels [1, 3, F, H, W] in [-1, 1], the clip's frames after those encoded so far -> their latents."""
+        """Control pixels [1, 3, F, H, W] in [-1, 1], the clip's frames after those encoded so far (a session's
+        encoder) -> their latents."""
         return self.parts.codec.encode_pixels(pixels.to(self.dtype), self.encoder)
 
     def clean(self, start: int, end: int) -> list[torch.Tensor]:

@@ -33,6 +33,9 @@ STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, laten
 # virtual device (tests/test_gpu_faults.py) at the released widths for 256p to 720p, in bf16 and fp32, 18.95-19.02
 # (a tile of a tiled decode: 19.2). Independent of the clip's length: the decoder streams one latent frame at a time.
 DECODE_PEAK_FRAMES = 19.5
+# What a streamed decode (`vae.DecodeStream`) keeps between its pieces, each causal layer's last frames: 6.98 such
+# frames measured on the virtual device at 832x480 in bf16.
+DECODE_STATE_FRAMES = 7.0
 # The encode's, in encoder-width (base_dim) full-resolution frames beside its input pixels, measured the same way:
 # 12.45 for clips of 5 to 93 frames (the encoder streams four frames at a time), 3.09 for one frame.
 ENCODE_PEAK_FRAMES, ENCODE_PEAK_ONE = 12.5, 3.1
@@ -145,8 +148,16 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
         tile_px = tile.size * SPATIAL_FACTOR if tile is not None else None
         th, tw = (min(g.height, tile_px), min(g.width, tile_px)) if tile_px else (g.height, g.width)
         working = DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b
-        out = 3 * (g.decoded_frames or g.window_frames) * g.height * g.width  # as it grows, then float32 in 0..1
-        parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
+        streamed = g.decoded_piece is not None and tile is None
+        frames = g.decoded_piece if streamed else g.decoded_frames or g.window_frames
+        out = 3 * frames * g.height * g.width  # as it grows, then float32 in 0..1
+        decoding = int(max(working + out * b, out * (b + 2 * 4)))
+        if streamed and device is not None and device.type == "cuda":  # on a second stream, beside the sampling
+            parts["VAE decode beside the steps"] = decoding
+        else:
+            parts["VAE decode"] = decoding
+            if streamed:  # its causal state, held from chunk to chunk
+                parts["VAE decode state"] = int(DECODE_STATE_FRAMES * vae_config.decoder_dim * g.height * g.width * b)
     host = output(config, g, frames_out, latents_out=not controls, on_cpu=device is None or device.type == "cpu")
     return Estimate(parts, {**host, **(kept if g.history_memory == "cpu" else {})}, tuple(at_work))
 

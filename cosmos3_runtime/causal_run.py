@@ -1,5 +1,6 @@
 """A causal rollout run (`causal.Rollout` is its plan): chunk by chunk, each denoised in the checkpoint's fixed steps
-with its own noise seeds, against the frames committed before it; the clip decoded once, at the end.
+with its own noise seeds, against the frames committed before it; each chunk's frames decoded as the next samples
+(`codec.ChunkDecode`: on a second CUDA stream), or, tiled, the clip once at the end.
 
 Written once, in `CausalRun`: the chunks (a batch's are its plan's; a session's grow tick by tick, its plan
 untouched), the seeds, each chunk's window, the clip's latents. Two strategies plug in:
@@ -22,6 +23,7 @@ from dataclasses import replace
 import torch
 
 from . import causal, kinds
+from .codec import ChunkDecode
 from .conditioning import preprocess_image, preprocess_video
 from .denoiser import WindowInputs
 from .errors import InputError
@@ -237,6 +239,10 @@ class CausalRun(Run):
         self.count = len(self.chunks) - self.done
         self.latents = self.buffer()
         self.frames: torch.Tensor | None = None
+        # each chunk's frames decoded as the next samples (a session's always; a tiled decode waits for the clip)
+        self.decoder = ChunkDecode(parts.codec, self.fast) if open or r.output == "frames" and r.vae_tile is None \
+            else None
+        self.decoded = 0  # latent frames handed to the decoder
 
     def buffer(self) -> torch.Tensor:
         """The latents of the chunks the next `execute` runs (with latent 0 when it starts the clip)."""
@@ -266,16 +272,20 @@ class CausalRun(Run):
     def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
         start, end = self.chunks[k + self.done]
         self.latents[:, :, start - self.origin : end - self.origin] = latents
+        if self.conditioner.opening is not None and self.origin == 0:
+            self.latents[:, :, :1] = self.conditioner.opening
         last = k + 1 == self.count
+        if self.decoder is not None:  # queued before the commits, which it runs beside
+            self.decoder.add(self.latents[:, :, self.decoded - self.origin : end - self.origin],
+                             stage(progress, "decode"))
+            self.decoded = end
         self.history.keep(self, latents, start, end, last)
         if last:
-            if self.conditioner.opening is not None and self.origin == 0:
-                self.latents[:, :, :1] = self.conditioner.opening
             self.done += self.count
             if not self.open and self.r.output == "frames":
-                self.history = None  # its memory goes back before the whole clip is decoded
-                self.frames = self.parts.codec.decode(self.latents, tile=self.r.vae_tile,
-                                                      progress=stage(progress, "decode"), fast=self.fast)
+                self.history = None  # its memory goes back before the decode's last chunk is waited for
+                self.frames = self.decoder.take() if self.decoder is not None else self.parts.codec.decode(
+                    self.latents, tile=self.r.vae_tile, progress=stage(progress, "decode"), fast=self.fast)
 
     @property
     def result(self) -> Generation:

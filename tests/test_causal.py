@@ -17,6 +17,7 @@ from cosmos3_runtime.errors import CheckpointError, InputError
 from cosmos3_runtime.kinds import Causal
 from cosmos3_runtime.schedulers import distilled_schedule, stepper_for
 from cosmos3_runtime.tiny import make_tiny_checkpoint, sim_transfer_block
+from cosmos3_runtime.vae import TileSpec
 
 TOL = 1e-5
 W, H = 48, 32  # a 3 x 2 latent grid: 2 x 1 patches a frame
@@ -368,3 +369,79 @@ def test_what_the_host_sampler_cannot_drive_is_refused_by_name(framewise, chunkw
         chunkwise.plan(PROMPT, control_videos={"edge": clip(17)}, width=W, height=H, causal_seeds="comfyui")
     with pytest.raises(InputError, match="a session does not know ahead"):
         framewise.session(PROMPT, control="edge", num_frames=9, width=W, height=H, causal_seeds="comfyui")
+
+
+def test_each_chunk_decodes_as_the_next_samples_into_the_whole_clips_frames(chunkwise):
+    """The batch rollout decodes chunk by chunk (`codec.ChunkDecode`): its frames are one decode of the whole clip bit
+    for bit; a tiled decode still waits for the clip (its tiles would see each chunk's edges otherwise)."""
+    out = rollout(chunkwise, 33)
+    assert torch.equal(out.frames, chunkwise.codec.decode(out.latents))
+    tiled = rollout(chunkwise, 33, vae_tile=(2, 1))
+    assert torch.equal(tiled.latents, out.latents)
+    assert torch.equal(tiled.frames, chunkwise.codec.decode(out.latents, tile=TileSpec(2, 1)))
+    assert not torch.equal(tiled.frames, out.frames)
+
+
+def test_the_decode_stream_waits_for_the_sampling_and_is_waited_for_once(chunkwise, monkeypatch):
+    """On a GPU each chunk's decode is queued on a second stream (a recording stand-in for torch.cuda here): it first
+    waits for the sampling stream, marks the latents it reads as used there, and is queued before the chunk's commits
+    and the next chunk's sampling; the run waits for it once, at the end, and gets the same frames as in line."""
+    from contextlib import contextmanager
+
+    from cosmos3_runtime import codec
+
+    log = []
+
+    class Cuda:
+        class Stream:
+            def __init__(self, device):
+                pass
+
+            def wait_stream(self, other):
+                log.append(("wait", other))
+
+            def synchronize(self):
+                log.append("synchronize")
+
+        @staticmethod
+        def current_stream(device):
+            return "sampling"
+
+        @staticmethod
+        @contextmanager
+        def stream(side):
+            log.append("decode")
+            yield
+            log.append("decoded")
+
+        @staticmethod
+        def is_available():
+            return False  # (no pinned memory on this machine)
+
+    made = codec.ChunkDecode.__init__
+
+    def on_a_gpu(self, *args):
+        made(self, *args)
+        self.side = Cuda.Stream(None)
+
+    spied = {"commit": causal_run.KVHistory.commit, "denoise": chunkwise.denoiser.denoise}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            log.append(name)
+            return spied[name](*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(codec, "cuda", Cuda)
+    monkeypatch.setattr(codec.ChunkDecode, "__init__", on_a_gpu)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: log.append(("read", tuple(t.shape))), raising=False)
+    monkeypatch.setattr(causal_run.KVHistory, "commit", spy("commit"))
+    monkeypatch.setattr(chunkwise.denoiser, "denoise", spy("denoise"))
+    out = rollout(chunkwise, 33)  # chunks [0, 1), [1, 5), [5, 9); controls committed before each
+    shown = [e for i, e in enumerate(log) if e != "commit" or log[i - 1] != "commit"]  # a run of commits once
+    chunk = [("wait", "sampling"), "decode"]
+    assert shown == ["commit", "denoise", *chunk, ("read", (1, 48, 1, 2, 3)), "decoded", "commit",
+                     "denoise", *chunk, ("read", (1, 48, 4, 2, 3)), "decoded", "commit",
+                     "denoise", *chunk, ("read", (1, 48, 4, 2, 3)), "decoded", "synchronize"]
+    monkeypatch.undo()
+    assert torch.equal(out.frames, rollout(chunkwise, 33).frames)

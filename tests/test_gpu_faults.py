@@ -427,7 +427,8 @@ def test_a_causal_chunk_peaks_where_the_plan_says(tiny_factory, monkeypatch, his
     layer: the history per layer is what differs): each chunk's sampling and commits peak within 10 % of the plan's
     steps. Attention reads a history on the device in place, so on an H100 (grouped K/V in SDPA) the plan counts no
     joined [text ; history ; media] copy (it did: 24 % over here), on a T4 only the fp16 and query-head copies SDPA
-    gets; a CPU-held or fp8 history is read through one workspace the layers share, held from the first forward on.
+    gets; a CPU-held or fp8 history is read through one workspace the layers share, held from the first forward on;
+    the streamed decode's causal state (here in line, the meta device not being CUDA) is held from chunk to chunk.
     The CPU-held history stays in host memory beside the device's forwards, with no device mix in any op.
     (FakeTensorMode cannot stand in for a CUDA device here: on a torch built without CUDA, slicing a fake CUDA
     tensor fails with "PyTorch is not linked with support for cuda devices".)"""

@@ -32,11 +32,21 @@ from .parallel import Parallel
 from .request import Request
 from .settings import Settings
 from .tracks import Parts
-from .transformer import VIDEO, MediaKV, Segment, masked_media_attention
+from .transformer import VIDEO, MediaKV, Segment, attention, masked_media_attention
 from .vae import StageCallback, stage
+from .weights.fp8 import rounded_per_head
 from .windows import CFG, Generation, Run, Window
 
 RECOMPUTE_MASK = 2**30  # bool entries of the largest attention mask a recompute builds (1 GiB)
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The media attention (`causal_attention="fp8"`) over queries, keys and values rounded to e4m3 with a scale per
+    key/value head (`rounded_per_head`): the inputs of torch's FP8 attention (its experimental FA3 kernel, Hopper with
+    flash-attention 3 installed), computed by SDPA from the rounded values. Torch has no FP8 attention kernel that
+    runs without FA3 (none on the CPU): this gives FP8 attention's error exactly, not its speed."""
+    heads = k.shape[1]
+    return attention(rounded_per_head(q, heads), rounded_per_head(k, heads), rounded_per_head(v, heads))
 
 
 class Conditioner:
@@ -149,6 +159,7 @@ class KVHistory:
         rows = plan.history_frames() * (run.tokens + plan.action_tokens)
         self.cache = MediaKV(model.config, rows, model.dtype, home, pinned=home.type == "cpu" and device.type == "cuda",
                              fp8=plan.history == "fp8")
+        self.attention = fp8_attention if plan.attention == "fp8" else None  # every forward's, commits' too
 
     def window(self, run: "CausalRun", start: int, end: int) -> WindowInputs:
         plan, conditioner = run.plan, run.conditioner
@@ -158,7 +169,8 @@ class KVHistory:
             self.cache.evict(plan.sink_frames, plan.recent(start))
         for clean in conditioner.clean(start, end):  # in one forward before the chunk's own frames
             self.commit(run, clean, start)
-        return WindowInputs(cache=self.cache, start_frame=start, conditions=tuple(conditioner.tracks(start, end)))
+        return WindowInputs(cache=self.cache, start_frame=start, attention=self.attention,
+                            conditions=tuple(conditioner.tracks(start, end)))
 
     def keep(self, run: "CausalRun", latents: torch.Tensor, start: int, end: int, last: bool) -> None:
         if run.open or not last:
@@ -170,7 +182,7 @@ class KVHistory:
         clean = torch.zeros((), device=latents.device)  # (made there: no copy to the device per commit)
         denoiser, end = run.parts.denoiser, start + latents.shape[2]
         run.model(latents, clean, denoiser.text_kv(run.cond_ids), [], run.s.fps, run.conditioner.tracks(start, end),
-                  hooks=replace(denoiser.hooks, cache=self.cache, start_frame=start))
+                  hooks=replace(denoiser.hooks, cache=self.cache, start_frame=start, attention=self.attention))
         self.cache.append()
 
 

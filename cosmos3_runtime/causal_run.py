@@ -34,6 +34,7 @@ from .settings import Settings
 from .tracks import Parts
 from .transformer import VIDEO, MediaKV, Segment, attention, masked_media_attention
 from .vae import StageCallback, stage
+from .weights import precision
 from .weights.fp8 import rounded_per_head
 from .windows import CFG, Generation, Run, Window
 
@@ -178,11 +179,14 @@ class KVHistory:
                 self.commit(run, latents[:, :, f - start : f - start + 1], f)
 
     def commit(self, run: "CausalRun", latents: torch.Tensor, start: int) -> None:
-        """Append the K/V of clean frames at latent frame `start` (no time embedding: no frame is noisy)."""
+        """Append the K/V of clean frames at latent frame `start` (no time embedding: no frame is noisy), in the
+        precision of a chunk's last step (a quantized checkpoint's step policy: a clean forward is where the steps
+        end; outside the steps the media pathway would run its native arithmetic whatever the policy says)."""
         clean = torch.zeros((), device=latents.device)  # (made there: no copy to the device per commit)
-        denoiser, end = run.parts.denoiser, start + latents.shape[2]
-        run.model(latents, clean, denoiser.text_kv(run.cond_ids), [], run.s.fps, run.conditioner.tracks(start, end),
-                  hooks=replace(denoiser.hooks, cache=self.cache, start_frame=start, attention=self.attention))
+        denoiser, end, steps = run.parts.denoiser, start + latents.shape[2], run.s.steps
+        with precision.for_step(run.s.precision, steps - 1, steps):
+            run.model(latents, clean, denoiser.text_kv(run.cond_ids), [], run.s.fps, run.conditioner.tracks(start, end),
+                      hooks=replace(denoiser.hooks, cache=self.cache, start_frame=start, attention=self.attention))
         self.cache.append()
 
 

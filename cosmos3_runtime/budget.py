@@ -33,6 +33,9 @@ STATE_COPIES = 10  # fp32 latent-sized tensors alive during a step (noise, laten
 # virtual device (tests/test_gpu_faults.py) at the released widths for 256p to 720p, in bf16 and fp32, 18.95-19.02
 # (a tile of a tiled decode: 19.2). Independent of the clip's length: the decoder streams one latent frame at a time.
 DECODE_PEAK_FRAMES = 19.5
+# What a streamed decode (`vae.DecodeStream`) keeps between its pieces, each causal layer's last frames: 6.98 such
+# frames measured on the virtual device at 832x480 in bf16.
+DECODE_STATE_FRAMES = 7.0
 # The encode's, in encoder-width (base_dim) full-resolution frames beside its input pixels, measured the same way:
 # 12.45 for clips of 5 to 93 frames (the encoder streams four frames at a time), 3.09 for one frame.
 ENCODE_PEAK_FRAMES, ENCODE_PEAK_ONE = 12.5, 3.1
@@ -102,22 +105,34 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
     # output, whichever is larger (they never coexist); whole forwards on the virtual device peak within 5 % of it.
     hidden_bytes, mlp_bytes, attention_bytes = 4 * H * b, 3 * I * b, (2 * A + 4 * K) * D * b
     longest_text = max(cond_tokens, uncond_tokens)
-    # the media attention's keys and values: grouped, plus a copy expanded to the query heads where SDPA needs it
-    kv_heads = K if device is None or facts(device).grouped_kv(dtype, D) else K + A
+    # The rows the media attention reads, one layer at a time: [text ; media] joined (`torch.cat`) without a history;
+    # with one (a causal rollout's: the chunk's own rows among them), [text ; history] read in place where the history
+    # lives on the device as it is (its slabs hold the text before it), else (CPU memory beside a GPU, fp8) through a
+    # workspace the layers share (`MediaKV`). Plus a copy in the dtype attention runs in where that differs, and one
+    # expanded to the query heads where SDPA needs it (`DeviceFacts.grouped_kv`).
     history = g.history_frames * (video_tokens // latent_frames + g.history_extra_rows)  # earlier forwards' K/V rows
-    joined_kv = (longest_text + history + media_tokens) * 2 * kv_heads * D * b
+    in_place = g.history_memory == "device" or g.history_memory == "cpu" and (device is None or device.type == "cpu")
+    attended = longest_text + (history or media_tokens)
+    converted = device is not None and facts(device).attention_dtype(dtype) != dtype
+    expanded = 0 if device is None or facts(device).grouped_kv(dtype, D) else attended * 2 * A * D * b
+    read_kv = expanded + (attended * 2 * K * D * b if converted or not history else 0)
     prompts = cond_tokens + (uncond_tokens if g.guided else 0)
     parts = {
         "latents": STATE_COPIES * latent * 4,
         "text K/V cache": config.num_hidden_layers * prompts * 2 * K * D * b,
         "text tower": longest_text * (hidden_bytes + max(mlp_bytes, attention_bytes)),
         "media tower": media_tokens * hidden_bytes + max(media_tokens * mlp_bytes,
-                                                         media_tokens * attention_bytes + joined_kv),
+                                                         media_tokens * attention_bytes + read_kv),
         "rotary tables": (longest_text + media_tokens) * D * (2 * b + 8),
     }
-    per_value = 1 + 4 / D if g.history_memory == "fp8" else b  # fp8 bytes and a float32 scale per token and head
-    kept = {"media K/V cache": int(config.num_hidden_layers * history * 2 * K * D * per_value)} if history else {}
-    if g.history_memory != "cpu":  # held throughout, every layer's keys and values
+    kept = {}
+    if history:  # held throughout: every layer's keys and values (fp8: a float32 scale per token and head beside)
+        rows, per_value = (history, 1 + 4 / D) if g.history_memory == "fp8" else \
+            (history + longest_text * in_place, b)  # the slabs hold the text before it
+        kept["media K/V cache"] = int(config.num_hidden_layers * rows * 2 * K * D * per_value)
+        if not in_place:
+            parts["media K/V workspace"] = attended * 2 * K * D * b
+    if g.history_memory != "cpu":
         parts.update(kept)
     at_work = {} if weights is None else weights.step_bytes(config, media_tokens, dtype, device)
     parts.update(at_work)
@@ -133,8 +148,16 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
         tile_px = tile.size * SPATIAL_FACTOR if tile is not None else None
         th, tw = (min(g.height, tile_px), min(g.width, tile_px)) if tile_px else (g.height, g.width)
         working = DECODE_PEAK_FRAMES * vae_config.decoder_dim * th * tw * b
-        out = 3 * (g.decoded_frames or g.window_frames) * g.height * g.width  # as it grows, then float32 in 0..1
-        parts["VAE decode"] = int(max(working + out * b, out * (b + 2 * 4)))
+        streamed = g.decoded_piece is not None and tile is None
+        frames = g.decoded_piece if streamed else g.decoded_frames or g.window_frames
+        out = 3 * frames * g.height * g.width  # as it grows, then float32 in 0..1
+        decoding = int(max(working + out * b, out * (b + 2 * 4)))
+        if streamed and device is not None and device.type == "cuda":  # on a second stream, beside the sampling
+            parts["VAE decode beside the steps"] = decoding
+        else:
+            parts["VAE decode"] = decoding
+            if streamed:  # its causal state, held from chunk to chunk
+                parts["VAE decode state"] = int(DECODE_STATE_FRAMES * vae_config.decoder_dim * g.height * g.width * b)
     host = output(config, g, frames_out, latents_out=not controls, on_cpu=device is None or device.type == "cpu")
     return Estimate(parts, {**host, **(kept if g.history_memory == "cpu" else {})}, tuple(at_work))
 

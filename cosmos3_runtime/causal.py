@@ -264,6 +264,7 @@ class Rollout:
     history: str = "device"  # how the K/V history is kept: "device", "cpu" (each layer's brought as it runs), "fp8"
     emphasize: bool = False  # the control sentence goes into the prompt
     embodiment: Embodiment | None = None  # Sim-Bimanual: whose actions condition the frames (latent 0: the image)
+    attention: str = "full"  # the media attention's inputs: "full", or "fp8" (`causal_run.fp8_attention`)
 
     @property
     def latent_frames(self) -> int:

@@ -1,5 +1,6 @@
 """A causal rollout run (`causal.Rollout` is its plan): chunk by chunk, each denoised in the checkpoint's fixed steps
-with its own noise seeds, against the frames committed before it; the clip decoded once, at the end.
+with its own noise seeds, against the frames committed before it; each chunk's frames decoded as the next samples
+(`codec.ChunkDecode`: on a second CUDA stream), or, tiled, the clip once at the end.
 
 Written once, in `CausalRun`: the chunks (a batch's are its plan's; a session's grow tick by tick, its plan
 untouched), the seeds, each chunk's window, the clip's latents. Two strategies plug in:
@@ -22,6 +23,7 @@ from dataclasses import replace
 import torch
 
 from . import causal, chunk_step, kinds
+from .codec import ChunkDecode
 from .conditioning import preprocess_image, preprocess_video
 from .denoiser import WindowInputs
 from .errors import InputError
@@ -30,11 +32,22 @@ from .parallel import Parallel
 from .request import Request
 from .settings import Settings
 from .tracks import Parts
-from .transformer import VIDEO, MediaKV, Segment, masked_media_attention
+from .transformer import VIDEO, MediaKV, Segment, attention, masked_media_attention
 from .vae import StageCallback, stage
+from .weights import precision
+from .weights.fp8 import rounded_per_head
 from .windows import CFG, Generation, Run, Window
 
 RECOMPUTE_MASK = 2**30  # bool entries of the largest attention mask a recompute builds (1 GiB)
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The media attention (`causal_attention="fp8"`) over queries, keys and values rounded to e4m3 with a scale per
+    key/value head (`rounded_per_head`): the inputs of torch's FP8 attention (its experimental FA3 kernel, Hopper with
+    flash-attention 3 installed), computed by SDPA from the rounded values. Torch has no FP8 attention kernel that
+    runs without FA3 (none on the CPU): this gives FP8 attention's error exactly, not its speed."""
+    heads = k.shape[1]
+    return attention(rounded_per_head(q, heads), rounded_per_head(k, heads), rounded_per_head(v, heads))
 
 
 class Conditioner:
@@ -63,11 +76,12 @@ class Conditioner:
 class ControlClip(Conditioner):
     """Sim-Transfer: the control clip's latents, each chunk's committed clean at its own frames before its RGB
     frames (a recompute runs them as a context item). A batch's clip is encoded once; a session's as its ticks bring
-    it, where the last left off, the latents of chunks run dropped (memory stays flat)."""
+    it, where the last left off, the latents of chunks run dropped (memory stays flat). A batch keeps no encoder
+    state past its one encode (at 480p the stream's causal state is ~0.4 GB on the device)."""
 
     def __init__(self, parts: Parts, vae, s: Settings, r: Request, hint: str, open: bool):
         self.parts, self.dtype = parts, parts.denoiser.transformer.dtype
-        self.encoder = vae.encode_stream()
+        self.encoder = vae.encode_stream() if open else None
         self.start = 0  # the latent frame `latents` starts at
         if open:
             shape = parts.denoiser.latent_shape(s)
@@ -77,7 +91,8 @@ class ControlClip(Conditioner):
             self.latents = self.encode(clip)
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Control pixels [1, 3, F, H, W] in [-1, 1], the clip's frames after those encoded so far -> their latents."""
+        """Control pixels [1, 3, F, H, W] in [-1, 1], the clip's frames after those encoded so far (a session's
+        encoder) -> their latents."""
         return self.parts.codec.encode_pixels(pixels.to(self.dtype), self.encoder)
 
     def clean(self, start: int, end: int) -> list[torch.Tensor]:
@@ -152,6 +167,7 @@ class KVHistory:
         self.cache = MediaKV(model.config, rows, model.dtype, home, pinned=home.type == "cpu" and device.type == "cuda",
                              fp8=plan.history == "fp8")
         self.step = chunk_step.for_run(model, device, plan.history)  # the denoising forwards' (None: eager)
+        self.attention = fp8_attention if plan.attention == "fp8" else None  # every forward's, commits' too
 
     def window(self, run: "CausalRun", start: int, end: int) -> WindowInputs:
         plan, conditioner = run.plan, run.conditioner
@@ -161,8 +177,8 @@ class KVHistory:
             self.cache.evict(plan.sink_frames, plan.recent(start))
         for clean in conditioner.clean(start, end):  # in one forward before the chunk's own frames
             self.commit(run, clean, start)
-        return WindowInputs(cache=self.cache, start_frame=start, conditions=tuple(conditioner.tracks(start, end)),
-                            forward=self.step)
+        return WindowInputs(cache=self.cache, start_frame=start, attention=self.attention,
+                            conditions=tuple(conditioner.tracks(start, end)), forward=self.step)
 
     def keep(self, run: "CausalRun", latents: torch.Tensor, start: int, end: int, last: bool) -> None:
         if run.open or not last:
@@ -170,11 +186,14 @@ class KVHistory:
                 self.commit(run, latents[:, :, f - start : f - start + 1], f)
 
     def commit(self, run: "CausalRun", latents: torch.Tensor, start: int) -> None:
-        """Append the K/V of clean frames at latent frame `start` (no time embedding: no frame is noisy)."""
+        """Append the K/V of clean frames at latent frame `start` (no time embedding: no frame is noisy), in the
+        precision of a chunk's last step (a quantized checkpoint's step policy: a clean forward is where the steps
+        end; outside the steps the media pathway would run its native arithmetic whatever the policy says)."""
         clean = torch.zeros((), device=latents.device)  # (made there: no copy to the device per commit)
-        denoiser, end = run.parts.denoiser, start + latents.shape[2]
-        run.model(latents, clean, denoiser.text_kv(run.cond_ids), [], run.s.fps, run.conditioner.tracks(start, end),
-                  hooks=replace(denoiser.hooks, cache=self.cache, start_frame=start))
+        denoiser, end, steps = run.parts.denoiser, start + latents.shape[2], run.s.steps
+        with precision.for_step(run.s.precision, steps - 1, steps):
+            run.model(latents, clean, denoiser.text_kv(run.cond_ids), [], run.s.fps, run.conditioner.tracks(start, end),
+                      hooks=replace(denoiser.hooks, cache=self.cache, start_frame=start, attention=self.attention))
         self.cache.append()
 
 
@@ -243,6 +262,10 @@ class CausalRun(Run):
         self.count = len(self.chunks) - self.done
         self.latents = self.buffer()
         self.frames: torch.Tensor | None = None
+        # each chunk's frames decoded as the next samples (a session's always; a tiled decode waits for the clip)
+        self.decoder = ChunkDecode(parts.codec, self.fast) if open or r.output == "frames" and r.vae_tile is None \
+            else None
+        self.decoded = 0  # latent frames handed to the decoder
 
     def buffer(self) -> torch.Tensor:
         """The latents of the chunks the next `execute` runs (with latent 0 when it starts the clip)."""
@@ -273,16 +296,20 @@ class CausalRun(Run):
     def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
         start, end = self.chunks[k + self.done]
         self.latents[:, :, start - self.origin : end - self.origin] = latents
+        if self.conditioner.opening is not None and self.origin == 0:
+            self.latents[:, :, :1] = self.conditioner.opening
         last = k + 1 == self.count
+        if self.decoder is not None:  # queued before the commits, which it runs beside
+            self.decoder.add(self.latents[:, :, self.decoded - self.origin : end - self.origin],
+                             stage(progress, "decode"))
+            self.decoded = end
         self.history.keep(self, latents, start, end, last)
         if last:
-            if self.conditioner.opening is not None and self.origin == 0:
-                self.latents[:, :, :1] = self.conditioner.opening
             self.done += self.count
             if not self.open and self.r.output == "frames":
-                self.history = None  # its memory goes back before the whole clip is decoded
-                self.frames = self.parts.codec.decode(self.latents, tile=self.r.vae_tile,
-                                                      progress=stage(progress, "decode"), fast=self.fast)
+                self.history = None  # its memory goes back before the decode's last chunk is waited for
+                self.frames = self.decoder.take() if self.decoder is not None else self.parts.codec.decode(
+                    self.latents, tile=self.r.vae_tile, progress=stage(progress, "decode"), fast=self.fast)
 
     @property
     def result(self) -> Generation:

@@ -12,7 +12,8 @@ from .sound import SoundTokenizer
 from .tiny_decoder import TinyDecoder, latent_space_of
 from .vae import EncodeStream, Progress, TileSpec, WanVAE, image_frames
 
-Pixels = Callable[[torch.Tensor], torch.Tensor]  # a clip's next normalized latents -> their pixels in [-1, 1]
+Pixels = Callable[..., torch.Tensor]  # a clip's next normalized latents (and a Progress) -> their pixels in [-1, 1]
+cuda = torch.cuda  # the stream API `ChunkDecode` runs on (tests put a recording stand-in here)
 
 
 class Codec:
@@ -75,7 +76,7 @@ class Codec:
             vae = self.vae_for("decoding")
             part, dtype = "the VAE decoder", vae.dtype
         if stream is not None:
-            pixels = stream(z)
+            pixels = stream(z, progress)
         elif fast is not None:
             pixels = fast.decode(self._in_space_of(fast, z, raw), progress)
         else:
@@ -90,10 +91,10 @@ class Codec:
         decode of the whole clip."""
         if fast is not None:
             stream = fast.stream()
-            return lambda latents: stream(self._in_space_of(fast, latents, raw=False))
+            return lambda latents, progress=None: stream(self._in_space_of(fast, latents, raw=False), progress)
         vae = self.vae_for("decoding")
         stream = vae.decode_stream()
-        return lambda latents: stream(vae.denormalize(latents))
+        return lambda latents, progress=None: stream(vae.denormalize(latents), progress)
 
     @torch.inference_mode()
     def encode(self, frames: torch.Tensor, progress: Progress | None = None, raw: bool = False) -> torch.Tensor:
@@ -138,3 +139,40 @@ class Codec:
         if seconds is not None:
             waveform = waveform[:, : int(seconds * tokenizer.config.sampling_rate)]
         return waveform
+
+
+class ChunkDecode:
+    """A causal rollout's frames decoded chunk by chunk as it makes them (`Codec.decode_stream`: the pieces join into
+    exactly one decode of the clip, untiled), off the sampling's critical path: on a CUDA device each chunk's decode
+    runs on a second stream while the next chunk samples (and this one commits). The side stream first waits for what
+    the sampling stream has queued (the chunk's latents are written there); the latents are marked as read on the side
+    stream (`record_stream`: their memory is not handed to the sampling stream before the decode has read them); the
+    frames come back to pinned host memory without blocking, so Python goes on queueing the next chunk. `take` waits
+    for the side stream. Elsewhere (the CPU) there is no second stream: each chunk decodes in line, the same pixels."""
+
+    def __init__(self, codec: Codec, fast: TinyDecoder | None):
+        self.codec, self.fast = codec, fast
+        self.pixels = codec.decode_stream(fast)
+        self.side = cuda.Stream(codec.device) if codec.device.type == "cuda" else None
+        self.pieces: list[torch.Tensor] = []  # each decoded chunk's frames [F, H, W, 3] on the host
+
+    def add(self, latents: torch.Tensor, progress: Progress | None = None) -> None:
+        """Decode the clip's next normalized latents [1, 48, t, h, w] (on the device)."""
+        if self.side is None:
+            self.pieces.append(image_frames(self.codec.decode_pixels(latents, progress=progress, fast=self.fast,
+                                                                     stream=self.pixels)))
+            return
+        self.side.wait_stream(cuda.current_stream(self.codec.device))
+        with cuda.stream(self.side):
+            latents.record_stream(self.side)
+            frames = image_frames(self.codec.decode_pixels(latents, progress=progress, fast=self.fast,
+                                                           stream=self.pixels), host=False)
+            host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=cuda.is_available())
+            self.pieces.append(host.copy_(frames, non_blocking=True))
+
+    def take(self) -> torch.Tensor:
+        """The frames of the chunks added since the last take, [F, H, W, 3] float32 in 0..1 on the host."""
+        if self.side is not None:
+            self.side.synchronize()
+        frames, self.pieces = torch.cat(self.pieces), []
+        return frames

@@ -61,6 +61,8 @@ class RunGeometry:
     history_memory: str = "device"  # how that K/V is kept: on the device, in host memory ("cpu"), or in "fp8"
     history_extra_rows: int = 0  # rows each of those frames holds beside its video tokens (Sim-Bimanual's actions)
     decoded_frames: int | None = None  # frames one decode makes (None: a window's; a rollout decodes the whole clip)
+    decoded_piece: int | None = None  # frames one piece of a streamed decode makes: a causal rollout's chunk, decoded
+    # as it is made unless tiled (`codec.ChunkDecode`); None: not streamed
 
     @property
     def passes(self) -> int:

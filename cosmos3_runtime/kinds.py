@@ -79,7 +79,7 @@ class Causal:
         r = self.rollout
         return RunGeometry(s.height, s.width, r.chunk_pixels, s.num_frames, len(r.chunks),
                            history_frames=r.history_frames(), history_memory=r.history, decoded_frames=s.num_frames,
-                           history_extra_rows=r.action_tokens)
+                           history_extra_rows=r.action_tokens, decoded_piece=1 + r.chunk_pixels)
 
     def encoded_frames(self, s, latent_input: bool) -> int:
         """Its control clip, encoded whole; or Sim-Bimanual's first image."""

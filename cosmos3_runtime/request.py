@@ -28,6 +28,7 @@ KEEP = ("first", "last")
 CAUSAL_CACHES = ("kv", "recompute")
 CAUSAL_SEEDS = ("auto", "framework", "sglang", "comfyui")
 CAUSAL_HISTORY = ("device", "cpu", "fp8")
+CAUSAL_ATTENTION = ("full", "fp8")
 LONGEST_WINDOW = 201  # frames generated in one window by default; longer videos run in chunks (NVIDIA lists <= 200 at 720p)
 DEFAULT_MAX_PROMPT_TOKENS = 16384  # official JSON captions are 1.6k-2.9k tokens; this bounds text-tower memory
 MAX_SIZE = 8192  # pixels per side: far above anything Cosmos3 was trained on, below int32 index trouble
@@ -186,6 +187,10 @@ class Request:
                                  "each layer's brought to the device as it runs: far less GPU memory, more transfer, "
                                  "the same result); or fp8 (on the device in fp8, a scale per token and head: about "
                                  "half of bf16, close to the same result)", choices=list(CAUSAL_HISTORY))
+    causal_attention: str = option("full", "causal checkpoints: the media attention's inputs: full (the activations' "
+                                   "precision) or fp8 (queries, keys and values rounded to e4m3 with a scale per key/value "
+                                   "head, as an FP8 attention kernel reads them; computed from the rounded values: the "
+                                   "error of FP8 attention, not its speed)", choices=list(CAUSAL_ATTENTION))
     causal_seeds: str = option("auto", "causal checkpoints: the per-step noise seeds, framework (seed + chunk start "
                                "x 1000003 + (step + 1) x 9176, NVIDIA's framework's newest Sim-Transfer code) or "
                                "sglang (step x 9176, SGLang's and the framework's Sim-Bimanual code), comfyui (framewise "
@@ -238,7 +243,8 @@ class Request:
         set_(self, "audio", as_audio(self.audio))
         for name, choices in (("schedule", SCHEDULES), ("condition_video_keep", KEEP), ("output", OUTPUTS),
                               ("cache", CACHES), ("causal_cache", CAUSAL_CACHES), ("causal_seeds", CAUSAL_SEEDS),
-                              ("causal_history", CAUSAL_HISTORY), ("fast_decoder_latents", LATENT_SPACES)):
+                              ("causal_history", CAUSAL_HISTORY), ("causal_attention", CAUSAL_ATTENTION),
+                              ("fast_decoder_latents", LATENT_SPACES)):
             if getattr(self, name) not in choices:
                 raise InputError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if self.fast_decoder is not None:

@@ -36,7 +36,6 @@ from .request import Request
 from .running import running
 from .tracks import Parts
 from .transformer import media_block
-from .vae import image_frames
 
 
 def check_checkpoint(variant) -> None:
@@ -85,11 +84,10 @@ class CausalSession:
         return self.plan.settings
 
     def _start(self) -> None:
-        self.run = self.decoder = None  # the old history's memory goes first
+        self.run = None  # the old history's (and decoder state's) memory goes first
         p = self.plan
         self.run = CausalRun(self.parts, p.settings, p.request, p.cond_ids, p.uncond_ids, None, open=True)
         self.block = media_block(p.request.compile, self.parts.device)  # one a session: its chunk step keys on it
-        self.decoder = self.parts.codec.decode_stream(self.run.fast)
         self.chunk_index, self.lost = 0, False
 
     def _resume(self) -> None:
@@ -99,17 +97,16 @@ class CausalSession:
             self._start()
 
     def _run(self, extend, callback, progress, interrupt) -> torch.Tensor:
-        """One tick: `extend(rollout)` gives it the tick's conditions, its chunks run, their frames are decoded (and
-        filtered by the guardrails). A tick that fails or is cancelled loses the history (half-committed): its memory
-        is freed at once and the next tick starts again at chunk 0."""
+        """One tick: `extend(rollout)` gives it the tick's conditions, its chunks run, their frames are decoded (beside
+        the chunk's commits, on a GPU: `ChunkDecode`) and filtered by the guardrails. A tick that fails or is cancelled
+        loses the history (half-committed): its memory is freed at once and the next tick starts again at chunk 0."""
         try:
             with running(self.parts, self.plan.settings, self.block, interrupt, self.guardrails) as guarded:
                 extend(self.run)
                 runs.execute(self.run, self.parts, int(self.plan.request.seed), callback, None, progress, None)
-                frames = guarded(image_frames(self.parts.codec.decode_pixels(self.run.latents, fast=self.run.fast,
-                                                                             stream=self.decoder)))
+                frames = guarded(self.run.decoder.take())
         except BaseException:
-            self.run = self.decoder = None  # freed now, rebuilt by the next tick (not while this error holds them)
+            self.run = None  # freed now, rebuilt by the next tick (not while this error holds it)
             self.lost = True
             raise
         self.chunk_index += 1
@@ -117,7 +114,7 @@ class CausalSession:
 
     def close(self) -> None:
         """Free the history and the decoder's state; a closed session refuses ticks and resets."""
-        self.run = self.decoder = None
+        self.run = None
         self.closed = True
 
     def _refuse_closed(self) -> None:

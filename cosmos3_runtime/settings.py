@@ -175,7 +175,8 @@ def _video(variant: Variant, r: Request, applied: list[str], notes: list[str]) -
 def _causal_options(r: Request) -> tuple[tuple[str, object, object], ...]:
     """(name, value, value when unset) of the options only causal checkpoints read."""
     return (("causal_cache", r.causal_cache, "kv"), ("causal_window", r.causal_window, None),
-            ("causal_history", r.causal_history, "device"), ("causal_seeds", r.causal_seeds, "auto"),
+            ("causal_history", r.causal_history, "device"), ("causal_attention", r.causal_attention, "full"),
+            ("causal_seeds", r.causal_seeds, "auto"),
             ("emphasize_control", r.emphasize_control, None))
 
 
@@ -269,6 +270,9 @@ def _causal_refusals(variant: Variant, r: Request, steps: tuple[int, ...]) -> No
     if r.chunk_frames is not None:  # (an overlap alone, a sampler's widget, means nothing without them)
         raise InputError("a causal checkpoint's chunks are its own (latent frame 0, then "
                          f"{c.chunk_size} at a time): leave chunk_frames unset")
+    if r.causal_attention == "fp8" and r.causal_cache == "recompute":
+        raise InputError("causal_attention 'fp8' rounds the K/V rollout's attention inputs; causal_cache 'recompute' is "
+                         "the full-precision reference it is measured against: leave one of them unset")
     if r.causal_seeds == "comfyui" and c.chunk_size != 1 and not c.takes_actions:
         raise InputError("causal_seeds 'comfyui' counts SamplerARVideo's equal blocks: a framewise Sim-Transfer's "
                          "chunks, or Sim-Bimanual's after its first image; this checkpoint's chunks are latent frame 0, "
@@ -339,7 +343,7 @@ def _bimanual(variant: Variant, r: Request, notes: list[str]) -> tuple[Causal, d
     sigmas = c.sigmas(r.steps)
     rollout = Rollout(c, None, tuple(chunk_ranges(latent_frames(frames), c.chunk_size)), window, c.sink_frames,
                       "kv", "sglang" if r.causal_seeds == "auto" else r.causal_seeds, r.causal_history, False,
-                      embodiment)
+                      embodiment, r.causal_attention)
     return Causal(rollout), dict(
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=len(sigmas),
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",
@@ -392,7 +396,8 @@ def _causal(variant: Variant, r: Request, notes: list[str]) -> tuple[Causal, dic
                      f"({pixel_frames(TRAINED_HORIZON)} frames); quality may degrade past it")
     emphasize = c.emphasize_control if r.emphasize_control is None else bool(r.emphasize_control)
     rollout = Rollout(c, hint, tuple(chunk_ranges(latents, c.chunk_size)), window, c.sink_frames, r.causal_cache,
-                      "framework" if r.causal_seeds == "auto" else r.causal_seeds, history, emphasize)
+                      "framework" if r.causal_seeds == "auto" else r.causal_seeds, history, emphasize,
+                      attention=r.causal_attention)
     return Causal(rollout), dict(
         width=width, height=height, num_frames=frames, fps=30.0 if r.fps is None else float(r.fps), steps=steps,
         guidance_scale=1.0, flow_shift=None, schedule="distilled", guidance_interval=None, negative_prompt="",

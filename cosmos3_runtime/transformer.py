@@ -514,8 +514,8 @@ class LayerKV:
                 scale = new.detach().abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
                 store[self.held : end] = (new.float() / scale).to(FP8).view(torch.uint8).to(store.device)
                 self.scales[self.held : end, i] = scale.to(self.scales.device)
-                old = store[: self.held].to(new.device).view(FP8).to(new.dtype)  # e4m3 values are exact in bf16
-                torch.mul(old, self.scales[: self.held, i].to(new.device, new.dtype), out=held)
+                held.copy_(store[: self.held].to(new.device).view(FP8))  # in place: e4m3 values are exact in bf16
+                held.mul_(self.scales[: self.held, i].to(new.device, new.dtype))
             buffer[self.text_rows + self.held : last] = new
         return self.buffers[0][first:last], self.buffers[1][first:last]
 

@@ -421,9 +421,11 @@ Progress = Callable[[int, int], None]  # (units done, total units); raise to sto
 StageCallback = Callable[[str, int, int], None]
 
 
-def image_frames(pixels: torch.Tensor) -> torch.Tensor:
-    """Decoded pixels [1, 3, F, H, W] in [-1, 1] -> frames [F, H, W, 3] in 0..1 on the CPU (ComfyUI's IMAGE)."""
-    return (pixels / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).cpu()
+def image_frames(pixels: torch.Tensor, host: bool = True) -> torch.Tensor:
+    """Decoded pixels [1, 3, F, H, W] in [-1, 1] -> frames [F, H, W, 3] in 0..1 on the CPU (ComfyUI's IMAGE); `host`
+    False: where the pixels are."""
+    frames = (pixels / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0)
+    return frames.cpu() if host else frames
 
 
 def stage(progress: StageCallback | None, name: str) -> Progress | None:

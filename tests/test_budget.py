@@ -2,6 +2,8 @@
 same figures by the CLI's planner, a loaded pipeline and the ComfyUI sampler, before any weight is read."""
 
 import pytest
+from dataclasses import replace
+
 import torch
 
 import cosmos3_runtime
@@ -94,7 +96,9 @@ def test_a_long_video_handing_back_latents_keeps_no_frames(tiny_gated, monkeypat
 
 def test_media_kv_kept_across_forwards_is_held_throughout_and_attended():
     """A causal rollout's history: Nano at 480p keeping 151 latent frames of control and RGB K/V (302 frames) holds
-    about 17 GB in bf16 (the figure NVIDIA's Sim-Transfer notes give), and each forward's attention reads it."""
+    about 17 GB in bf16 (the figure NVIDIA's Sim-Transfer notes give) with the prompt's K/V before it in each layer's
+    slab. Attention reads it in place: no joined copy of it (the plan counted one, 3.2 GB here), only the copy
+    expanded to the query heads where SDPA needs that (a device without grouped K/V)."""
     from cosmos3_runtime.geometry import RunGeometry
     from cosmos3_runtime.tiny import RELEASED
     from cosmos3_runtime.transformer import TransformerConfig
@@ -104,8 +108,35 @@ def test_media_kv_kept_across_forwards_is_held_throughout_and_attended():
     plain = budget.estimate(config, None, chunk, 300, 0, torch.bfloat16)
     held = budget.estimate(config, None, RunGeometry(480, 832, 13, 13, history_frames=302), 300, 0, torch.bfloat16)
     tokens = 302 * (480 // 32) * (832 // 32)  # 2 x 2 patches of 16-pixel latents
-    assert held.parts["media K/V cache"] == 36 * tokens * 2 * 8 * 128 * 2 and 17e9 < held.parts["media K/V cache"] < 18e9
-    assert "media K/V cache" not in plain.parts
-    attended = tokens * 2 * 8 * 128 * 2  # one layer's history, joined to the forward's own keys and values
-    assert held.parts["media tower"] > plain.parts["media tower"] and held.parts["media tower"] > attended
-    assert held.total - plain.total > held.parts["media K/V cache"]
+    assert held.parts["media K/V cache"] == 36 * (tokens + 300) * 2 * 8 * 128 * 2
+    assert 17e9 < held.parts["media K/V cache"] < 18e9 and "media K/V cache" not in plain.parts
+    assert held.parts["media tower"] == plain.parts["media tower"]  # the chunk's MLP, not a copy of the history
+    assert held.total - plain.total == held.parts["media K/V cache"]
+    expanded = budget.estimate(config, None, RunGeometry(480, 832, 13, 13, history_frames=302), 300, 0,
+                               torch.bfloat16, device=torch.device("meta"))  # (SDPA there: K/V expanded)
+    assert expanded.parts["media tower"] > (tokens + 300) * 2 * 32 * 128 * 2  # one layer's, at the query heads
+
+
+def test_a_rollouts_streamed_decode_runs_beside_the_steps_on_a_gpu(monkeypatch):
+    """A causal rollout decodes each chunk as it is made (`codec.ChunkDecode`): on a CUDA GPU on a second stream while
+    the next chunk samples, so the plan holds one chunk's decode beside the steps; in line (the CPU) it stays a phase
+    of its own, its causal state held from chunk to chunk; tiled, the clip is decoded once at the end."""
+    from cosmos3_runtime import devices
+    from cosmos3_runtime.geometry import RunGeometry
+    from cosmos3_runtime.tiny import RELEASED, vae_config
+    from cosmos3_runtime.transformer import TransformerConfig
+    from cosmos3_runtime.vae import TileSpec, VAEConfig
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setitem(devices._FACTS, ("cuda", 0), devices.DeviceFacts("cuda", (9, 0)))
+    config, vae = TransformerConfig(**RELEASED["nano"]), VAEConfig.from_dict(vae_config(base_dim=160, decoder_base_dim=256))
+    rollout = RunGeometry(480, 832, 16, 97, 7, history_frames=50, decoded_frames=97, decoded_piece=17)
+    on_gpu, in_line = (budget.estimate(config, vae, rollout, 300, 0, torch.bfloat16, device=d) for d in (gpu, None))
+    beside = on_gpu.parts["VAE decode beside the steps"]
+    assert beside == in_line.parts["VAE decode"] and "VAE decode" not in on_gpu.parts
+    rest = budget.Estimate({name: n for name, n in on_gpu.parts.items() if name != "VAE decode beside the steps"})
+    assert on_gpu.total == rest.total + beside  # held with the steps' peak, not a phase after them
+    tiled = budget.estimate(config, vae, rollout, 300, 0, torch.bfloat16, TileSpec(32, 8), device=gpu)
+    whole = budget.estimate(config, vae, replace(rollout, decoded_piece=None), 300, 0, torch.bfloat16, device=gpu)
+    assert "VAE decode beside the steps" not in tiled.parts and tiled.parts["VAE decode"] > 0
+    assert whole.parts["VAE decode"] > beside  # the whole clip's frames at once

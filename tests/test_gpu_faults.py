@@ -298,10 +298,11 @@ def test_the_planned_vae_decode_holds_what_a_decode_takes_at_the_released_width(
     assert virtual.peak <= planned <= 1.1 * virtual.peak, (virtual.peak / 2**30, planned / 2**30)
 
 
-def released_pipeline(tiny_factory, variant: str, tmp_path=None, official_fp8: bool = False):
-    """A pipeline whose transformer (the released shapes, four layers: a run holds one layer's activations at a time)
+def released_pipeline(tiny_factory, variant: str, tmp_path=None, official_fp8: bool = False, layers: int = 4, **tiny):
+    """A pipeline whose transformer (the released shapes, `layers` of them: a run holds one layer's activations at a time)
     and VAE (the released widths) live on the virtual device, with the tiny checkpoint's tokenizer and configs (`official_fp8`: its config declares NVIDIA's FP8, and every
-    layer's linears are calibrated fp8 shells, so the run quantizes its activations as such a checkpoint does)."""
+    layer's linears are calibrated fp8 shells, so the run quantizes its activations as such a checkpoint does; `tiny`:
+    more options of the tiny checkpoint, a causal block)."""
     import json
     import shutil
 
@@ -310,14 +311,14 @@ def released_pipeline(tiny_factory, variant: str, tmp_path=None, official_fp8: b
     from cosmos3_runtime.vae import VAEConfig, WanVAE
     from cosmos3_runtime.weights.modelopt_fp8 import ModelOptFp8Linear
 
-    root = tiny_factory(kind="edge" if variant == "edge" else "gated")
+    root = tiny_factory(kind="edge" if variant == "edge" else "gated", **tiny)
     if official_fp8:
         root = shutil.copytree(root, tmp_path / "fp8")
         config = root / "transformer" / "config.json"
         config.write_text(json.dumps({**json.loads(config.read_text()),
                                       "quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}}))
     pipe = cosmos3_runtime.load(root, device="cpu", dtype="bf16")
-    config = TransformerConfig(**{**RELEASED[variant], "num_hidden_layers": 4})
+    config = TransformerConfig(**{**RELEASED[variant], "num_hidden_layers": layers})
     vae = VAEConfig.from_dict(vae_config(base_dim=160, decoder_base_dim=256))
     with torch.device("meta"):
         pipe.transformer, pipe.vae = Cosmos3Transformer(config).to(BF16), WanVAE(vae).to(BF16)
@@ -338,13 +339,36 @@ def released_pipeline(tiny_factory, variant: str, tmp_path=None, official_fp8: b
 CLIP = dict(width=832, height=480, seed=0, check_memory=False)
 
 
+def own_peaks(monkeypatch, owner, name: str, virtual: VirtualDevice, peaks: list) -> None:
+    """Each call of `owner.name` appends its own peak on `virtual` to `peaks` (the run's peak kept as well)."""
+    run = getattr(owner, name)
+
+    def measured(*args, **kwargs):
+        before, virtual.peak = virtual.peak, virtual.allocated
+        try:
+            return run(*args, **kwargs)
+        finally:
+            peaks.append(virtual.peak)
+            virtual.peak = max(before, virtual.peak)
+
+    monkeypatch.setattr(owner, name, measured)
+
+
+def steps_plan(estimate) -> int:
+    """The plan's peak during the steps: what it holds throughout, and the steps' own parts."""
+    from cosmos3_runtime import budget
+
+    held = estimate.total - max(sum(estimate.parts.get(n, 0) for n in phase) for phase in estimate.phases)
+    return held + sum(estimate.parts.get(n, 0) for n in estimate.phases[budget.STEPS])
+
+
 @pytest.mark.parametrize("run", ["long video", "transfer with SeaCache", "official FP8 without fp8 matmuls"])
 def test_a_whole_run_peaks_where_the_plan_says(tiny_factory, tmp_path, monkeypatch, run):
     """A whole run at the released shapes on the virtual device (weights there too; what leaves it reads as zeros)
     peaks within 10 % of the plan the memory check refuses from. Before, the plan missed SeaCache's stored residuals,
     the previous chunk's whole float32 decode kept through the next chunk (now only the frames the next one starts
     from), W8A8's float32 temporaries and the VAE encode."""
-    from cosmos3_runtime import budget, running, step_cache
+    from cosmos3_runtime import running, step_cache
 
     monkeypatch.setattr(step_cache, "relative_l1", lambda a, b: torch.tensor(0.1))  # no values here: skip 3 in 4
     monkeypatch.setattr(running.FiniteCheck, "check", lambda self: None)  # nor anything to find infinite
@@ -360,23 +384,12 @@ def test_a_whole_run_peaks_where_the_plan_says(tiny_factory, tmp_path, monkeypat
         pipe = released_pipeline(tiny_factory, "nano", tmp_path, official_fp8=True)
         request = dict(num_frames=61, steps=2, guidance_scale=5.0, output="latents", cache="off")
     plan = pipe.plan("A robot arm stacks two cubes on a table.", **CLIP, **request)
-    steps = []  # each sampling loop's own peak (the whole run's is often the decode's)
-    denoise = pipe.denoiser.denoise
-
-    def measured_denoise(*args, **kwargs):
-        before, virtual.peak = virtual.peak, virtual.allocated
-        try:
-            return denoise(*args, **kwargs)
-        finally:
-            steps.append(virtual.peak)
-            virtual.peak = max(before, virtual.peak)
-
-    monkeypatch.setattr(pipe.denoiser, "denoise", measured_denoise)
-    with torch.inference_mode(), VirtualDevice(readable=True) as virtual:
+    steps, virtual = [], VirtualDevice(readable=True)  # each sampling loop's own peak (the run's is often the decode's)
+    own_peaks(monkeypatch, pipe.denoiser, "denoise", virtual, steps)
+    with torch.inference_mode(), virtual:
         pipe.generate(plan)
     estimate = plan.estimate
-    planned_steps = estimate.total - max(sum(estimate.parts.get(n, 0) for n in phase) for phase in estimate.phases) + \
-        sum(estimate.parts.get(n, 0) for n in estimate.phases[budget.STEPS])  # held throughout, and the steps' own parts
+    planned_steps = steps_plan(estimate)
     for measured, planned in ((virtual.peak, estimate.total), (max(steps), planned_steps)):
         assert 0.9 * planned <= measured <= 1.1 * planned, (measured / 2**30, planned / 2**30, estimate.describe())
     if run == "official FP8 without fp8 matmuls":
@@ -418,3 +431,37 @@ def test_a_run_that_overflows_names_the_part(tiny_factory, part, dtype):
         module.weight.fill_(torch.finfo(module.weight.dtype).max)  # every output of that layer past its range
     with pytest.raises(cosmos3_runtime.NumericalError, match=f"{part} produced inf or NaN values in {dtype}"):
         pipe.generate("a cat", width=64, height=48, num_frames=5, steps=2)
+
+
+@pytest.mark.parametrize("history, card", [("device", (9, 0)), ("cpu", (9, 0)), ("fp8", (9, 0)), ("device", (7, 5))])
+def test_a_causal_chunk_peaks_where_the_plan_says(tiny_factory, monkeypatch, history, card):
+    """A framewise Sim-Transfer rollout (window 30, 3 sinks) at the released 480p shape on a virtual GPU (one Nano
+    layer: the history per layer is what differs): each chunk's sampling and commits peak within 10 % of the plan's
+    steps. Attention reads a history on the device in place, so on an H100 (grouped K/V in SDPA) the plan counts no
+    joined [text ; history ; media] copy (it did: 24 % over here), on a T4 only the fp16 and query-head copies SDPA
+    gets; a CPU-held or fp8 history is read through one workspace the layers share, held from the first forward on;
+    the streamed decode's causal state (here in line, the meta device not being CUDA) is held from chunk to chunk.
+    The CPU-held history stays in host memory beside the device's forwards, with no device mix in any op.
+    (FakeTensorMode cannot stand in for a CUDA device here: on a torch built without CUDA, slicing a fake CUDA
+    tensor fails with "PyTorch is not linked with support for cuda devices".)"""
+    from cosmos3_runtime import causal_run, running
+    from cosmos3_runtime.tiny import FRAMEWISE, sim_transfer_block
+
+    monkeypatch.setattr(running.FiniteCheck, "check", lambda self: None)
+    monkeypatch.setitem(devices._FACTS, ("meta", None), DeviceFacts("cuda", card))
+    pipe = released_pipeline(tiny_factory, "nano", layers=1, distilled=True, causal=sim_transfer_block(**FRAMEWISE),
+                             reasoner=False)
+    plan = pipe.plan("A robot arm stacks two cubes on a table.", **CLIP, control_videos={"edge": torch.rand(49, 480, 832, 3)},
+                     causal_history=history)
+    peaks, caches, virtual = [], [], VirtualDevice(readable=True)
+    own_peaks(monkeypatch, pipe.denoiser, "denoise", virtual, peaks)
+    own_peaks(monkeypatch, causal_run.KVHistory, "commit", virtual, peaks)
+    media_kv = causal_run.MediaKV
+    monkeypatch.setattr(causal_run, "MediaKV", lambda *args, **kwargs: caches.append(media_kv(*args, **kwargs)) or
+                        caches[-1])
+    with torch.inference_mode(), virtual:
+        pipe.generate(plan)
+    planned = steps_plan(plan.estimate)
+    assert 0.9 * planned <= max(peaks) <= 1.1 * planned, (max(peaks) / 2**30, planned / 2**30, plan.estimate.describe())
+    assert caches[0].keys.device.type == ("cpu" if history == "cpu" else "meta")
+    assert (caches[0].workspace is None) == (history == "device")

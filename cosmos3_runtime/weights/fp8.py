@@ -24,6 +24,16 @@ def quantize_static(rows: torch.Tensor, input_scale: torch.Tensor) -> torch.Tens
     return (rows.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
+def rounded_per_head(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """x [N, H, D] rounded through e4m3 with one scale (amax / 448) per group of H / `heads` heads, back in x's dtype:
+    what an FP8 attention kernel reads with per-head descales (torch's experimental FA3 path,
+    `_scaled_dot_product_attention_quantized`: one per key/value head, the query heads of a group sharing theirs)."""
+    n, h, d = x.shape
+    groups = x.float().view(n, heads, h // heads, d)
+    scale = (groups.abs().amax(dim=(0, 2, 3), keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    return ((groups / scale).to(FP8).float() * scale).view(n, h, d).to(x.dtype)
+
+
 @functools.cache
 def fused_quantize_rows():
     """`quantize_rows` as one kernel (torch.compile): eager runs it as four passes over the activations."""

@@ -111,7 +111,6 @@ def count_chunk(variant: str, chunk: int, held_frames: int, steps: int = 4, cont
     its rows)."""
     config = TransformerConfig(**RELEASED[variant])
     meta = torch.device("meta")
-    devices.remember(meta, DeviceFacts("cuda", (9, 0)))
     with meta:
         model = Cosmos3Transformer(config).to(torch.bfloat16)
     cache = MediaKV(config, (held_frames + (1 + controls) * chunk) * TOKENS, torch.bfloat16, meta)
@@ -124,7 +123,7 @@ def count_chunk(variant: str, chunk: int, held_frames: int, steps: int = 4, cont
         if keep:
             cache.append()
 
-    with torch.inference_mode(), counted_attention(counts):
+    with torch.inference_mode(), counted_attention(counts), devices.answering_as(meta, DeviceFacts("cuda", (9, 0))):
         text = model.encode_text(torch.zeros(text_tokens, dtype=torch.long), meta)
         forward(chunk, held_frames, False)  # the prompt's first forward places its text K/V
         with counts:

@@ -94,13 +94,12 @@ def count_forward(variant: str, width: int, height: int, frames: int, text_token
     branches it takes on a Hopper GPU (grouped K/V into SDPA's flash kernel, not expanded to the query heads)."""
     config = TransformerConfig(**RELEASED[variant])
     meta = torch.device("meta")
-    devices.remember(meta, DeviceFacts("cuda", (9, 0)))
     with meta:
         model = Cosmos3Transformer(config).to(torch.bfloat16)
     h, w = latent_size(height, width)
     latents = torch.empty(1, config.latent_channel, latent_frames(frames), h, w, device=meta)
     counts = Counts()
-    with torch.inference_mode():
+    with torch.inference_mode(), devices.answering_as(meta, DeviceFacts("cuda", (9, 0))):
         text = model.encode_text(torch.zeros(text_tokens, dtype=torch.long), meta)
         with counted_attention(counts), counts:
             model(latents, torch.tensor(900), text)

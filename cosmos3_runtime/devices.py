@@ -13,6 +13,7 @@ like an H100, an RTX 5090 or a T4).
 """
 
 import importlib.util
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,18 @@ def remember(device: torch.device, record: DeviceFacts | None) -> None:
         _FACTS.pop(_key(device), None)
     else:
         _FACTS[_key(device)] = record
+
+
+@contextmanager
+def answering_as(device: torch.device, record: DeviceFacts):
+    """`record` in place for `device` inside the block (a count on the meta device taking a GPU's branches), the
+    earlier record, or none, after it."""
+    before = _FACTS.get(_key(device))
+    remember(device, record)
+    try:
+        yield
+    finally:
+        remember(device, before)
 
 
 def _key(device: torch.device) -> tuple[str, int | None]:

@@ -15,6 +15,7 @@ its rows are kept by `MediaKV.append` from a host record its forward makes (whic
 chunk each commit holds one frame more than the one before, so each would need its own graph and memory pool.
 """
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -22,9 +23,10 @@ import torch
 
 from . import cancel
 from .devices import facts
-from .transformer import VIDEO, Cosmos3Transformer, Segment, TextKV, Velocity
+from .transformer import VIDEO, Cosmos3Transformer, Segment, TextKV, Velocity, tower_of
 from .weights import precision
 
+log = logging.getLogger("cosmos3")
 WARMUP = 3  # eager calls on a side stream before a capture, as PyTorch's CUDA graph example makes
 
 
@@ -51,12 +53,17 @@ class CudaGraph:
 
 def for_run(model: Cosmos3Transformer, device: torch.device, history: str) -> "ChunkStep | None":
     """The fixed-shape step a rollout's chunks run through, chosen once a run (None: eager): CUDA graphs on an NVIDIA
-    GPU, for a history held on the device as it is. A history in CPU memory or fp8 comes through a host copy or a
-    dequantization per layer, and per-layer hooks (block swap, a host's weight streaming) run host code between
-    layers, which a replay would skip."""
-    if facts(device).cuda and history == "device" and model.hooks.layer is None:
-        return ChunkStep(model, CudaGraph)
-    return None
+    GPU, for a history held on the device as it is and weights all on it. A history in CPU memory or fp8 comes through
+    a host copy or a dequantization per layer; per-layer hooks (block swap, a host's weight streaming) run host code
+    between layers, which a replay would skip; and a module of the media forward a host leaves in CPU memory (ComfyUI
+    keeps small ones there) copies its weights in during it, which a capture refuses (the text tower is not run: the
+    prompt's K/V are made before)."""
+    if not (facts(device).cuda and history == "device" and model.hooks.layer is None):
+        return None
+    weights = (*model.named_parameters(), *model.named_buffers())
+    if any(tower_of(name) != "text tower" and t.device != model.device for name, t in weights):
+        return None
+    return ChunkStep(model, CudaGraph)
 
 
 class ChunkStep:
@@ -71,6 +78,7 @@ class ChunkStep:
         self.shape: tuple | None = None  # the captured shape
         self.replay: Callable | None = None
         self.placed: tuple | None = None  # the start frames whose rotary tables the static buffers hold
+        self.failed = False  # a capture failed: eager for the rest of the run
 
     def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, text: TextKV, noisy: list[int], fps: float,
                  tracks: list[Segment] = (), sp=None, context=(), hooks=None) -> Velocity:
@@ -80,10 +88,15 @@ class ChunkStep:
                  tuple(noisy), fps, hooks.block, precision.runs_native("media"), precision.runs_native("text"),
                  *((s.head, tuple(s.latents.shape), s.domain, s.zeroed, s.noisy) for s in tracks))
         if shape != self.shape:
-            if self.seen is None or self.seen[0] != shape or self.seen[1] == hooks.start_frame:
+            if self.failed or self.seen is None or self.seen[0] != shape or self.seen[1] == hooks.start_frame:
                 self.seen = (shape, hooks.start_frame)
                 return self.model(latents, timestep, text, noisy, fps, tracks, sp, context, hooks)
-            self.capture(shape, latents, timestep, text, noisy, fps, tracks, hooks)
+            try:
+                self.capture(shape, latents, timestep, text, noisy, fps, tracks, hooks)
+            except RuntimeError as error:  # a capture CUDA refuses (a kernel that syncs): the run goes on eagerly
+                log.warning("Cosmos3: the causal chunk step runs eagerly: its CUDA graph capture failed (%s)", error)
+                self.failed, self.shape, self.replay = True, None, None
+                return self.model(latents, timestep, text, noisy, fps, tracks, sp, context, hooks)
         self.latents.copy_(latents)
         self.timestep.copy_(timestep)
         for buffer, s in zip(self.rows, tracks):

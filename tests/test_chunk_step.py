@@ -50,11 +50,16 @@ class Rerun:
 
 class Traced(Rerun):
     """The captured forward compiled whole (fullgraph, the eager backend: the same ops, traced): a host read (.item(),
-    bool(tensor), .tolist()) or anything else that breaks the graph inside the captured region raises."""
+    bool(tensor), .tolist()) or anything else that breaks the graph inside the captured region raises, and so does a
+    replay whose inputs no longer pass the trace's guards (a recompile: what a CUDA graph would replay stale)."""
 
     def __init__(self, fn):
         torch._dynamo.reset()
         super().__init__(torch.compile(fn, fullgraph=True, backend="eager"))
+
+    def __call__(self):
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            return super().__call__()
 
 
 @pytest.fixture
@@ -211,6 +216,30 @@ def test_the_cuda_capture_runs_on_the_meta_device_without_host_reads(fake_cuda):
     assert fake_cuda == ["side stream", "capture"] + ["replay"] * 4
     assert all(v.vision.shape == (1, 48, 4, 4, 6) and v.vision.device == META for v in out)
     assert all(len(v.tracks) == 1 and v.tracks[0].shape == (16, 64) and v.tracks[0].device == META for v in out)
+
+
+def test_weights_a_host_left_in_cpu_memory_keep_the_media_forward_eager(fake_cuda):
+    """A module of the media forward in CPU memory (ComfyUI leaves small ones there) would copy its weights in inside
+    the capture: no graph for that run. The text tower is not run by a denoising forward: it may be anywhere."""
+    config = TransformerConfig.from_dict(transformer_config("gated", action=True))
+    with META:
+        model = Cosmos3Transformer(config)
+    model.embed_tokens.to_empty(device="cpu")
+    assert chunk_step.for_run(model, META, "device") is not None
+    model.time_embedder.to_empty(device="cpu")
+    assert chunk_step.for_run(model, META, "device") is None
+
+
+def test_a_capture_that_fails_leaves_the_run_eager(fake_cuda, monkeypatch, caplog):
+    @contextmanager
+    def refusing(g):
+        raise RuntimeError("operation not permitted when stream is capturing")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", refusing)
+    out = meta_step()
+    assert len(out) == 6 and fake_cuda == ["side stream"]  # warmed up, refused, then every step eager
+    assert "runs eagerly: its CUDA graph capture failed" in caplog.text
 
 
 def reads(hidden, run):

@@ -134,6 +134,9 @@ def estimate(config, vae_config, g: RunGeometry, cond_tokens: int, uncond_tokens
             parts["media K/V workspace"] = attended * 2 * K * D * b
     if g.history_memory != "cpu":
         parts.update(kept)
+    if history and g.history_memory == "device" and device is not None and facts(device).cuda:
+        # the chunk step's CUDA graph (`chunk_step`) keeps one denoising forward's activations in a pool of its own
+        parts["chunk step graph"] = parts["media tower"]
     at_work = {} if weights is None else weights.step_bytes(config, media_tokens, dtype, device)
     parts.update(at_work)
     if cache is not None:  # each guidance pass keeps its last full runs' residuals (the control-free one: the video's)

@@ -117,6 +117,28 @@ def test_media_kv_kept_across_forwards_is_held_throughout_and_attended():
     assert expanded.parts["media tower"] > (tokens + 300) * 2 * 32 * 128 * 2  # one layer's, at the query heads
 
 
+def test_the_chunk_steps_cuda_graph_pool_is_counted_where_it_is_made():
+    """On an NVIDIA GPU with the history on the device, a rollout's steady chunks replay a CUDA graph whose pool keeps
+    one denoising forward's activations beside the eager commits' (`chunk_step.for_run`); nowhere else."""
+    from cosmos3_runtime import devices
+    from cosmos3_runtime.devices import DeviceFacts
+    from cosmos3_runtime.geometry import RunGeometry
+    from cosmos3_runtime.tiny import RELEASED
+    from cosmos3_runtime.transformer import TransformerConfig
+
+    config, meta = TransformerConfig(**RELEASED["nano"]), torch.device("meta")
+
+    def plan(history: str, facts: DeviceFacts):
+        g = RunGeometry(480, 832, 13, 13, history_frames=302, history_memory=history)
+        with devices.answering_as(meta, facts):
+            return budget.estimate(config, None, g, 300, 0, torch.bfloat16, device=meta).parts
+
+    graphed = plan("device", DeviceFacts("cuda", (9, 0)))
+    assert graphed["chunk step graph"] == graphed["media tower"] > 0
+    assert "chunk step graph" not in plan("cpu", DeviceFacts("cuda", (9, 0)))
+    assert "chunk step graph" not in plan("device", DeviceFacts("cuda", (9, 0), rocm=True))
+
+
 def test_a_rollouts_streamed_decode_runs_beside_the_steps_on_a_gpu(monkeypatch):
     """A causal rollout decodes each chunk as it is made (`codec.ChunkDecode`): on a CUDA GPU on a second stream while
     the next chunk samples, so the plan holds one chunk's decode beside the steps; in line (the CPU) it stays a phase

@@ -461,7 +461,8 @@ def test_a_causal_chunk_peaks_where_the_plan_says(tiny_factory, monkeypatch, his
                         caches[-1])
     with torch.inference_mode(), virtual:
         pipe.generate(plan)
-    planned = steps_plan(plan.estimate)
+    # (its window never fills in 49 frames: no chunk is captured in a CUDA graph, whose pool the plan holds for later)
+    planned = steps_plan(plan.estimate) - plan.estimate.parts.get("chunk step graph", 0)
     assert 0.9 * planned <= max(peaks) <= 1.1 * planned, (max(peaks) / 2**30, planned / 2**30, plan.estimate.describe())
     assert caches[0].keys.device.type == ("cpu" if history == "cpu" else "meta")
     assert (caches[0].workspace is None) == (history == "device")

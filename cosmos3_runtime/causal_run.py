@@ -296,7 +296,7 @@ class CausalRun(Run):
     def keep(self, k: int, latents: torch.Tensor, tracks: list, progress: StageCallback | None) -> None:
         start, end = self.chunks[k + self.done]
         self.latents[:, :, start - self.origin : end - self.origin] = latents
-        if self.conditioner.opening is not None and self.origin == 0:
+        if self.conditioner.opening is not None and start - self.origin == 1:  # once, before frame 0 is decoded
             self.latents[:, :, :1] = self.conditioner.opening
         last = k + 1 == self.count
         if self.decoder is not None:  # queued before the commits, which it runs beside

@@ -147,14 +147,18 @@ class ChunkDecode:
     runs on a second stream while the next chunk samples (and this one commits). The side stream first waits for what
     the sampling stream has queued (the chunk's latents are written there); the latents are marked as read on the side
     stream (`record_stream`: their memory is not handed to the sampling stream before the decode has read them); the
-    frames come back to pinned host memory without blocking, so Python goes on queueing the next chunk. `take` waits
-    for the side stream. Elsewhere (the CPU) there is no second stream: each chunk decodes in line, the same pixels."""
+    frames come back to a pinned buffer without blocking, so Python goes on queueing the next chunk. A chunk later,
+    when that copy is long done, they move to ordinary host memory and the buffer serves a later chunk: the pinned
+    memory a run holds (and PyTorch then keeps cached) stays a few chunks', not the clip's. `take` waits for the rest.
+    Elsewhere (the CPU) there is no second stream: each chunk decodes in line, the same pixels."""
 
     def __init__(self, codec: Codec, fast: TinyDecoder | None):
         self.codec, self.fast = codec, fast
         self.pixels = codec.decode_stream(fast)
         self.side = cuda.Stream(codec.device) if codec.device.type == "cuda" else None
-        self.pieces: list[torch.Tensor] = []  # each decoded chunk's frames [F, H, W, 3] on the host
+        self.pieces: list[torch.Tensor] = []  # each decoded chunk's frames [F, H, W, 3] in ordinary host memory
+        self.copying: list[tuple[torch.Tensor, object]] = []  # pinned pieces and the event their copy ends with
+        self.free: list[torch.Tensor] = []  # pinned buffers landed, for the next chunks
 
     def add(self, latents: torch.Tensor, progress: Progress | None = None) -> None:
         """Decode the clip's next normalized latents [1, 48, t, h, w] (on the device)."""
@@ -162,17 +166,35 @@ class ChunkDecode:
             self.pieces.append(image_frames(self.codec.decode_pixels(latents, progress=progress, fast=self.fast,
                                                                      stream=self.pixels)))
             return
+        self.land(keep=1)  # the chunks before the last: their copies ended while this one sampled
         self.side.wait_stream(cuda.current_stream(self.codec.device))
         with cuda.stream(self.side):
             latents.record_stream(self.side)
             frames = image_frames(self.codec.decode_pixels(latents, progress=progress, fast=self.fast,
                                                            stream=self.pixels), host=False)
-            host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=cuda.is_available())
-            self.pieces.append(host.copy_(frames, non_blocking=True))
+            pinned = self.buffer(frames)
+            pinned.copy_(frames, non_blocking=True)
+            copied = cuda.Event()
+            copied.record(self.side)
+        self.copying.append((pinned, copied))
+
+    def buffer(self, frames: torch.Tensor) -> torch.Tensor:
+        """A pinned buffer for `frames`: a landed one of its shape, or a new one."""
+        for i, pinned in enumerate(self.free):
+            if pinned.shape == frames.shape:
+                return self.free.pop(i)
+        return torch.empty(frames.shape, dtype=frames.dtype, pin_memory=cuda.is_available())
+
+    def land(self, keep: int = 0) -> None:
+        """The pieces in pinned buffers, all but the last `keep`, into ordinary host memory (waiting for their copies)."""
+        while len(self.copying) > keep:
+            pinned, copied = self.copying.pop(0)
+            copied.synchronize()
+            self.pieces.append(torch.empty(pinned.shape, dtype=pinned.dtype).copy_(pinned))
+            self.free.append(pinned)
 
     def take(self) -> torch.Tensor:
         """The frames of the chunks added since the last take, [F, H, W, 3] float32 in 0..1 on the host."""
-        if self.side is not None:
-            self.side.synchronize()
-        frames, self.pieces = torch.cat(self.pieces), []
+        self.land()
+        frames, self.pieces = torch.cat(self.pieces) if len(self.pieces) > 1 else self.pieces[0], []
         return frames

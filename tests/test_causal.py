@@ -359,7 +359,8 @@ def test_each_chunk_decodes_as_the_next_samples_into_the_whole_clips_frames(chun
 def test_the_decode_stream_waits_for_the_sampling_and_is_waited_for_once(chunkwise, monkeypatch):
     """On a GPU each chunk's decode is queued on a second stream (a recording stand-in for torch.cuda here): it first
     waits for the sampling stream, marks the latents it reads as used there, and is queued before the chunk's commits
-    and the next chunk's sampling; the run waits for it once, at the end, and gets the same frames as in line."""
+    and the next chunk's sampling; a chunk's frames land in ordinary memory two chunks on (their pinned buffer reused),
+    the rest at the end; the same frames as in line."""
     from contextlib import contextmanager
 
     from cosmos3_runtime import codec
@@ -374,8 +375,12 @@ def test_the_decode_stream_waits_for_the_sampling_and_is_waited_for_once(chunkwi
             def wait_stream(self, other):
                 log.append(("wait", other))
 
+        class Event:
+            def record(self, stream):
+                pass
+
             def synchronize(self):
-                log.append("synchronize")
+                log.append("landed")
 
         @staticmethod
         def current_stream(device):
@@ -411,14 +416,15 @@ def test_the_decode_stream_waits_for_the_sampling_and_is_waited_for_once(chunkwi
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: log.append(("read", tuple(t.shape))), raising=False)
     monkeypatch.setattr(causal_run.KVHistory, "commit", spy("commit"))
     monkeypatch.setattr(chunkwise.denoiser, "denoise", spy("denoise"))
-    out = rollout(chunkwise, 33)  # chunks [0, 1), [1, 5), [5, 9); controls committed before each
+    out = rollout(chunkwise, 49)  # chunks [0, 1), [1, 5), [5, 9), [9, 13); controls committed before each
     shown = [e for i, e in enumerate(log) if e != "commit" or log[i - 1] != "commit"]  # a run of commits once
     chunk = [("wait", "sampling"), "decode"]
     assert shown == ["commit", "denoise", *chunk, ("read", (1, 48, 1, 2, 3)), "decoded", "commit",
                      "denoise", *chunk, ("read", (1, 48, 4, 2, 3)), "decoded", "commit",
-                     "denoise", *chunk, ("read", (1, 48, 4, 2, 3)), "decoded", "synchronize"]
-    monkeypatch.undo()
-    assert torch.equal(out.frames, rollout(chunkwise, 33).frames)
+                     "denoise", "landed", *chunk, ("read", (1, 48, 4, 2, 3)), "decoded", "commit",
+                     "denoise", "landed", *chunk, ("read", (1, 48, 4, 2, 3)), "decoded", "landed", "landed"]
+    monkeypatch.undo()  # (the last chunk's frames went through the buffer of the second's)
+    assert torch.equal(out.frames, rollout(chunkwise, 49).frames)
 
 
 def test_fp8_attention_rounds_every_forwards_inputs_and_stays_close(chunkwise, monkeypatch):

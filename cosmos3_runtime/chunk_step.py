@@ -27,6 +27,7 @@ from .transformer import VIDEO, Cosmos3Transformer, Segment, TextKV, Velocity, t
 from .weights import precision
 
 log = logging.getLogger("cosmos3")
+CAPTURES = 2  # a run's captures at most (`ChunkStep`)
 WARMUP = 3  # eager calls on a side stream before a capture, as PyTorch's CUDA graph example makes
 
 
@@ -70,7 +71,9 @@ class ChunkStep:
     """Called as the transformer is (`denoiser.WindowInputs.forward`). A shape runs eagerly until a second chunk
     brings it, then is captured by `graph` (`CudaGraph`, or a stand-in with its interface) and replayed: before the
     window is full each chunk holds more history than the last, and a rollout that never evicts never repeats a
-    shape, so only the steady state is captured. One capture at a time: a new shape that repeats replaces it."""
+    shape, so only the steady state is captured. One capture at a time: a new shape that repeats replaces it, at most
+    `CAPTURES` times a run (a step policy that changes precision inside each chunk would otherwise recapture every
+    chunk, slower than running eagerly: its other shapes run eagerly)."""
 
     def __init__(self, model: Cosmos3Transformer, graph: Callable[[Callable], Callable]):
         self.model, self.graph = model, graph
@@ -79,6 +82,7 @@ class ChunkStep:
         self.replay: Callable | None = None
         self.placed: tuple | None = None  # the start frames whose rotary tables the static buffers hold
         self.failed = False  # a capture failed: eager for the rest of the run
+        self.captures = 0
 
     def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, text: TextKV, noisy: list[int], fps: float,
                  tracks: list[Segment] = (), sp=None, context=(), hooks=None) -> Velocity:
@@ -88,7 +92,8 @@ class ChunkStep:
                  tuple(noisy), fps, hooks.block, precision.runs_native("media"), precision.runs_native("text"),
                  *((s.head, tuple(s.latents.shape), s.domain, s.zeroed, s.noisy) for s in tracks))
         if shape != self.shape:
-            if self.failed or self.seen is None or self.seen[0] != shape or self.seen[1] == hooks.start_frame:
+            if (self.failed or self.captures == CAPTURES or self.seen is None or self.seen[0] != shape
+                    or self.seen[1] == hooks.start_frame):
                 self.seen = (shape, hooks.start_frame)
                 return self.model(latents, timestep, text, noisy, fps, tracks, sp, context, hooks)
             try:
@@ -115,6 +120,7 @@ class ChunkStep:
                 fps: float, tracks: list[Segment], hooks) -> None:
         """Static buffers for the step's inputs, and the forward over them captured."""
         self.replay = None  # an earlier capture's memory goes first
+        self.captures += 1
         self.shape, self.placed = shape, None
         self.latents, self.timestep = latents.clone(), timestep.clone()
         self.rows = [s.latents.clone() for s in tracks]

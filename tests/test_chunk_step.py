@@ -242,6 +242,25 @@ def test_a_capture_that_fails_leaves_the_run_eager(fake_cuda, monkeypatch, caplo
     assert "runs eagerly: its CUDA graph capture failed" in caplog.text
 
 
+def test_steps_whose_shapes_alternate_inside_each_chunk_stop_recapturing(fake_cuda):
+    """A step policy at 16 bits on a chunk's first and last steps and fp8 between (A B B A a chunk) would recapture
+    every chunk; after `CAPTURES` the other shape runs eagerly and the captured one replays."""
+    config = TransformerConfig.from_dict(transformer_config("gated"))
+    with META:
+        model = Cosmos3Transformer(config)
+    step = chunk_step.for_run(model, META, "device")
+    cache = MediaKV(config, 12 * 6, model.dtype, META)
+    cache.frames = torch.arange(6).repeat_interleave(6)
+    with torch.inference_mode():
+        text = model.encode_text(torch.arange(12), META)
+        for start in range(6, 12):
+            hooks = replace(model.hooks, cache=cache, start_frame=start)
+            for noisy in ([0], [], [], [0]):  # (the noisy frames stand in for the precision: part of the shape)
+                step(torch.empty(1, 48, 1, 4, 6, device=META), torch.tensor(900.0, device=META), text, noisy, 24.0,
+                     hooks=hooks)
+    assert fake_cuda.count("capture") == chunk_step.CAPTURES and fake_cuda.count("replay") > 6
+
+
 def reads(hidden, run):
     """A layer stack that reads a value back, as a step cache's decision does."""
     return run(hidden) if bool(hidden.abs().sum() > 0) else hidden

@@ -290,8 +290,7 @@ def causal_blocks(pipeline, prompt, conditions: dict, noise) -> HostBlocks:
                          "through Cosmos3 Sim Control (core) to the positive conditioning")
     _, _, frames, h, w = noise.shape
     request = Request.build(**prompt.options, **{needed: conditions[needed]}, num_frames=pixel_frames(frames),
-                            height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, fps=prompt.fps, check_memory=False,
-                            output="latents")  # (the host decodes: the run keeps no decoder)
+                            height=h * SPATIAL_FACTOR, width=w * SPATIAL_FACTOR, fps=prompt.fps, check_memory=False)
     s, cond_ids, uncond_ids = pipeline.planner.prepare(prompt.text, request)
     return HostBlocks(CausalRun(pipeline.parts, s, request, cond_ids, uncond_ids, None))
 

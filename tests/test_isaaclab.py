@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import stat
+import statistics
 import struct
 import subprocess
 import sys
@@ -361,7 +362,8 @@ def test_a_warm_up_runs_one_episode_through_the_window_and_keeps_nothing(pipe):
 @pytest.mark.slow  # 200 chunks through the socket
 def test_a_soak_of_200_chunks_over_episodes_keeps_memory_flat(endpoint):
     """Nineteen 41-frame episodes (their first frame and 10 updates each): 209 control chunks. The process's resident
-    memory after the second episode stays within 16 MiB of what it was then."""
+    memory after the second episode stays where it was then: the later episodes' median within 8 MiB (growth of a MiB
+    an episode would break it), none of them 32 MiB over (one sample of the allocator's can be 20 over)."""
     rss = []
     with isaaclab.Client(endpoint) as client:
         client.open(CAPTION, "edge", H, W, 41, seed=5)
@@ -373,7 +375,7 @@ def test_a_soak_of_200_chunks_over_episodes_keeps_memory_flat(endpoint):
             rss.append(resident_mib())
             if chunks >= 200:
                 break
-    assert chunks >= 200 and max(rss[2:]) - rss[1] < 16, rss
+    assert chunks >= 200 and statistics.median(rss[2:]) - rss[1] < 8 and max(rss[2:]) - rss[1] < 32, rss
 
 
 def resident_mib() -> float:

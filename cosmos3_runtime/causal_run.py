@@ -263,8 +263,9 @@ class CausalRun(Run):
         self.latents = self.buffer()
         self.frames: torch.Tensor | None = None
         # each chunk's frames decoded as the next samples (a session's always; a tiled decode waits for the clip)
-        self.decoder = ChunkDecode(parts.codec, self.fast) if open or r.output == "frames" and r.vae_tile is None \
-            else None
+        clip = None if open else pixel_frames(self.chunks[-1][1])  # a batch's frames, known: one buffer, no join
+        streamed = open or r.output == "frames" and r.vae_tile is None
+        self.decoder = ChunkDecode(parts.codec, self.fast, clip) if streamed else None
         self.decoded = 0  # latent frames handed to the decoder
 
     def buffer(self) -> torch.Tensor:

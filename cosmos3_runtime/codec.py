@@ -150,23 +150,26 @@ class ChunkDecode:
     frames come back to a pinned buffer without blocking, so Python goes on queueing the next chunk. A chunk later,
     when that copy is long done, they move to ordinary host memory and the buffer serves a later chunk: the pinned
     memory a run holds (and PyTorch then keeps cached) stays a few chunks', not the clip's. `take` waits for the rest.
-    Elsewhere (the CPU) there is no second stream: each chunk decodes in line, the same pixels."""
+    Elsewhere (the CPU) there is no second stream: each chunk decodes in line, the same pixels. With the clip's frame
+    count (a batch's), the pieces land in one buffer of the clip, never joined by a copy."""
 
-    def __init__(self, codec: Codec, fast: TinyDecoder | None):
-        self.codec, self.fast = codec, fast
+    def __init__(self, codec: Codec, fast: TinyDecoder | None, frames: int | None = None):
+        self.codec, self.fast, self.frames = codec, fast, frames
         self.pixels = codec.decode_stream(fast)
         self.side = cuda.Stream(codec.device) if codec.device.type == "cuda" else None
         self.pieces: list[torch.Tensor] = []  # each decoded chunk's frames [F, H, W, 3] in ordinary host memory
+        self.clip: torch.Tensor | None = None  # with `frames`: the clip's, filled piece by piece
+        self.filled = 0
         self.copying: list[tuple[torch.Tensor, object]] = []  # pinned pieces and the event their copy ends with
         self.free: list[torch.Tensor] = []  # pinned buffers landed, for the next chunks
 
     def add(self, latents: torch.Tensor, progress: Progress | None = None) -> None:
         """Decode the clip's next normalized latents [1, 48, t, h, w] (on the device)."""
         if self.side is None:
-            self.pieces.append(image_frames(self.codec.decode_pixels(latents, progress=progress, fast=self.fast,
-                                                                     stream=self.pixels)))
+            self.keep(image_frames(self.codec.decode_pixels(latents, progress=progress, fast=self.fast,
+                                                             stream=self.pixels)))
             return
-        self.land(keep=1)  # the chunks before the last: their copies ended while this one sampled
+        self.land(leave=1)  # the chunks before the last: their copies ended while this one sampled
         self.side.wait_stream(cuda.current_stream(self.codec.device))
         with cuda.stream(self.side):
             latents.record_stream(self.side)
@@ -185,16 +188,31 @@ class ChunkDecode:
                 return self.free.pop(i)
         return torch.empty(frames.shape, dtype=frames.dtype, pin_memory=cuda.is_available())
 
-    def land(self, keep: int = 0) -> None:
-        """The pieces in pinned buffers, all but the last `keep`, into ordinary host memory (waiting for their copies)."""
-        while len(self.copying) > keep:
+    def land(self, leave: int = 0) -> None:
+        """The pieces in pinned buffers, all but the last `leave`, into ordinary host memory (waiting for their
+        copies); their buffers free for later pieces."""
+        while len(self.copying) > leave:
             pinned, copied = self.copying.pop(0)
             copied.synchronize()
-            self.pieces.append(torch.empty(pinned.shape, dtype=pinned.dtype).copy_(pinned))
+            owned = pinned if self.frames is not None else torch.empty(pinned.shape, dtype=pinned.dtype).copy_(pinned)
+            self.keep(owned)  # (into the clip's buffer, a copy; kept apart, a copy of its own)
             self.free.append(pinned)
+
+    def keep(self, piece: torch.Tensor) -> None:
+        """A decoded piece [F, H, W, 3] on the host: into the clip's buffer (copied), or kept as it is."""
+        if self.frames is None:
+            self.pieces.append(piece)
+            return
+        if self.clip is None:
+            self.clip = torch.empty((self.frames, *piece.shape[1:]), dtype=piece.dtype)
+        self.clip[self.filled : self.filled + piece.shape[0]] = piece
+        self.filled += piece.shape[0]
 
     def take(self) -> torch.Tensor:
         """The frames of the chunks added since the last take, [F, H, W, 3] float32 in 0..1 on the host."""
         self.land()
+        if self.frames is not None:
+            frames, self.clip, self.filled = self.clip[: self.filled], None, 0
+            return frames
         frames, self.pieces = torch.cat(self.pieces) if len(self.pieces) > 1 else self.pieces[0], []
         return frames

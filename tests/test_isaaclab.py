@@ -362,8 +362,9 @@ def test_a_warm_up_runs_one_episode_through_the_window_and_keeps_nothing(pipe):
 @pytest.mark.slow  # 200 chunks through the socket
 def test_a_soak_of_200_chunks_over_episodes_keeps_memory_flat(endpoint):
     """Nineteen 41-frame episodes (their first frame and 10 updates each): 209 control chunks. The process's resident
-    memory after the second episode stays where it was then: the later episodes' median within 8 MiB (growth of a MiB
-    an episode would break it), none of them 32 MiB over (one sample of the allocator's can be 20 over)."""
+    memory from the third episode on does not grow: the last six episodes' median within 8 MiB of the six after the
+    second's (a MiB an episode would break it), and no sample 32 MiB from another (one of the allocator's can be 20
+    off; after the first two episodes it settles, by 15 MiB either way)."""
     rss = []
     with isaaclab.Client(endpoint) as client:
         client.open(CAPTION, "edge", H, W, 41, seed=5)
@@ -375,7 +376,9 @@ def test_a_soak_of_200_chunks_over_episodes_keeps_memory_flat(endpoint):
             rss.append(resident_mib())
             if chunks >= 200:
                 break
-    assert chunks >= 200 and statistics.median(rss[2:]) - rss[1] < 8 and max(rss[2:]) - rss[1] < 32, rss
+    later = rss[2:]
+    assert chunks >= 200 and statistics.median(later[-6:]) - statistics.median(later[:6]) < 8, rss
+    assert max(later) - min(later) < 32, rss
 
 
 def resident_mib() -> float:

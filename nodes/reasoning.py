@@ -11,8 +11,7 @@ from ..cosmos3_runtime.reasoner import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_VIDEO_FP
                                         Clip, Sampling, check_clip, upsample)
 from ..cosmos3_runtime.reasoner.decoding import RECOMMENDED
 from . import services
-from .sampling import seed_widget
-from .widgets import size_widgets
+from .sampling import seed_widget, size_widgets
 
 SAMPLING = "COSMOS3_SAMPLING"
 

@@ -7,17 +7,26 @@ reach the prompt's metadata, the latent size and, through the decode node's fps 
 from ..cosmos3_runtime import keyframes
 from ..cosmos3_runtime.checkpoint import PIPELINE_CLASSES, Variant
 from ..cosmos3_runtime.errors import InputError, reworded
-from ..cosmos3_runtime.geometry import latent_frames
+from ..cosmos3_runtime.geometry import SPATIAL_FACTOR, latent_frames
 from ..cosmos3_runtime.pipeline import prompt_list
 from ..cosmos3_runtime.prompts import parse_caption
-from ..cosmos3_runtime.request import CACHES, KEEP, SCHEDULES, Request, help_of, parse_frame_indexes
+from ..cosmos3_runtime.request import CACHES, KEEP, MAX_SIZE, SCHEDULES, Request, help_of, parse_frame_indexes
 from ..cosmos3_runtime.schedulers import distilled_schedule, unipc_schedule
 from ..cosmos3_runtime.settings import resolve as resolve_settings
 from . import services
-from .widgets import auto_help, size_widgets
 from .core.prompt_marker import Refusing, refusing
 from .guardrails import GUARDRAIL_INPUT, check_prompt
 from .prompting import prompt_inputs, prompt_options
+
+
+def auto_help(name: str) -> str:
+    return f"{help_of(name)}; 0 = automatic"
+
+
+def size_widgets() -> dict:
+    """The width and height widgets of the samplers (0: the variant's default)."""
+    return {name: ("INT", {"default": 0, "min": 0, "max": MAX_SIZE, "step": SPATIAL_FACTOR, "tooltip": auto_help(name)})
+            for name in ("width", "height")}
 
 
 def seed_widget() -> tuple:

@@ -21,8 +21,7 @@ from ..cosmos3_runtime.transfer import HINT_NAMES, summary
 from . import services
 from .core.prompt_marker import CONTROLS
 from .guardrails import GUARDRAIL_INPUT, check_prompt, filter_frames
-from .sampling import cache_widgets, compile_option, seed_widget, speed_widgets, words_of
-from .widgets import auto_help, size_widgets
+from .sampling import auto_help, cache_widgets, compile_option, seed_widget, size_widgets, speed_widgets, words_of
 
 GIVEN = "off: the images are the control"  # the derive widget's "don't derive" choice
 

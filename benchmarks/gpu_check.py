@@ -408,11 +408,11 @@ EPISODE = 1 + 16 * 37  # the 601-frame horizon in whole chunks (1 + 16k)
 
 def check_transfer_fps(c: Check) -> None:
     """Sim-Transfer chunkwise at the released shape (Nano's, random weights, bf16, 832x480, all history kept) as a
-    camera drives it, an episode of up to 593 frames (601 in whole chunks) tick by tick (16 control frames a tick), each tick timed from its
-    controls to its frames in host memory (the control encode, 4 steps, the commits and the decode beside them): fps
-    at the episode's start and end, with the full decoder and then the fast one (a random file in the tiny
-    autoencoder's published layout), as many ticks as the deadline leaves, against 16 fps sustained (24 with the fast
-    decoder)."""
+    camera drives it, an episode of up to 593 frames (601 in whole chunks) tick by tick (16 control frames a tick),
+    each tick timed from its controls to its frames in host memory (the control encode, 4 steps, the commits and the
+    decode beside them): fps at the episode's start and end, with the full decoder and then the fast one (a random
+    file in the tiny autoencoder's published layout), as many ticks as the deadline leaves, against 16 fps sustained
+    (24 with the fast decoder)."""
     if not c.full:
         raise Skip("the released shape needs a GPU")
     from tiny_decoder_files import published_state, write

@@ -333,6 +333,19 @@ class HostBlocks:
         self.run, self.block, self.inputs = run, None, None
         config = run.plan.config  # the fixed lists a host may walk (Sim-Bimanual: its default two steps, or all)
         self.schedules = [torch.tensor([*sigmas, 0.0]) for sigmas in dict.fromkeys((config.sigmas(), config.t_list))]
+        self.checked = None  # the host's sigmas, once checked (every forward hands them again)
+
+    def check_sigmas(self, sigmas: torch.Tensor) -> None:
+        """The host's sigmas must be one of the checkpoint's fixed lists; checked once (a read back from the device)."""
+        if sigmas is self.checked:
+            return
+        given = sigmas.flatten().float().cpu()
+        if not any(len(given) == len(fixed) and torch.allclose(given, fixed, atol=1e-4) for fixed in self.schedules):
+            fixed = " or ".join(str([round(v, 4) for v in fixed.tolist()]) for fixed in self.schedules)
+            raise InputError(f"this causal checkpoint samples with its fixed sigmas {fixed}, not "
+                             f"{[round(v, 4) for v in given.tolist()]}: take them from Cosmos3 Scheduler with the "
+                             "model connected")
+        self.checked = sigmas
 
     def forward(self, x: torch.Tensor, timestep: torch.Tensor, cache: dict, start: int) -> torch.Tensor:
         """One forward over the block at latent frame `start` -> its velocity (at sigma 0: the commit, zeros)."""

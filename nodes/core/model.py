@@ -186,13 +186,8 @@ def causal_step(blocks: HostBlocks | None, x, timestep, transformer_options) -> 
         raise InputError("a causal Cosmos3 checkpoint samples at guidance 1 with no negative pass: use BasicGuider "
                          "(or cfg 1)")
     sigmas = transformer_options.get("sample_sigmas")
-    if sigmas is not None and not any(len(sigmas) == len(fixed) and torch.allclose(sigmas.flatten().float().cpu(),
-                                                                                 fixed, atol=1e-4)
-                                      for fixed in blocks.schedules):
-        fixed = " or ".join(str([round(v, 4) for v in fixed.tolist()]) for fixed in blocks.schedules)
-        raise InputError(f"this causal checkpoint samples with its fixed sigmas {fixed}, not "
-                         f"{[round(float(v), 4) for v in sigmas.flatten()]}: take them from Cosmos3 Scheduler with the "
-                         "model connected")
+    if sigmas is not None:
+        blocks.check_sigmas(sigmas)
     return blocks.forward(x, timestep[0], state["kv_caches"][0], state["start_frame"])
 
 
